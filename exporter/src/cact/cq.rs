@@ -1,0 +1,184 @@
+//! Blob decoding: FP16/FP32 as is, and Cactus-Quants (upstream
+//! `export._cq_unpack`): per group of `group` inputs,
+//! `w = (codebook[idx] * f32(fp16 norm)) @ H`, H the orthonormal
+//! Walsh-Hadamard matrix, the padded inputs cut off afterwards.
+//!
+//! ```text
+//! blob = out rows of packed indices (in_pad * index_bits / 8 bytes each,
+//!        one LSB-first bitstream per row) | out * in_pad/group FP16 norms
+//! ```
+
+use super::directory::{index_bits, padded_in, Encoding, Entry, TERNARY_BITS};
+use super::header::Codebooks;
+use super::CactError;
+
+/// Lloyd-Max centroid of the 3-level Gaussian quantizer (upstream `_TERNARY_CB`).
+const TERNARY_C: f64 = 1.224_006_4;
+
+/// Decodes a float entry's blob to float32, row-major in `entry.shape`.
+pub(crate) fn decode(entry: &Entry, blob: &[u8], codebooks: &Codebooks) -> Result<Vec<f32>, CactError> {
+    let values = match entry.encoding {
+        Encoding::Fp16 => blob
+            .chunks_exact(2)
+            .map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]])))
+            .collect(),
+        Encoding::Fp32 => blob
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Encoding::Cq { bits, group } => cq(entry, blob, bits, group as usize, codebooks)?,
+        Encoding::Raw => {
+            return Err(CactError::Dtype {
+                tensor: entry.name.clone(),
+                offset: entry.record_offset,
+                found: 4,
+                expected: "1 (FP16), 2 (FP32) or 3 (CQ)",
+            })
+        }
+    };
+    if let Some(index) = values.iter().position(|v| !v.is_finite()) {
+        return Err(CactError::NonFinite {
+            tensor: entry.name.clone(),
+            offset: source_offset(entry, index),
+            index,
+        });
+    }
+    Ok(values)
+}
+
+/// File offset of the stored value element `index` was decoded from: the
+/// element itself, or for CQ the norm of its group.
+fn source_offset(entry: &Entry, index: usize) -> u64 {
+    let start = entry.blob_offset;
+    match entry.encoding {
+        Encoding::Fp16 => start + 2 * index as u64,
+        Encoding::Fp32 => start + 4 * index as u64,
+        Encoding::Cq { bits, group } => {
+            let (out, in_dim) = (entry.shape[0] as u64, entry.shape[1] as u64);
+            let in_pad = padded_in(in_dim, group).unwrap_or(0);
+            let groups = in_pad / group as u64;
+            let (row, col) = (index as u64 / in_dim, index as u64 % in_dim);
+            let norms_start = start + out * in_pad * index_bits(bits) as u64 / 8;
+            norms_start + 2 * (row * groups + col / group as u64)
+        }
+        Encoding::Raw => start,
+    }
+}
+
+/// Exact IEEE half to single conversion.
+pub(crate) fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h as u32) & 0x8000) << 16;
+    let exp = ((h >> 10) & 0x1f) as u32;
+    let mant = (h & 0x3ff) as u32;
+    let bits = match (exp, mant) {
+        (0, 0) => sign,
+        (0, _) => {
+            let shift = mant.leading_zeros() - 21;
+            let mant = (mant << shift) & 0x3ff;
+            sign | ((113 - shift) << 23) | (mant << 13)
+        }
+        (0x1f, _) => sign | 0x7f80_0000 | (mant << 13),
+        _ => sign | ((exp + 112) << 23) | (mant << 13),
+    };
+    f32::from_bits(bits)
+}
+
+/// The codebook a CQ record decodes with. For 2/3/4 bits this is the one in
+/// the file header: upstream `read_export` recomputes it with
+/// `_cq_codebook_np(bits, group)` instead, but the writer stores exactly that
+/// array (cb / sqrt(group) rounded to f32), so both agree bit for bit (the
+/// dequant parity test checks it). Ternary is analytic and not stored:
+/// `{-c, 0, c} / sqrt(group)` computed in f64 and rounded to f32, as numpy does.
+fn codebook(bits: u32, group: usize, codebooks: &Codebooks) -> Vec<f32> {
+    if bits == TERNARY_BITS {
+        let c = (TERNARY_C / (group as f64).sqrt()) as f32;
+        return vec![-c, 0.0, c];
+    }
+    codebooks.for_bits(bits).unwrap_or_default().to_vec()
+}
+
+/// The orthonormal Sylvester Walsh-Hadamard matrix of size `n`, row-major:
+/// `H[k][j] = (-1)^popcount(k & j) / sqrt(n)`, the scale computed in f64 and
+/// rounded to f32 like upstream `_cq_hadamard_np`.
+fn hadamard(n: usize) -> Vec<f32> {
+    let h = (1.0 / (n as f64).sqrt()) as f32;
+    let mut out = Vec::with_capacity(n * n);
+    for k in 0..n {
+        for j in 0..n {
+            out.push(if (k & j).count_ones() % 2 == 0 { h } else { -h });
+        }
+    }
+    out
+}
+
+/// Index `k` of a row stored as one LSB-first bitstream of `bits`-bit fields.
+fn unpack(row: &[u8], k: usize, bits: u32) -> usize {
+    let bit = k * bits as usize;
+    let lo = row[bit / 8] as u16;
+    let hi = row.get(bit / 8 + 1).copied().unwrap_or(0) as u16;
+    (((lo | (hi << 8)) >> (bit % 8)) & ((1 << bits) - 1)) as usize
+}
+
+fn cq(entry: &Entry, blob: &[u8], bits: u32, group: usize, codebooks: &Codebooks) -> Result<Vec<f32>, CactError> {
+    let (out, in_dim) = (entry.shape[0], entry.shape[1]);
+    let in_pad = in_dim.div_ceil(group) * group;
+    let groups = in_pad / group;
+    let stored_bits = index_bits(bits);
+    let row_bytes = in_pad * stored_bits as usize / 8;
+    let (packed, norms) = blob.split_at(out * row_bytes);
+    let cb = codebook(bits, group, codebooks);
+    let h = hadamard(group);
+
+    let mut w = Vec::with_capacity(out * in_dim);
+    let mut x = vec![0f32; group];
+    let mut y = vec![0f32; group];
+    for r in 0..out {
+        let row = &packed[r * row_bytes..(r + 1) * row_bytes];
+        for g in 0..groups {
+            let n = 2 * (r * groups + g);
+            let norm = f16_to_f32(u16::from_le_bytes([norms[n], norms[n + 1]]));
+            for (k, xk) in x.iter_mut().enumerate() {
+                let code = unpack(row, g * group + k, stored_bits);
+                let idx = if bits == TERNARY_BITS {
+                    match code {
+                        3 => 0,
+                        0 => 1,
+                        1 => 2,
+                        _ => {
+                            return Err(CactError::TernaryCode {
+                                tensor: entry.name.clone(),
+                                offset: entry.blob_offset + (r * row_bytes + (g * group + k) / 4) as u64,
+                                index: r * in_dim + g * group + k,
+                            })
+                        }
+                    }
+                } else {
+                    code
+                };
+                *xk = cb[idx] * norm;
+            }
+            rotate(&x, &h, &mut y);
+            let cols = in_dim.saturating_sub(g * group).min(group);
+            w.extend_from_slice(&y[..cols]);
+        }
+    }
+    Ok(w)
+}
+
+/// `y = x @ h` for one group, each output a float32 dot product summed in
+/// index order with a fused multiply-add per term.
+fn rotate(x: &[f32], h: &[f32], y: &mut [f32]) {
+    let n = x.len();
+    let mode = std::env::var("CQ_MODE").unwrap_or_default();
+    y.fill(0.0);
+    for (k, &xk) in x.iter().enumerate() {
+        let hk = &h[k * n..(k + 1) * n];
+        for (yj, &hkj) in y.iter_mut().zip(hk) {
+            if mode == "fma" {
+                *yj = xk.mul_add(hkj, *yj);
+            } else {
+                *yj += xk * hkj;
+            }
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! The nameless directory: 44-byte records `<BBHIIIIQQII>` (dtype, ndim, pad,
+//! shape[4], offset, nbytes, group, bits), checked one by one against the slot
+//! the positional order assigns them.
+
+use super::bytes::Reader;
+use super::CactError;
+
+/// Size of one directory record in bytes.
+pub const RECORD_BYTES: u64 = 44;
+/// Every blob starts on a multiple of this.
+pub const ALIGN: u64 = 64;
+/// Record `bits` value of a ternary (1.58-bit) CQ tensor.
+pub const TERNARY_BITS: u32 = 5;
+/// Largest CQ group size accepted (upstream writes 128; the Hadamard matrix is `group^2`).
+pub const MAX_GROUP: u32 = 1024;
+
+/// How a tensor's blob is encoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Encoding {
+    /// dtype 1: little-endian IEEE half floats.
+    Fp16,
+    /// dtype 2: little-endian IEEE floats.
+    Fp32,
+    /// dtype 3: Cactus-Quants; `bits` is 2, 3, 4 or 5 (= ternary crumbs).
+    Cq { bits: u32, group: u32 },
+    /// dtype 4: opaque bytes (the tokenizer).
+    Raw,
+}
+
+/// One validated directory entry, named as upstream names it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    /// Upstream name, e.g. `layer03.k_proj`.
+    pub name: String,
+    /// File offset of the 44-byte directory record.
+    pub record_offset: u64,
+    pub encoding: Encoding,
+    /// Logical shape (`[out, in]` for matrices, unpadded); empty for RAW.
+    pub shape: Vec<usize>,
+    /// File offset of the blob (64-byte aligned).
+    pub blob_offset: u64,
+    pub nbytes: u64,
+}
+
+impl Entry {
+    /// The entry's blob; the range was checked against the file when parsing.
+    pub(crate) fn blob<'a>(&self, file: &'a [u8]) -> &'a [u8] {
+        &file[self.blob_offset as usize..(self.blob_offset + self.nbytes) as usize]
+    }
+}
+
+/// What the positional order expects at one index.
+#[derive(Clone, Debug)]
+pub(crate) struct Slot {
+    pub name: String,
+    pub shape: Vec<u64>,
+    pub raw: bool,
+}
+
+impl Slot {
+    pub(crate) fn float(name: impl Into<String>, shape: &[u64]) -> Self {
+        Slot {
+            name: name.into(),
+            shape: shape.to_vec(),
+            raw: false,
+        }
+    }
+
+    pub(crate) fn raw(name: impl Into<String>) -> Self {
+        Slot {
+            name: name.into(),
+            shape: Vec::new(),
+            raw: true,
+        }
+    }
+}
+
+/// A directory record as stored, before it is matched to a slot.
+#[derive(Clone, Debug)]
+pub(crate) struct Record {
+    pub offset: u64,
+    pub dtype: u8,
+    pub ndim: u8,
+    pub dims: [u32; 4],
+    pub blob_offset: u64,
+    pub nbytes: u64,
+    pub group: u32,
+    pub bits: u32,
+}
+
+impl Record {
+    /// Reads record `index` of the directory starting at `dir_start`.
+    pub(crate) fn read(file: &[u8], dir_start: u64, index: u64) -> Result<Record, CactError> {
+        let offset = dir_start + index * RECORD_BYTES;
+        let what = || format!("directory record {index}");
+        let rest = usize::try_from(offset)
+            .ok()
+            .and_then(|o| file.get(o..))
+            .unwrap_or_default();
+        let mut r = Reader::new(rest, offset);
+        let dtype = r.u8(what)?;
+        let ndim = r.u8(what)?;
+        r.u16(what)?;
+        let mut dims = [0u32; 4];
+        for d in &mut dims {
+            *d = r.u32(what)?;
+        }
+        Ok(Record {
+            offset,
+            dtype,
+            ndim,
+            dims,
+            blob_offset: r.u64(what)?,
+            nbytes: r.u64(what)?,
+            group: r.u32(what)?,
+            bits: r.u32(what)?,
+        })
+    }
+
+    /// The first `ndim` dims; only meaningful once `ndim <= 4` is checked.
+    pub(crate) fn shape(&self) -> Vec<u64> {
+        self.dims[..(self.ndim as usize).min(4)]
+            .iter()
+            .map(|&d| d as u64)
+            .collect()
+    }
+
+    /// Checks this record against `slot` and the file; `data_start` is the
+    /// first byte after the directory.
+    pub(crate) fn check(&self, slot: &Slot, file_len: u64, data_start: u64) -> Result<Entry, CactError> {
+        let tensor = || slot.name.clone();
+        let encoding = self.encoding(slot)?;
+        if self.ndim as usize != slot.shape.len() {
+            return Err(CactError::Ndim {
+                tensor: tensor(),
+                offset: self.offset,
+                found: self.ndim,
+                expected: slot.shape.len(),
+            });
+        }
+        let shape = self.shape();
+        if shape != slot.shape {
+            return Err(CactError::Shape {
+                tensor: tensor(),
+                offset: self.offset,
+                found: shape,
+                expected: slot.shape.clone(),
+            });
+        }
+        if let Some(expected) = expected_nbytes(encoding, &shape) {
+            if expected != self.nbytes {
+                return Err(CactError::NBytes {
+                    tensor: tensor(),
+                    offset: self.offset,
+                    found: self.nbytes,
+                    expected,
+                });
+            }
+        }
+        let end = self.blob_offset.checked_add(self.nbytes);
+        if end.is_none_or(|end| end > file_len) {
+            return Err(CactError::BlobOutOfBounds {
+                tensor: tensor(),
+                offset: self.offset,
+                start: self.blob_offset,
+                nbytes: self.nbytes,
+                file_len,
+            });
+        }
+        if self.blob_offset % ALIGN != 0 {
+            return Err(CactError::Misaligned {
+                tensor: tensor(),
+                offset: self.offset,
+                start: self.blob_offset,
+            });
+        }
+        if self.nbytes > 0 && self.blob_offset < data_start {
+            return Err(CactError::Overlap {
+                tensor: tensor(),
+                offset: self.offset,
+                start: self.blob_offset,
+                other: "the header and directory".to_string(),
+            });
+        }
+        Ok(Entry {
+            name: slot.name.clone(),
+            record_offset: self.offset,
+            encoding,
+            shape: shape.iter().map(|&d| d as usize).collect(),
+            blob_offset: self.blob_offset,
+            nbytes: self.nbytes,
+        })
+    }
+
+    fn encoding(&self, slot: &Slot) -> Result<Encoding, CactError> {
+        let expected = match (slot.raw, slot.shape.len()) {
+            (true, _) => "4 (RAW)",
+            (false, 2) => "1 (FP16), 2 (FP32) or 3 (CQ)",
+            (false, _) => "1 (FP16) or 2 (FP32)",
+        };
+        let encoding = match (self.dtype, slot.raw, slot.shape.len()) {
+            (4, true, _) => Encoding::Raw,
+            (1, false, _) => Encoding::Fp16,
+            (2, false, _) => Encoding::Fp32,
+            (3, false, 2) => Encoding::Cq {
+                bits: self.bits,
+                group: self.group,
+            },
+            (found, ..) => {
+                return Err(CactError::Dtype {
+                    tensor: slot.name.clone(),
+                    offset: self.offset,
+                    found,
+                    expected,
+                })
+            }
+        };
+        if let Encoding::Cq { bits, group } = encoding {
+            if !matches!(bits, 2..=4 | TERNARY_BITS) {
+                return Err(CactError::Bits {
+                    tensor: slot.name.clone(),
+                    offset: self.offset,
+                    found: bits,
+                });
+            }
+            if !(group.is_power_of_two() && (8..=MAX_GROUP).contains(&group)) {
+                return Err(CactError::Group {
+                    tensor: slot.name.clone(),
+                    offset: self.offset,
+                    found: group,
+                });
+            }
+        }
+        Ok(encoding)
+    }
+}
+
+/// Bytes a blob of this encoding and shape must have; `None` for RAW (any
+/// length) and when the size does not fit in 64 bits (no file can hold it,
+/// so the bounds check rejects it).
+fn expected_nbytes(encoding: Encoding, shape: &[u64]) -> Option<u64> {
+    let elements = shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
+    match encoding {
+        Encoding::Raw => None,
+        Encoding::Fp16 => elements?.checked_mul(2),
+        Encoding::Fp32 => elements?.checked_mul(4),
+        Encoding::Cq { bits, group } => {
+            let (out, in_pad) = (shape[0], padded_in(shape[1], group)?);
+            let packed = out.checked_mul(in_pad)?.checked_mul(index_bits(bits) as u64)? / 8;
+            let norms = out.checked_mul(in_pad / group as u64)?.checked_mul(2)?;
+            packed.checked_add(norms)
+        }
+    }
+}
+
+/// `in_dim` rounded up to a multiple of `group`.
+pub(crate) fn padded_in(in_dim: u64, group: u32) -> Option<u64> {
+    let group = group as u64;
+    in_dim.checked_add(group - 1).map(|v| v / group * group)
+}
+
+/// Bits per stored index: ternary crumbs take 2.
+pub(crate) fn index_bits(record_bits: u32) -> u32 {
+    if record_bits == TERNARY_BITS {
+        2
+    } else {
+        record_bits
+    }
+}
+
+/// Checks that no two non-empty blobs share a byte.
+pub(crate) fn check_overlaps(entries: &[Entry]) -> Result<(), CactError> {
+    let mut order: Vec<&Entry> = entries.iter().filter(|e| e.nbytes > 0).collect();
+    order.sort_by_key(|e| e.blob_offset);
+    for pair in order.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        if b.blob_offset < a.blob_offset + a.nbytes {
+            return Err(CactError::Overlap {
+                tensor: b.name.clone(),
+                offset: b.record_offset,
+                start: b.blob_offset,
+                other: format!("the blob of {} at byte {}", a.name, a.blob_offset),
+            });
+        }
+    }
+    Ok(())
+}

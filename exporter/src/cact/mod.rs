@@ -1,0 +1,203 @@
+//! Reader for Needle 2 `.cact` files (`cactus-needle==2.0.15`,
+//! `needle/model/export.py`), validated completely before anything is
+//! dequantized.
+//!
+//! ```text
+//! header (120 B) | codebooks (28 f32) | directory (num_tensors x 44 B) | 64-aligned blobs
+//! ```
+
+mod bytes;
+mod cq;
+pub mod directory;
+pub mod error;
+pub mod header;
+pub mod slots;
+pub mod tokenizer_blob;
+mod weights;
+
+use std::path::Path;
+
+use graphs::needle::Tensor;
+
+use directory::{check_overlaps, Record, Slot, RECORD_BYTES};
+pub use directory::{Encoding, Entry};
+pub use error::CactError;
+use header::HEADER_BYTES;
+pub use header::{Codebooks, Header};
+pub use tokenizer_blob::{Piece, PieceKind, TokenizerSpec};
+pub use weights::{HeadKind, ProbeHead};
+
+/// A parsed and validated Needle 2 `.cact` file. Owns the file's bytes;
+/// tensors are decoded on request ([`CactFile::weights`], [`CactFile::tensor`]).
+#[derive(Clone, Debug)]
+pub struct CactFile {
+    header: Header,
+    codebooks: Codebooks,
+    entries: Vec<Entry>,
+    heads: Vec<HeadKind>,
+    tokenizer: TokenizerSpec,
+    bytes: Vec<u8>,
+}
+
+impl CactFile {
+    /// Parses and validates a whole `.cact` file held in memory.
+    pub fn parse(bytes: &[u8]) -> Result<Self, CactError> {
+        let layout = Layout::parse(bytes)?;
+        Ok(layout.into_file(bytes.to_vec()))
+    }
+
+    /// Reads and parses the `.cact` file at `path`.
+    pub fn read(path: impl AsRef<Path>) -> Result<Self, CactError> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|e| CactError::Io {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let layout = Layout::parse(&bytes)?;
+        Ok(layout.into_file(bytes))
+    }
+
+    /// The validated header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// The 2/3/4-bit codebooks stored after the header.
+    pub fn codebooks(&self) -> &Codebooks {
+        &self.codebooks
+    }
+
+    /// Every tensor in file order, named as upstream names it.
+    pub fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    /// The probe heads listed in `heads.manifest`, in file order (empty when none).
+    pub fn head_kinds(&self) -> &[HeadKind] {
+        &self.heads
+    }
+
+    /// The tokenizer carried in the RAW `tokenizer` blob.
+    pub fn tokenizer(&self) -> &TokenizerSpec {
+        &self.tokenizer
+    }
+
+    /// The float32 values of the tensor with upstream name `name` (e.g.
+    /// `layer03.k_proj`, `[out, in]`), CQ tensors dequantized exactly like
+    /// upstream `read_export`.
+    pub fn tensor(&self, name: &str) -> Result<Tensor, CactError> {
+        let entry = self
+            .entries
+            .iter()
+            .find(|e| e.name == name)
+            .ok_or_else(|| CactError::Missing {
+                tensor: name.to_string(),
+            })?;
+        Ok(Tensor {
+            shape: entry.shape.clone(),
+            data: cq::decode(entry, entry.blob(&self.bytes), &self.codebooks)?,
+        })
+    }
+}
+
+/// Everything `parse` learns before it takes ownership of the bytes.
+struct Layout {
+    header: Header,
+    codebooks: Codebooks,
+    entries: Vec<Entry>,
+    heads: Vec<HeadKind>,
+    tokenizer: TokenizerSpec,
+}
+
+impl Layout {
+    fn into_file(self, bytes: Vec<u8>) -> CactFile {
+        CactFile {
+            header: self.header,
+            codebooks: self.codebooks,
+            entries: self.entries,
+            heads: self.heads,
+            tokenizer: self.tokenizer,
+            bytes,
+        }
+    }
+
+    fn parse(file: &[u8]) -> Result<Layout, CactError> {
+        let file_len = file.len() as u64;
+        let (header, codebooks) = Header::parse(file)?;
+        let core = slots::core_count(&header);
+        let num_tensors = header.num_tensors as u64;
+        let head_count = match num_tensors.checked_sub(core + 1) {
+            Some(0) => 0,
+            Some(4) => 1,
+            Some(7) => 2,
+            _ => {
+                return Err(CactError::TensorCount {
+                    offset: 4,
+                    found: num_tensors,
+                    expected: format!(
+                        "{} (+1 tokenizer), +4 with one probe head or +7 with two",
+                        core
+                    ),
+                })
+            }
+        };
+        let dir_start = HEADER_BYTES + 4 * header.codebook_len as u64;
+        let data_start = dir_start + num_tensors * RECORD_BYTES;
+        if data_start > file_len {
+            return Err(CactError::Truncated {
+                what: format!("directory of {num_tensors} records"),
+                offset: dir_start,
+                needed: num_tensors * RECORD_BYTES,
+                available: file_len.saturating_sub(dir_start),
+            });
+        }
+
+        let mut entries = Vec::with_capacity(num_tensors as usize);
+        let next = |entries: &mut Vec<Entry>, slot: &dyn Fn(&Record) -> Slot| {
+            let record = Record::read(file, dir_start, entries.len() as u64)?;
+            let entry = record.check(&slot(&record), file_len, data_start)?;
+            entries.push(entry);
+            Ok::<_, CactError>(entries.len() - 1)
+        };
+        for slot in slots::core_slots(&header)? {
+            next(&mut entries, &|_| slot.clone())?;
+        }
+        let mut heads = Vec::new();
+        if head_count > 0 {
+            let i = next(&mut entries, &|_| Slot::float("heads.manifest", &[head_count]))?;
+            let manifest = &entries[i];
+            let codes = cq::decode(manifest, manifest.blob(file), &codebooks)?;
+            heads = weights::head_kinds(manifest, &codes)?;
+            let d = header.d_model as u64;
+            for kind in &heads {
+                let name = kind.name();
+                let p = next(&mut entries, &|r| Slot::float(format!("{name}.probes"), &[r.dims[0].into(), d]))?;
+                let probes = entries[p].shape[0] as u64;
+                let j = next(&mut entries, &|r| {
+                    Slot::float(format!("{name}.proj"), &[r.dims[0].into(), probes * d])
+                })?;
+                let out = entries[j].shape[0] as u64;
+                next(&mut entries, &|_| Slot::float(format!("{name}.bias"), &[out]))?;
+            }
+        }
+        let t = next(&mut entries, &|_| Slot::raw("tokenizer"))?;
+        check_overlaps(&entries)?;
+
+        let blob = &entries[t];
+        let tokenizer = TokenizerSpec::parse_at(blob.blob(file), blob.blob_offset)?;
+        if tokenizer.pieces.len() as u64 != header.vocab as u64 {
+            return Err(CactError::TokenizerVocab {
+                offset: blob.blob_offset,
+                found: tokenizer.pieces.len() as u32,
+                vocab: header.vocab,
+            });
+        }
+        Ok(Layout {
+            header,
+            codebooks,
+            entries,
+            heads,
+            tokenizer,
+        })
+    }
+}

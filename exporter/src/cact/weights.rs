@@ -1,0 +1,166 @@
+//! From a validated file to the graph crate's typed, dequantized weights.
+
+use graphs::needle::{Config, EngramWeights, LayerWeights, MhcWeights, Tensor, Weights};
+
+use super::slots::{engram_name, layer_name};
+use super::{CactError, CactFile, Encoding, Entry};
+
+/// A probe head named by a code in `heads.manifest`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadKind {
+    /// Code 1: `contrastive_head`.
+    Contrastive,
+    /// Code 2: `confidence_head`.
+    Confidence,
+}
+
+impl HeadKind {
+    /// The upstream parameter name, the prefix of the head's tensors.
+    pub fn name(self) -> &'static str {
+        match self {
+            HeadKind::Contrastive => "contrastive_head",
+            HeadKind::Confidence => "confidence_head",
+        }
+    }
+}
+
+/// One probe head: attention-pooling probes and a linear projection.
+/// Not part of the logits graph.
+#[derive(Clone, Debug)]
+pub struct ProbeHead {
+    pub kind: HeadKind,
+    /// `[P, d_model]`.
+    pub probes: Tensor,
+    /// `[out, P * d_model]`.
+    pub proj: Tensor,
+    /// `[out]`.
+    pub bias: Tensor,
+}
+
+/// Maps the manifest's decoded codes to head kinds; codes must be 1 or 2, each at most once.
+pub(crate) fn head_kinds(manifest: &Entry, codes: &[f32]) -> Result<Vec<HeadKind>, CactError> {
+    let width = if manifest.encoding == Encoding::Fp32 { 4 } else { 2 };
+    let mut kinds = Vec::with_capacity(codes.len());
+    for (index, &code) in codes.iter().enumerate() {
+        let kind = if code == 1.0 {
+            Some(HeadKind::Contrastive)
+        } else if code == 2.0 {
+            Some(HeadKind::Confidence)
+        } else {
+            None
+        };
+        match kind {
+            Some(kind) if !kinds.contains(&kind) => kinds.push(kind),
+            _ => {
+                return Err(CactError::HeadCode {
+                    offset: manifest.blob_offset + width * index as u64,
+                    index,
+                    found: code,
+                })
+            }
+        }
+    }
+    Ok(kinds)
+}
+
+impl CactFile {
+    /// The model geometry, straight from the header.
+    pub fn config(&self) -> Config {
+        let h = self.header();
+        let us = |v: u32| v as usize;
+        Config {
+            vocab: us(h.vocab),
+            d_model: us(h.d_model),
+            num_heads: us(h.num_heads),
+            num_kv_heads: us(h.num_kv_heads),
+            num_layers: us(h.num_layers),
+            head_dim: us(h.head_dim),
+            max_seq_len: us(h.max_seq_len),
+            hada_n: us(h.hada_n),
+            mhc_lanes: us(h.mhc_lanes),
+            engram_slots: us(h.engram_slots),
+            engram_sub_dim: us(h.engram_sub_dim),
+            num_engram_tables: us(h.num_engram_tables),
+            engram_conv_taps: us(h.engram_conv_taps),
+            engram_conv_dilation: us(h.engram_conv_dilation),
+            engram_orders: h.engram_orders.iter().copied().map(us).collect(),
+            engram_sites: h.engram_sites.iter().copied().map(us).collect(),
+            rope_theta: h.rope_theta,
+            kv_window: us(h.kv_window),
+            kv_bits: h.kv_bits,
+        }
+    }
+
+    /// Every weight of the logits graph, dequantized to float32 in the file
+    /// layout (matrices `[out, in]`). Fails on a NaN or infinite value.
+    pub fn weights(&self) -> Result<Weights, CactError> {
+        let layers = (0..self.header().num_layers as usize)
+            .map(|i| self.layer(i))
+            .collect::<Result<_, _>>()?;
+        let engrams = (0..self.header().engram_sites.len())
+            .map(|s| {
+                let t = |name| self.tensor(&engram_name(s, name));
+                Ok(EngramWeights {
+                    tables: t("tables")?,
+                    key_proj: t("key_proj")?,
+                    value_proj: t("value_proj")?,
+                    taps: t("taps")?,
+                })
+            })
+            .collect::<Result<_, CactError>>()?;
+        let mhc = MhcWeights {
+            a_pre: self.tensor("mhc_a_pre")?,
+            a_post: self.tensor("mhc_a_post")?,
+            a_res: self.tensor("mhc_a_res")?,
+            b_pre: self.tensor("mhc_b_pre")?,
+            b_post: self.tensor("mhc_b_post")?,
+            b_res: self.tensor("mhc_b_res")?,
+            phi_pre: self.tensor("mhc_phi_pre")?,
+            phi_post: self.tensor("mhc_phi_post")?,
+            phi_res: self.tensor("mhc_phi_res")?,
+        };
+        Ok(Weights {
+            embedding: self.tensor("embedding")?,
+            layers,
+            mhc,
+            engrams,
+            final_norm: self.tensor("final_norm")?,
+        })
+    }
+
+    fn layer(&self, i: usize) -> Result<LayerWeights, CactError> {
+        let t = |name| self.tensor(&layer_name(i, name));
+        Ok(LayerWeights {
+            norm_in: t("norm_in")?,
+            q_proj: t("q_proj")?,
+            k_proj: t("k_proj")?,
+            v_proj: t("v_proj")?,
+            q_norm: t("q_norm")?,
+            k_norm: t("k_norm")?,
+            gate_proj: t("gate_proj")?,
+            out_proj: t("out_proj")?,
+            post_norm: t("post_norm")?,
+            attn_gate: t("attn_gate")?,
+            pre_hada: t("pre_hada")?,
+            d1: t("d1")?,
+            d2: t("d2")?,
+            d3: t("d3")?,
+        })
+    }
+
+    /// The probe heads, in manifest order (empty when the file has none).
+    pub fn probe_heads(&self) -> Result<Vec<ProbeHead>, CactError> {
+        self.head_kinds()
+            .iter()
+            .map(|&kind| {
+                let t = |part| self.tensor(&format!("{}.{part}", kind.name()));
+                Ok(ProbeHead {
+                    kind,
+                    probes: t("probes")?,
+                    proj: t("proj")?,
+                    bias: t("bias")?,
+                })
+            })
+            .collect()
+    }
+}

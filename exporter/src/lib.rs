@@ -1,0 +1,5 @@
+//! Reads Needle 2 `.cact` files into the typed, dequantized weights of the
+//! `graphs` crate and exports them as ONNX (`needle-export`).
+pub mod cact;
+pub mod export;
+pub mod output;

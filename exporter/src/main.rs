@@ -1,0 +1,101 @@
+//! `needle-export MODEL.cact OUT.onnx [--attention fused|reference|both] [--precision fp32|fp16]`
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, ValueEnum};
+use exporter::cact::CactFile;
+use exporter::export::{export, ExportOptions, Source};
+use exporter::output::write_atomically;
+use graphs::builder::Precision;
+use graphs::needle::AttentionKind;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Converts a Needle 2 `.cact` model into ONNX graphs for onnxruntime.
+#[derive(Parser)]
+#[command(version)]
+struct Args {
+    /// The Needle 2 `.cact` file.
+    model: PathBuf,
+    /// The graph to write; `--attention both` also writes `OUT.reference.onnx`.
+    out: PathBuf,
+    /// Attention core: onnxruntime's fused kernel, a plain ai.onnx subgraph, or both files.
+    #[arg(long, value_enum, default_value = "fused")]
+    attention: AttentionArg,
+    /// Float precision of weights and activations (logits stay float32).
+    #[arg(long, value_enum, default_value = "fp32")]
+    precision: PrecisionArg,
+    /// Replace existing output files.
+    #[arg(long)]
+    force: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum AttentionArg {
+    Fused,
+    Reference,
+    Both,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PrecisionArg {
+    Fp32,
+    Fp16,
+}
+
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("needle-export: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> Result<()> {
+    let precision = match args.precision {
+        PrecisionArg::Fp32 => Precision::Fp32,
+        PrecisionArg::Fp16 => Precision::Fp16,
+    };
+    let targets: Vec<(AttentionKind, PathBuf)> = match args.attention {
+        AttentionArg::Fused => vec![(AttentionKind::Fused, args.out.clone())],
+        AttentionArg::Reference => vec![(AttentionKind::Reference, args.out.clone())],
+        AttentionArg::Both => vec![
+            (AttentionKind::Fused, args.out.clone()),
+            (AttentionKind::Reference, args.out.with_extension("reference.onnx")),
+        ],
+    };
+    let tokenizer_path = args.out.with_extension("tokenizer.json");
+    for path in targets.iter().map(|(_, p)| p).chain([&tokenizer_path]) {
+        check_destination(&args.model, path, args.force)?;
+    }
+
+    let bytes = std::fs::read(&args.model).with_context(|| format!("cannot read {}", args.model.display()))?;
+    let cact = CactFile::parse(&bytes).with_context(|| format!("{}", args.model.display()))?;
+    let source = Source::of(&file_name(&args.model), &bytes);
+    let tokenizer_file = file_name(&tokenizer_path);
+    for (kind, path) in &targets {
+        let opts = ExportOptions { attention: *kind, precision, tokenizer_file: Some(tokenizer_file.clone()) };
+        let onnx = export(&cact, &source, &opts).with_context(|| format!("{}", args.model.display()))?;
+        write_atomically(path, &onnx).with_context(|| format!("{}: cannot write", path.display()))?;
+        println!("wrote {} ({} bytes)", path.display(), onnx.len());
+    }
+    Ok(())
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// Refuses to write over the input, and over an existing file without `--force`.
+fn check_destination(input: &Path, out: &Path, force: bool) -> Result<()> {
+    if let (Ok(a), Ok(b)) = (input.canonicalize(), out.canonicalize()) {
+        if a == b {
+            bail!("{}: refusing to write over the input model", out.display());
+        }
+    }
+    if out.exists() && !force {
+        bail!("{}: already exists (use --force to replace it)", out.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,1 @@
+pub mod builder; pub mod needle; pub mod onnx; mod ops;

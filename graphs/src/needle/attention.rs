@@ -1,0 +1,180 @@
+//! Needle `MultiHeadAttention` with a KV cache: GQA projections, q/k `ZCRMSNorm`,
+//! rotate-half RoPE, attention over `past ++ new` keys, sigmoid output gate, `out_proj`.
+//! Only the attention core differs between the two variants:
+//!
+//! ```text
+//!            ┌ q_proj ─Reshape─ q_norm ─RoPE ┐
+//! x [B,S,d] ─┼ k_proj ─Reshape─ k_norm ─RoPE ┼─ core(past_k, past_v) ─ * σ(gate_proj x) ─ out_proj
+//!            └ v_proj ─Reshape───────────────┘        │
+//!                                                      └▶ present_k, present_v [B,KV,T,hd]
+//! ```
+
+use crate::builder::{Attr, GraphBuilder, Precision, Value, MS_DOMAIN};
+use crate::needle::norms::zc_rms_norm;
+use crate::needle::{Config, LayerWeights};
+
+/// Which attention core the graph uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionKind {
+    /// onnxruntime's fused kernel, `com.microsoft` `GroupQueryAttention`.
+    Fused,
+    /// MatMul/Softmax subgraph in the default ai.onnx domain only.
+    Reference,
+}
+
+/// Mask-derived inputs, built once at the top of the graph and shared by all layers.
+pub struct AttentionCtx {
+    /// `[sequence, 1, head_dim/2]` rotary tables for the new positions.
+    pub cos: Value,
+    pub sin: Value,
+    pub core: CoreInputs,
+}
+
+/// What the chosen core needs besides q, k, v and the past.
+pub enum CoreInputs {
+    /// `seqlens_k` `[batch]` int32 (valid keys − 1), `total_sequence_length` int32 scalar.
+    Fused { seqlens_k: Value, total_len: Value, local_window: Option<usize> },
+    /// `[batch, 1, 1, sequence, total_sequence]` bool: causal, in window, key not padding.
+    Reference { visible: Value },
+}
+
+/// The cache of one layer: `[batch, num_kv_heads, past|total_sequence, head_dim]`.
+pub struct KvPair {
+    pub key: Value,
+    pub value: Value,
+}
+
+/// Attention of one layer. `x`: `[batch, sequence, d_model]`; returns the
+/// `[batch, sequence, d_model]` output and the present cache.
+pub fn attention(
+    b: &mut GraphBuilder,
+    x: &Value,
+    w: &LayerWeights,
+    past: &KvPair,
+    cfg: &Config,
+    ctx: &AttentionCtx,
+) -> (Value, KvPair) {
+    let (h, kv, hd) = (cfg.num_heads as i64, cfg.num_kv_heads as i64, cfg.head_dim as i64);
+    let q = projection(b, x, "q_proj", &w.q_proj);
+    let k = projection(b, x, "k_proj", &w.k_proj);
+    let v = projection(b, x, "v_proj", &w.v_proj);
+    let q = b.reshape(&q, &[0, 0, h, hd]);
+    let k = b.reshape(&k, &[0, 0, kv, hd]);
+    let q = zc_rms_norm(b, &q, "q_norm", &w.q_norm.data);
+    let k = zc_rms_norm(b, &k, "k_norm", &w.k_norm.data);
+    let q = b.scope("q_rope", |b| rotate_half_rope(b, &q, ctx, cfg.head_dim));
+    let k = b.scope("k_rope", |b| rotate_half_rope(b, &k, ctx, cfg.head_dim));
+
+    let (out, present) = match &ctx.core {
+        CoreInputs::Fused { seqlens_k, total_len, local_window } => {
+            b.scope("gqa", |b| fused_core(b, [&q, &k, &v], past, seqlens_k, total_len, *local_window, cfg))
+        }
+        CoreInputs::Reference { visible } => {
+            b.scope("sdpa", |b| reference_core(b, [&q, &k, &v], past, visible, cfg))
+        }
+    };
+    let gate = projection(b, x, "gate_proj", &w.gate_proj);
+    let gate = b.sigmoid(&gate);
+    let out = b.mul(&out, &gate);
+    (projection(b, &out, "out_proj", &w.out_proj), present)
+}
+
+/// `x @ W^T` for a `.cact` matrix `W` stored `[out, in]`; the initializer is `[in, out]`.
+pub fn projection(b: &mut GraphBuilder, x: &Value, name: &str, w: &crate::needle::Tensor) -> Value {
+    let (rows, cols) = (w.shape[0], w.shape[1]);
+    let mut t = vec![0.0; rows * cols];
+    for r in 0..rows {
+        for c in 0..cols {
+            t[c * rows + r] = w.data[r * cols + c];
+        }
+    }
+    b.scope(name, |b| {
+        let kernel = b.weight("kernel", &[cols, rows], &t);
+        b.matmul(x, &kernel)
+    })
+}
+
+/// `[x1·cos − x2·sin, x2·cos + x1·sin]` over the halves of the last axis of `[B,S,N,hd]`.
+fn rotate_half_rope(b: &mut GraphBuilder, x: &Value, ctx: &AttentionCtx, head_dim: usize) -> Value {
+    let half = (head_dim / 2) as i64;
+    let x1 = b.slice(x, 3, 0, half);
+    let x2 = b.slice(x, 3, half, i64::MAX);
+    let a = b.mul(&x1, &ctx.cos);
+    let c = b.mul(&x2, &ctx.sin);
+    let r1 = b.sub(&a, &c);
+    let a = b.mul(&x2, &ctx.cos);
+    let c = b.mul(&x1, &ctx.sin);
+    let r2 = b.add(&a, &c);
+    b.concat(&[&r1, &r2], 3)
+}
+
+/// `GroupQueryAttention` on `[B,S,N·hd]` inputs; the cache stays BNSH.
+fn fused_core(
+    b: &mut GraphBuilder,
+    [q, k, v]: [&Value; 3],
+    past: &KvPair,
+    seqlens_k: &Value,
+    total_len: &Value,
+    local_window: Option<usize>,
+    cfg: &Config,
+) -> (Value, KvPair) {
+    let (h, kv, hd) = (cfg.num_heads as i64, cfg.num_kv_heads as i64, cfg.head_dim as i64);
+    let q = b.reshape(q, &[0, 0, h * hd]);
+    let k = b.reshape(k, &[0, 0, kv * hd]);
+    let v = b.reshape(v, &[0, 0, kv * hd]);
+    let mut attrs = vec![("num_heads", Attr::Int(h)), ("kv_num_heads", Attr::Int(kv))];
+    if let Some(w) = local_window {
+        attrs.push(("local_window_size", Attr::Int(w as i64)));
+    }
+    let mut outs = b.op_in(
+        MS_DOMAIN,
+        "GroupQueryAttention",
+        &[&q, &k, &v, &past.key, &past.value, seqlens_k, total_len],
+        attrs,
+        3,
+    );
+    let value = outs.pop().unwrap();
+    let key = outs.pop().unwrap();
+    (outs.pop().unwrap(), KvPair { key, value })
+}
+
+/// Plain scaled-dot-product attention with grouped KV heads:
+///
+/// ```text
+/// q [B,S,H,hd] ─T─ [B,KV,rep,S,hd] ─MatMul(Kᵀ)─ /√hd ─Where(visible)─ Softmax ─MatMul(V)─ [B,S,H·hd]
+/// k,v [B,S,KV,hd] ─T─ Concat(past) ─▶ present [B,KV,T,hd]
+/// ```
+fn reference_core(
+    b: &mut GraphBuilder,
+    [q, k, v]: [&Value; 3],
+    past: &KvPair,
+    visible: &Value,
+    cfg: &Config,
+) -> (Value, KvPair) {
+    let (h, kv, hd) = (cfg.num_heads as i64, cfg.num_kv_heads as i64, cfg.head_dim as i64);
+    let v = b.reshape(v, &[0, 0, kv, hd]);
+    let k_new = b.transpose(k, &[0, 2, 1, 3]);
+    let v_new = b.transpose(&v, &[0, 2, 1, 3]);
+    let key = b.concat(&[&past.key, &k_new], 2);
+    let value = b.concat(&[&past.value, &v_new], 2);
+
+    let q = b.transpose(q, &[0, 2, 1, 3]);
+    let q = b.reshape(&q, &[0, kv, h / kv, -1, hd]);
+    let kt = b.transpose(&key, &[0, 1, 3, 2]);
+    let kt = b.unsqueeze(&kt, &[2]);
+    let scores = b.matmul(&q, &kt);
+    let scale = b.scalar_float((cfg.head_dim as f32).sqrt());
+    let scores = b.div(&scores, &scale);
+    let lowest = b.scalar_float(match b.precision() {
+        Precision::Fp32 => f32::MIN,
+        Precision::Fp16 => -65504.0,
+    });
+    let scores = b.where_(visible, &scores, &lowest);
+    let probs = b.softmax(&scores, -1);
+    let v5 = b.unsqueeze(&value, &[2]);
+    let out = b.matmul(&probs, &v5);
+    let out = b.reshape(&out, &[0, h, -1, hd]);
+    let out = b.transpose(&out, &[0, 2, 1, 3]);
+    let out = b.reshape(&out, &[0, 0, h * hd]);
+    (out, KvPair { key, value })
+}

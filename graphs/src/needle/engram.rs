@@ -1,0 +1,150 @@
+//! Needle `Engram` n-gram memory (`architecture.py` `Engram`, `engram_indices`;
+//! the cached form is `decode.py` `_engram_kv`). For every position, each
+//! (order, head) table hashes the n-gram ending there,
+//! `acc = seed; for j < order: acc = (acc ^ tok[t-j]) · 0x01000193 (mod 2³²);
+//! acc ^= acc >> 15; slot = acc mod slots`, gathers a row, zeroes rows whose n-gram
+//! starts before the first valid token, and projects the concatenation to a key
+//! and a value; the value then passes a 4-tap causal conv with dilation
+//! `max(orders)`. Hashing runs in int64 with an explicit 32-bit mask, which is
+//! exactly upstream's uint32 arithmetic (the product stays below 2⁵⁷).
+//!
+//! ```text
+//! ids window [B, W+S] ─hash─ Gather(tables) ·ngram_ok ─┬ key_proj ─ rms_unit ─▶ ek [B,S,d]
+//!                                                       └ value_proj ─ Σ taps_j·shift(j·dil)·tap_ok_j ─▶ ev [B,S,d]
+//! ```
+//! At the site's layer (`Block.__call__` with `engram_kv`):
+//! `x + σ(⟨rms_unit(x), ek⟩ / √d) · ev`.
+
+use crate::builder::{GraphBuilder, Value};
+use crate::needle::attention::projection;
+use crate::needle::norms::rms_unit;
+use crate::needle::{Config, EngramWeights};
+
+const SEED: u64 = 0x9E37_79B9;
+const PRIME: i64 = 0x0100_0193;
+const MASK32: i64 = 0xFFFF_FFFF;
+
+/// Token ids and validity of the last `W + sequence` positions, where
+/// `W = conv_taps · dilation` is the history the n-grams and taps reach back.
+pub struct EngramWindow {
+    /// `[batch, W + sequence]` int64, zeros before the first token.
+    pub ids: Value,
+    /// `[batch, W + sequence]` float, 1 for a valid token.
+    pub valid: Value,
+}
+
+/// Key (already unit-RMS normalised) and value of one site for the new positions.
+pub struct EngramKv {
+    pub key_unit: Value,
+    pub value: Value,
+}
+
+/// The history length the engram needs before the first new token.
+pub fn history_len(cfg: &Config) -> usize {
+    cfg.engram_conv_taps * cfg.engram_conv_dilation
+}
+
+/// Flat table row per (position, table): `[batch, W + sequence, num_tables]` int64.
+pub fn hashed_rows(b: &mut GraphBuilder, ids: &Value, cfg: &Config) -> Value {
+    b.scope("engram_hash", |b| {
+        let heads = cfg.num_engram_tables / cfg.engram_orders.len();
+        let mut rows = Vec::new();
+        for (oi, &order) in cfg.engram_orders.iter().enumerate() {
+            for h in 0..heads {
+                let table = oi * heads + h;
+                let seed = (SEED * (table as u64 + 1)) & MASK32 as u64;
+                let mut acc = b.scalar_i64(seed as i64);
+                for j in 0..order {
+                    let tok = shift_right(b, ids, 2, j);
+                    let x = b.op1("BitwiseXor", &[&acc, &tok], vec![]);
+                    let prime = b.scalar_i64(PRIME);
+                    let m = b.mul(&x, &prime);
+                    let mask = b.scalar_i64(MASK32);
+                    acc = b.op1("BitwiseAnd", &[&m, &mask], vec![]);
+                }
+                let div = b.scalar_i64(1 << 15);
+                let high = b.div(&acc, &div);
+                let acc = b.op1("BitwiseXor", &[&acc, &high], vec![]);
+                let slots = b.scalar_i64(cfg.engram_slots as i64);
+                let slot = b.op1("Mod", &[&acc, &slots], vec![]);
+                let base = b.scalar_i64((table * cfg.engram_slots) as i64);
+                let row = b.add(&slot, &base);
+                rows.push(b.unsqueeze(&row, &[-1]));
+            }
+        }
+        let refs: Vec<&Value> = rows.iter().collect();
+        b.concat(&refs, -1)
+    })
+}
+
+/// Keys and values of one engram site. `rows`: from [`hashed_rows`].
+pub fn engram(
+    b: &mut GraphBuilder,
+    window: &EngramWindow,
+    rows: &Value,
+    w: &EngramWeights,
+    cfg: &Config,
+) -> EngramKv {
+    let (nt, sub) = (cfg.num_engram_tables, cfg.engram_sub_dim);
+    let history = history_len(cfg) as i64;
+    let tables = b.weight("embedding", &w.tables.shape, &w.tables.data);
+    let fetched = b.gather(&tables, rows, 0);
+    let per_table: Vec<Value> = (0..nt)
+        .map(|t| {
+            let order = cfg.engram_orders[t / (nt / cfg.engram_orders.len())];
+            shift_right(b, &window.valid, 2, order - 1)
+        })
+        .collect();
+    let per_table: Vec<Value> = per_table.iter().map(|v| b.unsqueeze(v, &[-1, -2])).collect();
+    let refs: Vec<&Value> = per_table.iter().collect();
+    let ngram_ok = b.concat(&refs, 2);
+    let fetched = b.mul(&fetched, &ngram_ok);
+    let e = b.reshape(&fetched, &[0, 0, (nt * sub) as i64]);
+
+    let e_new = b.slice(&e, 1, history, i64::MAX);
+    let key = projection(b, &e_new, "key_proj", &w.key_proj);
+    let key_unit = rms_unit(b, &key);
+
+    let v = projection(b, &e, "value_proj", &w.value_proj);
+    let taps = b.weight("taps", &w.taps.shape, &w.taps.data);
+    let mut conv: Option<Value> = None;
+    for j in 0..cfg.engram_conv_taps {
+        let tap = b.scalar_i64(j as i64);
+        let tap = b.gather(&taps, &tap, 0);
+        let shift = j * cfg.engram_conv_dilation;
+        let shifted = shift_right(b, &v, 3, shift);
+        let ok = shift_right(b, &window.valid, 2, shift);
+        let ok = b.unsqueeze(&ok, &[-1]);
+        let term = b.mul(&tap, &shifted);
+        let term = b.mul(&term, &ok);
+        conv = Some(match conv {
+            None => term,
+            Some(acc) => b.add(&acc, &term),
+        });
+    }
+    let value = b.slice(&conv.expect("conv_taps > 0"), 1, history, i64::MAX);
+    EngramKv { key_unit, value }
+}
+
+/// `x + σ(Σ_d rms_unit(x)·ek / √d) · ev` at an engram site's layer.
+pub fn inject(b: &mut GraphBuilder, x: &Value, kv: &EngramKv, d_model: usize) -> Value {
+    b.scope("engram_gate", |b| {
+        let xu = rms_unit(b, x);
+        let dot = b.mul(&xu, &kv.key_unit);
+        let dot = b.reduce_sum(&dot, &[-1], true);
+        let scale = b.scalar_float((d_model as f64).sqrt() as f32);
+        let logit = b.div(&dot, &scale);
+        let alpha = b.sigmoid(&logit);
+        let add = b.mul(&alpha, &kv.value);
+        b.add(x, &add)
+    })
+}
+
+/// `x` shifted right by `k` along axis 1 (rank `rank`), zeros entering at the front.
+pub fn shift_right(b: &mut GraphBuilder, x: &Value, rank: usize, k: usize) -> Value {
+    if k == 0 {
+        return x.clone();
+    }
+    let padded = b.pad_front(x, rank, 1, k as i64);
+    b.slice(&padded, 1, 0, -(k as i64))
+}

@@ -1,0 +1,102 @@
+//! Needle manifold hyper-connections (`_ScanBody` in `architecture.py`): the
+//! residual stream is `lanes` copies `x [B,S,n,C]`. Per layer, from
+//! `nx = rms_unit(x.reshape(n·C))`:
+//! `h_pre = σ(a_pre·nx·φ_pre + b_pre + pre_off)`, the block input `u = Σ_n h_pre·x`;
+//! `h_post = 2σ(a_post·nx·φ_post + b_post + post_off)`;
+//! `h_res = Sinkhorn₂₀(a_res·nx·φ_res + b_res)` (log domain, rows then columns);
+//! `x' = h_res·x + h_post ⊗ (block(u) − u)`.
+//! The three projections are one MatMul whose weight has the `a_*` gains folded in.
+
+use crate::builder::{GraphBuilder, Value};
+use crate::needle::norms::rms_unit;
+use crate::needle::{Config, MhcWeights};
+
+const SINKHORN_ITERS: usize = 20;
+
+/// The mixing coefficients of one layer, computed from the stream before the block.
+pub struct LaneMix {
+    /// `[batch, sequence, n]` logits of `h_post`.
+    post: Value,
+    /// `[batch, sequence, n·n]` logits of `h_res`.
+    res: Value,
+}
+
+/// Block input `u` `[batch, sequence, C]` of layer `layer` and the mixes for [`hc_post`].
+pub fn hc_pre(b: &mut GraphBuilder, x: &Value, w: &MhcWeights, layer: usize, cfg: &Config) -> (Value, LaneMix) {
+    let (n, c) = (cfg.mhc_lanes, cfg.d_model);
+    let flat = b.reshape(x, &[0, 0, (n * c) as i64]);
+    let nx = rms_unit(b, &flat);
+    let (phi, bias) = folded_projection(w, layer, n, c);
+    let phi = b.weight("mhc_phi", &[n * c, 2 * n + n * n], &phi);
+    let bias = b.weight("mhc_bias", &[2 * n + n * n], &bias);
+    let logits = b.matmul(&nx, &phi);
+    let logits = b.add(&logits, &bias);
+    let pre = b.slice(&logits, 2, 0, n as i64);
+    let post = b.slice(&logits, 2, n as i64, 2 * n as i64);
+    let res = b.slice(&logits, 2, 2 * n as i64, i64::MAX);
+    let h_pre = b.sigmoid(&pre);
+    let h_pre = b.unsqueeze(&h_pre, &[2]);
+    let u = b.matmul(&h_pre, x);
+    (b.squeeze(&u, &[2]), LaneMix { post, res })
+}
+
+/// The new stream `h_res·x + h_post ⊗ y`, `y` `[batch, sequence, C]`.
+pub fn hc_post(b: &mut GraphBuilder, x: &Value, y: &Value, mix: &LaneMix, cfg: &Config) -> Value {
+    let n = cfg.mhc_lanes as i64;
+    let h_post = b.sigmoid(&mix.post);
+    let two = b.scalar_float(2.0);
+    let h_post = b.mul(&two, &h_post);
+    let res = b.reshape(&mix.res, &[0, 0, n, n]);
+    let h_res = b.scope("sinkhorn", |b| sinkhorn(b, &res));
+    let mixed = b.matmul(&h_res, x);
+    let h_post = b.unsqueeze(&h_post, &[3]);
+    let y = b.unsqueeze(y, &[2]);
+    let update = b.mul(&h_post, &y);
+    b.add(&mixed, &update)
+}
+
+/// `exp` of 20 alternating row/column log-normalisations of `[.., n, n]` logits.
+fn sinkhorn(b: &mut GraphBuilder, logits: &Value) -> Value {
+    let mut log_k = logits.clone();
+    for _ in 0..SINKHORN_ITERS {
+        let rows = b.reduce_log_sum_exp(&log_k, &[-1]);
+        log_k = b.sub(&log_k, &rows);
+        let cols = b.reduce_log_sum_exp(&log_k, &[-2]);
+        log_k = b.sub(&log_k, &cols);
+    }
+    b.exp(&log_k)
+}
+
+/// `[n·C, n | n | n·n]` weight (`a_* · φ_*` of `layer`) and its bias
+/// (`b_pre + pre_off | b_post + post_off | b_res`), with the lane offsets
+/// `pre_off = 8·lane − 4`, `post_off = −4·(1 − lane)`, `lane = onehot(layer mod n)`.
+fn folded_projection(w: &MhcWeights, layer: usize, n: usize, c: usize) -> (Vec<f32>, Vec<f32>) {
+    let width = 2 * n + n * n;
+    let nc = n * c;
+    let mut phi = vec![0.0f32; nc * width];
+    let parts: [(&crate::needle::Tensor, usize, f32, usize); 3] = [
+        (&w.phi_pre, n, w.a_pre.data[layer], 0),
+        (&w.phi_post, n, w.a_post.data[layer], n),
+        (&w.phi_res, n * n, w.a_res.data[layer], 2 * n),
+    ];
+    for (t, cols, gain, at) in parts {
+        for col in 0..cols {
+            let row = &t.data[(layer * cols + col) * nc..(layer * cols + col + 1) * nc];
+            for (i, v) in row.iter().enumerate() {
+                phi[i * width + at + col] = gain * v;
+            }
+        }
+    }
+    let lane = layer % n;
+    let mut bias = Vec::with_capacity(width);
+    for i in 0..n {
+        let on = if i == lane { 1.0 } else { 0.0 };
+        bias.push(w.b_pre.data[layer * n + i] + (8.0 * on - 4.0));
+    }
+    for i in 0..n {
+        let on = if i == lane { 1.0 } else { 0.0 };
+        bias.push(w.b_post.data[layer * n + i] + (-4.0 * (1.0 - on)));
+    }
+    bias.extend_from_slice(&w.b_res.data[layer * n * n..(layer + 1) * n * n]);
+    (phi, bias)
+}

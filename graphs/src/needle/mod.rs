@@ -1,0 +1,15 @@
+//! The Needle 2 Simple Attention Network (`needle/model/architecture.py`,
+//! `cactus-needle==2.0.15`) as an ONNX graph.
+pub mod attention;
+pub mod config;
+pub mod engram;
+pub mod hadamard_mlp;
+pub mod hyper_connections;
+pub mod model;
+pub mod norms;
+pub mod weights;
+
+pub use attention::AttentionKind;
+pub use config::Config;
+pub use model::build;
+pub use weights::{EngramWeights, LayerWeights, MhcWeights, Tensor, Weights};

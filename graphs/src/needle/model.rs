@@ -1,0 +1,245 @@
+//! `SimpleAttentionNetwork.__call__` with a KV cache, from `input_ids` to `logits`:
+//!
+//! ```text
+//! input_ids ─Gather(embedding)·√d─ Expand(n lanes) ─┬─ layer 0 … layer L−1 ─ mean(lanes) ─ final_norm ─ ·embeddingᵀ ─▶ logits
+//!                                                    │   hc_pre → [engram] → block → hc_post
+//! past_input_ids ++ input_ids ─ engram hash ─────────┘ (engram sites only)
+//! ```
+
+use crate::builder::{Dim, GraphBuilder, Precision, Value};
+use crate::needle::attention::{attention, AttentionCtx, AttentionKind, CoreInputs, KvPair};
+use crate::needle::engram::{self, EngramKv, EngramWindow};
+use crate::needle::hadamard_mlp::hadamard_mlp;
+use crate::needle::hyper_connections::{hc_post, hc_pre};
+use crate::needle::norms::zc_rms_norm;
+use crate::needle::{Config, LayerWeights, Weights};
+use crate::onnx::{data_type, ModelProto};
+
+/// Graph input holding the token history the engram n-grams need between steps.
+pub const PAST_INPUT_IDS: &str = "past_input_ids";
+/// Graph output: `past_input_ids ++ input_ids`, fed back as the next `past_input_ids`.
+pub const PRESENT_INPUT_IDS: &str = "present_input_ids";
+
+/// Names of the cache inputs/outputs of layer `i`.
+pub fn kv_names(i: usize) -> [String; 4] {
+    [
+        format!("past_key_values.{i}.key"),
+        format!("past_key_values.{i}.value"),
+        format!("present.{i}.key"),
+        format!("present.{i}.value"),
+    ]
+}
+
+/// Builds the whole model graph. `metadata` goes into `metadata_props` as given.
+pub fn build(
+    cfg: &Config,
+    w: &Weights,
+    kind: AttentionKind,
+    precision: Precision,
+    metadata: Vec<(String, String)>,
+) -> ModelProto {
+    let mut b = GraphBuilder::new(precision);
+    let float = precision.data_type();
+    let b_ = &mut b;
+    let input_ids = b_.input("input_ids", data_type::INT64, &[Dim::Named("batch"), Dim::Named("sequence")]);
+    let mask = b_.input(
+        "attention_mask",
+        data_type::INT64,
+        &[Dim::Named("batch"), Dim::Named("total_sequence")],
+    );
+    let cache_dims = |len| [Dim::Named("batch"), Dim::Fixed(cfg.num_kv_heads), Dim::Named(len), Dim::Fixed(cfg.head_dim)];
+    let pasts: Vec<KvPair> = (0..cfg.num_layers)
+        .map(|i| {
+            let [k, v, _, _] = kv_names(i);
+            KvPair {
+                key: b_.input(&k, float, &cache_dims("past_sequence")),
+                value: b_.input(&v, float, &cache_dims("past_sequence")),
+            }
+        })
+        .collect();
+    let past_ids = b_.input(PAST_INPUT_IDS, data_type::INT64, &[Dim::Named("batch"), Dim::Named("past_sequence")]);
+
+    let past_len = b_.shape_of(&pasts[0].key, 2, 3);
+    let ctx = b_.scope("attn_ctx", |b| attention_ctx(b, cfg, kind, &input_ids, &mask, &past_len));
+    let all_ids = b_.scope("engrams", |b| b.concat(&[&past_ids, &input_ids], 1));
+    let engram_kv = b_.scope("engrams", |b| engrams(b, cfg, w, &all_ids, &mask, &past_len));
+
+    let x = b_.scope("embed_tokens", |b| {
+        let emb = b.weight("embedding", &w.embedding.shape, &w.embedding.data);
+        let x = b.gather(&emb, &input_ids, 0);
+        let scale = b.scalar_float((cfg.d_model as f64).sqrt() as f32);
+        let x = b.mul(&x, &scale);
+        let x = b.unsqueeze(&x, &[2]);
+        let lanes = b.const_i64(&[1, 1, cfg.mhc_lanes as i64, 1]);
+        (emb, b.op1("Expand", &[&x, &lanes], vec![]))
+    });
+    let (embedding, mut x) = x;
+
+    let mut presents = Vec::new();
+    for (i, lw) in w.layers.iter().enumerate() {
+        b_.scope(format!("layers.{i}"), |b| {
+            let (u, mix) = hc_pre(b, &x, &w.mhc, i, cfg);
+            let site = cfg.engram_sites.iter().position(|&s| s == i);
+            let bx = match site {
+                Some(s) => b.scope(format!("engrams.{s}"), |b| engram::inject(b, &u, &engram_kv[s], cfg.d_model)),
+                None => u.clone(),
+            };
+            let (out, present) = block(b, &bx, lw, &pasts[i], cfg, &ctx);
+            let y = b.sub(&out, &u);
+            x = hc_post(b, &x, &y, &mix, cfg);
+            presents.push(present);
+        });
+    }
+
+    let logits = b_.scope("lm_head", |b| {
+        let x = b.reduce_mean(&x, &[2]);
+        let x = b.squeeze(&x, &[2]);
+        let x = zc_rms_norm(b, &x, "final_norm", &w.final_norm.data);
+        let et = b.transpose(&embedding, &[1, 0]);
+        let logits = b.matmul(&x, &et);
+        match precision {
+            Precision::Fp32 => logits,
+            Precision::Fp16 => b.cast(&logits, data_type::FLOAT),
+        }
+    });
+
+    b_.output(&logits, "logits", data_type::FLOAT, &[Dim::Named("batch"), Dim::Named("sequence"), Dim::Fixed(cfg.vocab)]);
+    for (i, p) in presents.iter().enumerate() {
+        let [_, _, k, v] = kv_names(i);
+        b_.output(&p.key, &k, float, &cache_dims("total_sequence"));
+        b_.output(&p.value, &v, float, &cache_dims("total_sequence"));
+    }
+    b_.output(&all_ids, PRESENT_INPUT_IDS, data_type::INT64, &[Dim::Named("batch"), Dim::Named("total_sequence")]);
+    b.finish("needle", metadata)
+}
+
+/// Needle `Block`: `x + σ(attn_gate)·post_norm(attn(norm_in x))`, then
+/// `+ hadamard_mlp(pre_hada x)`.
+fn block(
+    b: &mut GraphBuilder,
+    x: &Value,
+    w: &LayerWeights,
+    past: &KvPair,
+    cfg: &Config,
+    ctx: &AttentionCtx,
+) -> (Value, KvPair) {
+    let h = zc_rms_norm(b, x, "norm_in", &w.norm_in.data);
+    let (h, kv) = b.scope("self_attn", |b| attention(b, &h, w, past, cfg, ctx));
+    let h = zc_rms_norm(b, &h, "post_attn_norm", &w.post_norm.data);
+    let gate = b.weight("attn_gate", &[1], &w.attn_gate.data);
+    let gate = b.sigmoid(&gate);
+    let h = b.mul(&gate, &h);
+    let x = b.add(x, &h);
+    let h = zc_rms_norm(b, &x, "pre_hada_norm", &w.pre_hada.data);
+    let h = b.scope("hadamard_mlp", |b| hadamard_mlp(b, &h, w, cfg.d_model));
+    (b.add(&x, &h), kv)
+}
+
+/// RoPE tables for the new positions and the core's mask inputs, built once.
+fn attention_ctx(
+    b: &mut GraphBuilder,
+    cfg: &Config,
+    kind: AttentionKind,
+    input_ids: &Value,
+    mask: &Value,
+    past_len: &Value,
+) -> AttentionCtx {
+    let seq_len = b.shape_of(input_ids, 1, 2);
+    let total_len = b.add(past_len, &seq_len);
+    let start = b.squeeze(past_len, &[0]);
+    let end = b.squeeze(&total_len, &[0]);
+    let one = b.scalar_i64(1);
+    let positions = b.op1("Range", &[&start, &end, &one], vec![]);
+    let (cos_table, sin_table) = rope_tables(cfg);
+    let half = cfg.head_dim / 2;
+    let cos = b.const_float(&[cfg.max_seq_len, half], &cos_table);
+    let sin = b.const_float(&[cfg.max_seq_len, half], &sin_table);
+    let cos = b.gather(&cos, &positions, 0);
+    let sin = b.gather(&sin, &positions, 0);
+    let cos = b.unsqueeze(&cos, &[1]);
+    let sin = b.unsqueeze(&sin, &[1]);
+    let window = effective_window(cfg);
+    let core = match kind {
+        AttentionKind::Fused => {
+            let valid = b.reduce_sum(mask, &[1], false);
+            let last = b.sub(&valid, &one);
+            let seqlens_k = b.cast(&last, data_type::INT32);
+            let total = b.cast(&end, data_type::INT32);
+            CoreInputs::Fused { seqlens_k, total_len: total, local_window: window.map(|w| w - 1) }
+        }
+        AttentionKind::Reference => {
+            let zero = b.scalar_i64(0);
+            let keys = b.op1("Range", &[&zero, &end, &one], vec![]);
+            let k_row = b.unsqueeze(&keys, &[0]);
+            let q_col = b.unsqueeze(&positions, &[1]);
+            let mut visible = b.op1("LessOrEqual", &[&k_row, &q_col], vec![]);
+            if let Some(w) = window {
+                let distance = b.sub(&q_col, &k_row);
+                let limit = b.scalar_i64(w as i64);
+                let recent = b.op1("Less", &[&distance, &limit], vec![]);
+                visible = b.op1("And", &[&visible, &recent], vec![]);
+            }
+            let key_valid = b.cast(mask, data_type::BOOL);
+            let key_valid = b.unsqueeze(&key_valid, &[1, 2, 3]);
+            let visible = b.op1("And", &[&visible, &key_valid], vec![]);
+            CoreInputs::Reference { visible }
+        }
+    };
+    AttentionCtx { cos, sin, core }
+}
+
+/// The sliding window when it can bind (shorter than `max_seq_len`).
+fn effective_window(cfg: &Config) -> Option<usize> {
+    (cfg.kv_window > 0 && cfg.kv_window < cfg.max_seq_len).then_some(cfg.kv_window)
+}
+
+/// `cos`/`sin` of `t · inv_freq` for `t < max_seq_len`, `[max_seq_len, head_dim/2]`,
+/// with upstream's float32 steps: `inv_freq = 1 / θ^(2i/hd)`, angle `f32(t) · inv_freq`.
+pub fn rope_tables(cfg: &Config) -> (Vec<f32>, Vec<f32>) {
+    let half = cfg.head_dim / 2;
+    let inv_freq: Vec<f32> = (0..half)
+        .map(|i| {
+            let exponent = (2 * i) as f32 / cfg.head_dim as f32;
+            1.0f32 / ((cfg.rope_theta as f64).powf(exponent as f64) as f32)
+        })
+        .collect();
+    let mut cos = Vec::with_capacity(cfg.max_seq_len * half);
+    let mut sin = Vec::with_capacity(cfg.max_seq_len * half);
+    for t in 0..cfg.max_seq_len {
+        for f in &inv_freq {
+            let angle = (t as f32 * f) as f64;
+            cos.push(angle.cos() as f32);
+            sin.push(angle.sin() as f32);
+        }
+    }
+    (cos, sin)
+}
+
+/// Keys and values of every engram site for the new positions; `all_ids` is
+/// `past_input_ids ++ input_ids`.
+fn engrams(
+    b: &mut GraphBuilder,
+    cfg: &Config,
+    w: &Weights,
+    all_ids: &Value,
+    mask: &Value,
+    past_len: &Value,
+) -> Vec<EngramKv> {
+    if cfg.engram_sites.is_empty() {
+        return Vec::new();
+    }
+    let history = engram::history_len(cfg) as i64;
+    let ids = b.pad_front(all_ids, 2, 1, history);
+    let ids = b.slice_from(&ids, 1, past_len);
+    let valid = b.pad_front(mask, 2, 1, history);
+    let valid = b.slice_from(&valid, 1, past_len);
+    let valid = b.cast(&valid, b.precision().data_type());
+    let window = EngramWindow { ids, valid };
+    let rows = engram::hashed_rows(b, &window.ids, cfg);
+    w.engrams
+        .iter()
+        .enumerate()
+        .map(|(s, ew)| b.scope(format!("engrams.{s}"), |b| engram::engram(b, &window, &rows, ew, cfg)))
+        .collect()
+}
+

@@ -1,0 +1,81 @@
+//! Dequantized float32 weights of one model, in the `.cact` layout
+//! (matrices pre-transposed to `[out, in]`).
+
+/// A dense float32 tensor, row-major.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+/// The 14 tensors of one `Block` (`layerNN.*` in the `.cact`).
+#[derive(Clone, Debug)]
+pub struct LayerWeights {
+    /// `[d_model]`, ZCRMSNorm_0 scale.
+    pub norm_in: Tensor,
+    /// `[num_heads * head_dim, d_model]`.
+    pub q_proj: Tensor,
+    /// `[num_kv_heads * head_dim, d_model]`.
+    pub k_proj: Tensor,
+    pub v_proj: Tensor,
+    /// `[head_dim]`.
+    pub q_norm: Tensor,
+    pub k_norm: Tensor,
+    /// `[num_heads * head_dim, d_model]`, the sigmoid output gate.
+    pub gate_proj: Tensor,
+    /// `[d_model, num_heads * head_dim]`.
+    pub out_proj: Tensor,
+    /// `[d_model]`, post_attn_norm scale.
+    pub post_norm: Tensor,
+    /// `[1]`, pre-sigmoid residual gate.
+    pub attn_gate: Tensor,
+    /// `[d_model]`, pre_hada_norm scale.
+    pub pre_hada: Tensor,
+    /// `[hada_n]` each.
+    pub d1: Tensor,
+    pub d2: Tensor,
+    pub d3: Tensor,
+}
+
+/// The 9 hyper-connection tensors (`mhc_*`), stacked over layers.
+#[derive(Clone, Debug)]
+pub struct MhcWeights {
+    /// `[num_layers]`.
+    pub a_pre: Tensor,
+    pub a_post: Tensor,
+    pub a_res: Tensor,
+    /// `[num_layers, lanes]`.
+    pub b_pre: Tensor,
+    pub b_post: Tensor,
+    /// `[num_layers, lanes, lanes]`.
+    pub b_res: Tensor,
+    /// `[num_layers * lanes, lanes * d_model]`: layer `l` is rows `l*lanes..`, transposed.
+    pub phi_pre: Tensor,
+    pub phi_post: Tensor,
+    /// `[num_layers * lanes * lanes, lanes * d_model]`.
+    pub phi_res: Tensor,
+}
+
+/// One engram site (`engramS.*`).
+#[derive(Clone, Debug)]
+pub struct EngramWeights {
+    /// `[num_tables * slots, sub_dim]`.
+    pub tables: Tensor,
+    /// `[d_model, num_tables * sub_dim]`.
+    pub key_proj: Tensor,
+    pub value_proj: Tensor,
+    /// `[conv_taps, d_model]`.
+    pub taps: Tensor,
+}
+
+/// Every weight the graph needs. Probe heads are not part of the logits graph.
+#[derive(Clone, Debug)]
+pub struct Weights {
+    /// `[vocab, d_model]`, tied with the output projection.
+    pub embedding: Tensor,
+    pub layers: Vec<LayerWeights>,
+    pub mhc: MhcWeights,
+    pub engrams: Vec<EngramWeights>,
+    /// `[d_model]`.
+    pub final_norm: Tensor,
+}
