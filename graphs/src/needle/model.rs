@@ -165,7 +165,7 @@ fn attention_ctx(
             let last = b.sub(&valid, &one);
             let seqlens_k = b.cast(&last, data_type::INT32);
             let total = b.cast(&end, data_type::INT32);
-            CoreInputs::Fused { seqlens_k, total_len: total, local_window: window.map(|w| w - 1) }
+            CoreInputs::Fused { seqlens_k, total_len: total, local_window: window }
         }
         AttentionKind::Reference => {
             let zero = b.scalar_i64(0);
