@@ -1,0 +1,210 @@
+//! Execution provider selection: `--provider` to a session builder with exactly that provider
+//! registered, plus the graph variant each provider prefers.
+//!
+//! Every provider is registered with `error_on_failure`, so a provider that cannot be used is
+//! an error, never a silent CPU run. Each attempt gets a fresh builder, so a failed
+//! registration leaves nothing behind in the builder that is returned.
+
+use std::fmt;
+
+use clap::ValueEnum;
+use graphs::builder::Precision;
+use graphs::needle::AttentionKind;
+use ort::{
+    environment::Environment,
+    ep,
+    session::{
+        builder::{AutoDevicePolicy, GraphOptimizationLevel, SessionBuilder},
+        Session,
+    },
+};
+
+/// An onnxruntime execution provider, as named on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum)]
+pub enum Provider {
+    /// The first of TensorRT, CUDA, CoreML, CPU that registers.
+    Auto,
+    /// onnxruntime's CPU provider (MLAS), and nothing else.
+    Cpu,
+    /// NVIDIA CUDA.
+    Cuda,
+    /// NVIDIA TensorRT, with CUDA for the nodes TensorRT does not take.
+    #[value(name = "tensorrt")]
+    TensorRt,
+    /// Apple CoreML.
+    #[value(name = "coreml")]
+    CoreMl,
+}
+
+impl Provider {
+    /// The command-line name: `auto`, `cpu`, `cuda`, `tensorrt`, `coreml`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Provider::Auto => "auto",
+            Provider::Cpu => "cpu",
+            Provider::Cuda => "cuda",
+            Provider::TensorRt => "tensorrt",
+            Provider::CoreMl => "coreml",
+        }
+    }
+
+    /// The attention core this provider runs best: fused for CUDA and CPU, reference for
+    /// TensorRT and CoreML. `Auto` has no preference of its own and answers like `Cpu`;
+    /// ask the provider [`session_builder`] registered.
+    pub fn attention(self) -> AttentionKind {
+        match self {
+            Provider::Auto | Provider::Cpu | Provider::Cuda => AttentionKind::Fused,
+            Provider::TensorRt | Provider::CoreMl => AttentionKind::Reference,
+        }
+    }
+
+    /// The precision this provider runs best: fp16 for CUDA, fp32 elsewhere. `Auto` answers
+    /// like `Cpu`; ask the provider [`session_builder`] registered.
+    pub fn precision(self) -> Precision {
+        match self {
+            Provider::Cuda => Precision::Fp16,
+            Provider::Auto | Provider::Cpu | Provider::TensorRt | Provider::CoreMl => {
+                Precision::Fp32
+            }
+        }
+    }
+}
+
+impl fmt::Display for Provider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A provider that could not be registered, and onnxruntime's reason.
+#[derive(Debug, Clone)]
+pub struct Unavailable {
+    /// The provider that failed; never `Auto`.
+    pub provider: Provider,
+    /// onnxruntime's message.
+    pub reason: String,
+}
+
+impl fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "execution provider {} is unavailable: {}",
+            self.provider, self.reason
+        )
+    }
+}
+
+/// Why no session builder could be configured.
+#[derive(Debug)]
+pub enum ProviderError {
+    /// The requested provider (or, with fallback, CPU too) could not be registered.
+    Unavailable(Unavailable),
+    /// onnxruntime refused the session options themselves.
+    Builder(ort::Error),
+}
+
+impl fmt::Display for ProviderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unavailable(unavailable) => unavailable.fmt(f),
+            Self::Builder(e) => write!(f, "cannot configure the onnxruntime session: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ProviderError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Unavailable(_) => None,
+            Self::Builder(e) => Some(e),
+        }
+    }
+}
+
+/// A session builder with one provider registered.
+pub struct Registered {
+    /// Ready for `commit_from_file` / `commit_from_memory`.
+    pub builder: SessionBuilder,
+    /// The provider that registered; never `Auto`.
+    pub provider: Provider,
+    /// Providers tried before it, in order, and why each failed.
+    pub skipped: Vec<Unavailable>,
+}
+
+/// Configures a session builder for `requested`, with [`tuned_builder`]'s threads and
+/// optimization level.
+///
+/// `Auto` tries TensorRT, CUDA, CoreML, then CPU, and returns the first that registers. A
+/// named provider that cannot be registered is an error, unless `fallback` is set: then CPU is
+/// registered instead and the named provider's failure is in [`Registered::skipped`].
+/// `threads` is the intra-op thread count; 0 lets onnxruntime choose.
+pub fn session_builder(
+    environment: &Environment,
+    requested: Provider,
+    fallback: bool,
+    threads: usize,
+) -> Result<Registered, ProviderError> {
+    let (first_tries, last_try) = match requested {
+        Provider::Auto => (
+            &[Provider::TensorRt, Provider::Cuda, Provider::CoreMl][..],
+            Provider::Cpu,
+        ),
+        Provider::Cpu => (&[][..], Provider::Cpu),
+        _ if fallback => (std::slice::from_ref(&requested), Provider::Cpu),
+        named => (&[][..], named),
+    };
+    let attempt = |provider| {
+        let builder = tuned_builder(environment, threads).map_err(ProviderError::Builder)?;
+        register(builder, provider)
+            .map_err(|reason| ProviderError::Unavailable(Unavailable { provider, reason }))
+    };
+    let mut skipped = Vec::new();
+    for &provider in first_tries {
+        match attempt(provider) {
+            Ok(builder) => {
+                return Ok(Registered {
+                    builder,
+                    provider,
+                    skipped,
+                })
+            }
+            Err(ProviderError::Unavailable(unavailable)) => skipped.push(unavailable),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Registered {
+        builder: attempt(last_try)?,
+        provider: last_try,
+        skipped,
+    })
+}
+
+/// A session builder with every graph optimization on and `threads` intra-op threads
+/// (0 lets onnxruntime choose), with no provider registered yet.
+pub fn tuned_builder(environment: &Environment, threads: usize) -> ort::Result<SessionBuilder> {
+    Ok(Session::builder(environment)?
+        .with_optimization_level(GraphOptimizationLevel::All)?
+        .with_intra_threads(threads)?)
+}
+
+fn register(builder: SessionBuilder, provider: Provider) -> Result<SessionBuilder, String> {
+    let providers = match provider {
+        Provider::Auto | Provider::Cpu => {
+            return builder
+                .with_auto_device(AutoDevicePolicy::PreferCPU)
+                .map_err(|e| e.to_string().trim().to_owned());
+        }
+        Provider::Cuda => vec![ep::CUDA::default().build()],
+        Provider::TensorRt => vec![ep::TensorRT::default().build(), ep::CUDA::default().build()],
+        Provider::CoreMl => vec![ep::CoreML::default().build()],
+    };
+    builder
+        .with_execution_providers(
+            providers
+                .into_iter()
+                .map(ep::ExecutionProviderDispatch::error_on_failure)
+                .collect::<Vec<_>>(),
+        )
+        .map_err(|e| e.to_string().trim().to_owned())
+}

@@ -1,0 +1,168 @@
+//! One Needle graph loaded in onnxruntime: geometry from its metadata, and a
+//! `forward` that threads the `past_*` state through the graph's `present_*` outputs.
+
+use crate::provider::{self, Provider, Registered};
+use anyhow::{anyhow, bail, Context, Result};
+use exporter::export::keys;
+use graphs::builder::Precision;
+use graphs::needle::model::{kv_names, PAST_INPUT_IDS, PRESENT_INPUT_IDS};
+use graphs::needle::{AttentionKind, Config};
+use ort::session::{Session, SessionInputValue};
+use ort::value::TensorElementType;
+use ort::value::{DynTensor, DynValue, Tensor};
+
+/// The state carried between steps: every `past_*` input, by name, and its length.
+pub struct Cache {
+    values: Vec<(String, DynValue)>,
+    len: usize,
+}
+
+impl Cache {
+    /// Number of tokens already seen (`past_sequence`).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True before the first token.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// A loaded Needle graph and what its metadata says about it.
+pub struct NeedleSession {
+    session: Session,
+    pub config: Config,
+    pub attention: AttentionKind,
+    pub precision: Precision,
+    /// The provider that actually runs it (never `Auto`).
+    pub provider: Provider,
+    /// `needle.tokenizer`: file name of the tokenizer written beside the graph.
+    pub tokenizer_file: Option<String>,
+}
+
+/// Output of one step.
+pub struct StepOutput {
+    /// `[batch, sequence, vocab]`, row-major.
+    pub logits: Vec<f32>,
+    pub cache: Cache,
+}
+
+impl NeedleSession {
+    /// Loads graph bytes with `provider` (see [`provider::session_builder`]).
+    pub fn from_memory(onnx: &[u8], mut registered: Registered) -> Result<Self> {
+        let provider = registered.provider;
+        let session = registered.builder.commit_from_memory(onnx).map_err(|e| anyhow!("{e}"))?;
+        Self::wrap(session, provider)
+    }
+
+    /// Loads an `.onnx` written by `needle-export`.
+    pub fn from_file(path: &std::path::Path, mut registered: Registered) -> Result<Self> {
+        let provider = registered.provider;
+        let session = registered
+            .builder
+            .commit_from_file(path)
+            .map_err(|e| anyhow!("{}: cannot load: {e}", path.display()))?;
+        Self::wrap(session, provider)
+    }
+
+    /// Creates a session for `onnx` on `provider` with `threads` intra-op threads.
+    pub fn create(onnx: &[u8], provider: Provider, fallback: bool, threads: usize) -> Result<Self> {
+        let env = crate::ort_env::init()?;
+        let registered = provider::session_builder(env, provider, fallback, threads)?;
+        Self::from_memory(onnx, registered)
+    }
+
+    fn wrap(session: Session, provider: Provider) -> Result<Self> {
+        let meta = session.metadata().map_err(|e| anyhow!("{e}"))?;
+        let get = |k: &str| meta.custom(k);
+        let config = Config::from_metadata(get).map_err(|e| anyhow!("not a needle-export graph: {e}"))?;
+        let attention = match get(keys::ATTENTION).as_deref() {
+            Some("fused") => AttentionKind::Fused,
+            Some("reference") => AttentionKind::Reference,
+            other => bail!("not a needle-export graph: metadata {} is {other:?}", keys::ATTENTION),
+        };
+        let precision = match get(keys::PRECISION).as_deref() {
+            Some("fp32") => Precision::Fp32,
+            Some("fp16") => Precision::Fp16,
+            other => bail!("not a needle-export graph: metadata {} is {other:?}", keys::PRECISION),
+        };
+        let tokenizer_file = get(keys::TOKENIZER);
+        drop(meta);
+        let s = NeedleSession { session, config, attention, precision, provider, tokenizer_file };
+        s.check_interface()?;
+        Ok(s)
+    }
+
+    fn check_interface(&self) -> Result<()> {
+        let inputs: Vec<&str> = self.session.inputs().iter().map(|i| i.name()).collect();
+        let mut wanted = vec!["input_ids".to_string(), "attention_mask".into(), PAST_INPUT_IDS.into()];
+        for i in 0..self.config.num_layers {
+            let [k, v, _, _] = kv_names(i);
+            wanted.extend([k, v]);
+        }
+        for w in &wanted {
+            if !inputs.contains(&w.as_str()) {
+                bail!("not a needle-export graph: input {w} is missing");
+            }
+        }
+        Ok(())
+    }
+
+    /// The empty state for `batch` rows (`past_sequence = 0`).
+    pub fn empty_cache(&self, batch: usize) -> Result<Cache> {
+        let c = &self.config;
+        let float = match self.precision {
+            Precision::Fp32 => TensorElementType::Float32,
+            Precision::Fp16 => TensorElementType::Float16,
+        };
+        let alloc = self.session.allocator();
+        let mut values = Vec::new();
+        for i in 0..c.num_layers {
+            let [k, v, _, _] = kv_names(i);
+            for name in [k, v] {
+                let t = DynTensor::new(alloc, float, [batch, c.num_kv_heads, 0, c.head_dim])?;
+                values.push((name, t.into_dyn()));
+            }
+        }
+        let ids = Tensor::<i64>::from_array(([batch, 0usize], Vec::<i64>::new()))?;
+        values.push((PAST_INPUT_IDS.to_string(), ids.into_dyn()));
+        Ok(Cache { values, len: 0 })
+    }
+
+    /// Runs `input_ids` (`[batch, sequence]`, row-major) after `cache`; every token is real
+    /// (all-ones attention mask).
+    pub fn forward(&mut self, input_ids: &[i64], batch: usize, cache: Cache) -> Result<StepOutput> {
+        if batch == 0 || input_ids.len() % batch != 0 {
+            bail!("input_ids of length {} do not split into {batch} rows", input_ids.len());
+        }
+        let seq = input_ids.len() / batch;
+        let total = cache.len + seq;
+        if total > self.config.max_seq_len {
+            bail!("sequence of {total} tokens exceeds the model's max_seq_len {}", self.config.max_seq_len);
+        }
+        let mut inputs: Vec<(String, SessionInputValue)> = Vec::with_capacity(cache.values.len() + 2);
+        let ids = Tensor::<i64>::from_array(([batch, seq], input_ids.to_vec()))?;
+        let mask = Tensor::<i64>::from_array(([batch, total], vec![1i64; batch * total]))?;
+        inputs.push(("input_ids".into(), ids.into()));
+        inputs.push(("attention_mask".into(), mask.into()));
+        for (name, value) in cache.values {
+            inputs.push((name, value.into()));
+        }
+        let mut outputs = self.session.run(inputs).context("onnxruntime run failed")?;
+        let (_, logits) = outputs["logits"].try_extract_tensor::<f32>()?;
+        let logits = logits.to_vec();
+        let mut values = Vec::with_capacity(2 * self.config.num_layers + 1);
+        for i in 0..self.config.num_layers {
+            let [pk, pv, k, v] = kv_names(i);
+            values.push((pk, take(&mut outputs, &k)?));
+            values.push((pv, take(&mut outputs, &v)?));
+        }
+        values.push((PAST_INPUT_IDS.to_string(), take(&mut outputs, PRESENT_INPUT_IDS)?));
+        Ok(StepOutput { logits, cache: Cache { values, len: total } })
+    }
+}
+
+fn take(outputs: &mut ort::session::SessionOutputs<'_>, name: &str) -> Result<DynValue> {
+    outputs.remove(name).ok_or_else(|| anyhow!("graph output {name} is missing"))
+}

@@ -1,0 +1,71 @@
+//! Both attention variants against the upstream JAX reference logits, the cached
+//! path against the full forward, and fused against reference.
+
+use graphs::needle::AttentionKind::{self, Fused, Reference};
+use needle_tests::{cases, row_error, session, MODELS, TOLERANCE};
+
+fn full_forward(model: &str, kind: AttentionKind, ids: &[i64], batch: usize) -> Vec<f32> {
+    let mut s = session(model, kind);
+    let cache = s.empty_cache(batch).unwrap();
+    s.forward(ids, batch, cache).unwrap().logits
+}
+
+#[test]
+fn every_case_of_every_model_matches_upstream_in_both_variants() {
+    let mut report = Vec::new();
+    for model in MODELS {
+        for kind in [Fused, Reference] {
+            let mut s = session(model, kind);
+            let vocab = s.config.vocab;
+            for case in cases(model) {
+                let cache = s.empty_cache(case.batch).unwrap();
+                let got = s.forward(&case.input_ids, case.batch, cache).unwrap().logits;
+                let row = case.seq * vocab;
+                for b in 0..case.batch {
+                    let rows = b * row..(b + 1) * row;
+                    let err = row_error(&got[rows.clone()], &case.logits[rows], case.lengths[b], vocab);
+                    report.push(format!("{model} {kind:?} {}[{b}]: {err:.2e}", case.name));
+                    assert!(err <= TOLERANCE, "{model} {kind:?} case {} row {b}: relative error {err}", case.name);
+                }
+            }
+        }
+    }
+    println!("{}", report.join("\n"));
+}
+
+#[test]
+fn prefill_then_one_token_steps_equals_the_full_forward() {
+    for model in MODELS {
+        let case = cases(model).into_iter().max_by_key(|c| c.seq).unwrap();
+        let ids = &case.input_ids[..case.seq.min(64)];
+        for kind in [Fused, Reference] {
+            let full = full_forward(model, kind, ids, 1);
+            let mut s = session(model, kind);
+            let vocab = s.config.vocab;
+            let prefill = ids.len() / 2;
+            let mut step = s.forward(&ids[..prefill], 1, s.empty_cache(1).unwrap()).unwrap();
+            let mut got = step.logits.clone();
+            for &t in &ids[prefill..] {
+                step = s.forward(&[t], 1, step.cache).unwrap();
+                got.extend_from_slice(&step.logits);
+            }
+            let err = row_error(&got, &full, ids.len(), vocab);
+            assert!(err <= TOLERANCE, "{model} {kind:?}: cached path differs by {err}");
+            let upstream = row_error(&got, &case.logits[..ids.len() * vocab], ids.len(), vocab);
+            assert!(upstream <= TOLERANCE, "{model} {kind:?}: cached path vs upstream {upstream}");
+        }
+    }
+}
+
+#[test]
+fn fused_and_reference_variants_agree() {
+    for model in MODELS {
+        for case in cases(model) {
+            let fused = full_forward(model, Fused, &case.input_ids, case.batch);
+            let reference = full_forward(model, Reference, &case.input_ids, case.batch);
+            let vocab = fused.len() / (case.batch * case.seq);
+            let err = row_error(&fused, &reference, case.batch * case.seq, vocab);
+            assert!(err <= TOLERANCE, "{model} case {}: fused vs reference {err}", case.name);
+        }
+    }
+}
