@@ -12,9 +12,6 @@ use super::directory::{index_bits, padded_in, Encoding, Entry, TERNARY_BITS};
 use super::header::Codebooks;
 use super::CactError;
 
-/// Lloyd-Max centroid of the 3-level Gaussian quantizer (upstream `_TERNARY_CB`).
-const TERNARY_C: f64 = 1.224_006_4;
-
 /// Decodes a float entry's blob to float32, row-major in `entry.shape`.
 pub(crate) fn decode(entry: &Entry, blob: &[u8], codebooks: &Codebooks) -> Result<Vec<f32>, CactError> {
     let values = match entry.encoding {
@@ -87,12 +84,10 @@ pub(crate) fn f16_to_f32(h: u16) -> f32 {
 /// the file header: upstream `read_export` recomputes it with
 /// `_cq_codebook_np(bits, group)` instead, but the writer stores exactly that
 /// array (cb / sqrt(group) rounded to f32), so both agree bit for bit (the
-/// dequant parity test checks it). Ternary is analytic and not stored:
-/// `{-c, 0, c} / sqrt(group)` computed in f64 and rounded to f32, as numpy does.
-fn codebook(bits: u32, group: usize, codebooks: &Codebooks) -> Vec<f32> {
+/// dequant parity test checks it). Ternary is analytic and not stored.
+fn codebook(bits: u32, group: u32, codebooks: &Codebooks) -> Vec<f32> {
     if bits == TERNARY_BITS {
-        let c = (TERNARY_C / (group as f64).sqrt()) as f32;
-        return vec![-c, 0.0, c];
+        return Codebooks::ternary(group).to_vec();
     }
     codebooks.for_bits(bits).unwrap_or_default().to_vec()
 }
@@ -105,7 +100,7 @@ fn hadamard(n: usize) -> Vec<f32> {
     let mut out = Vec::with_capacity(n * n);
     for k in 0..n {
         for j in 0..n {
-            out.push(if (k & j).count_ones() % 2 == 0 { h } else { -h });
+            out.push(if (k & j).count_ones().is_multiple_of(2) { h } else { -h });
         }
     }
     out
@@ -126,12 +121,13 @@ fn cq(entry: &Entry, blob: &[u8], bits: u32, group: usize, codebooks: &Codebooks
     let stored_bits = index_bits(bits);
     let row_bytes = in_pad * stored_bits as usize / 8;
     let (packed, norms) = blob.split_at(out * row_bytes);
-    let cb = codebook(bits, group, codebooks);
+    let cb = codebook(bits, group as u32, codebooks);
     let h = hadamard(group);
 
     let mut w = Vec::with_capacity(out * in_dim);
     let mut x = vec![0f32; group];
     let mut y = vec![0f32; group];
+    let mut partial = vec![0f32; group];
     for r in 0..out {
         let row = &packed[r * row_bytes..(r + 1) * row_bytes];
         for g in 0..groups {
@@ -157,7 +153,7 @@ fn cq(entry: &Entry, blob: &[u8], bits: u32, group: usize, codebooks: &Codebooks
                 };
                 *xk = cb[idx] * norm;
             }
-            rotate(&x, &h, &mut y);
+            rotate(&x, &h, &mut y, &mut partial, groups == 1);
             let cols = in_dim.saturating_sub(g * group).min(group);
             w.extend_from_slice(&y[..cols]);
         }
@@ -165,20 +161,26 @@ fn cq(entry: &Entry, blob: &[u8], bits: u32, group: usize, codebooks: &Codebooks
     Ok(w)
 }
 
-/// `y = x @ h` for one group, each output a float32 dot product summed in
-/// index order with a fused multiply-add per term.
-fn rotate(x: &[f32], h: &[f32], y: &mut [f32]) {
+/// `y = x @ h` for one group, each output a float32 sum of fused
+/// multiply-adds in the order numpy 2.4's OpenBLAS (x86-64) uses for
+/// upstream's `(out, groups, group) @ H`, so the result is bit-identical:
+/// with several groups per row numpy calls sgemm, whose kernels run one FMA
+/// chain over all of `k`; with a single group the product is vector @ matrix,
+/// which numpy hands to sgemv, whose kernel chains 8 terms at a time and adds
+/// each 8-term partial sum to `y`. Another BLAS may differ by a few ulps.
+fn rotate(x: &[f32], h: &[f32], y: &mut [f32], partial: &mut [f32], single_group: bool) {
     let n = x.len();
-    let mode = std::env::var("CQ_MODE").unwrap_or_default();
+    let block = if single_group { 8 } else { n };
     y.fill(0.0);
-    for (k, &xk) in x.iter().enumerate() {
-        let hk = &h[k * n..(k + 1) * n];
-        for (yj, &hkj) in y.iter_mut().zip(hk) {
-            if mode == "fma" {
-                *yj = xk.mul_add(hkj, *yj);
-            } else {
-                *yj += xk * hkj;
+    for k0 in (0..n).step_by(block) {
+        partial.fill(0.0);
+        for (k, &xk) in x.iter().enumerate().skip(k0).take(block) {
+            for (p, &hkj) in partial.iter_mut().zip(&h[k * n..(k + 1) * n]) {
+                *p = xk.mul_add(hkj, *p);
             }
+        }
+        for (yj, p) in y.iter_mut().zip(partial.iter()) {
+            *yj += p;
         }
     }
 }

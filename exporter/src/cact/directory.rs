@@ -167,7 +167,7 @@ impl Record {
                 file_len,
             });
         }
-        if self.blob_offset % ALIGN != 0 {
+        if !self.blob_offset.is_multiple_of(ALIGN) {
             return Err(CactError::Misaligned {
                 tensor: tensor(),
                 offset: self.offset,

@@ -86,7 +86,18 @@ impl Codebooks {
             _ => None,
         }
     }
+
+    /// The ternary (record bits 5) codebook, which the file does not store:
+    /// `{-c, 0, c} / sqrt(group)` with `c = 1.2240064`, computed in f64 and
+    /// rounded to f32 like upstream `_cq_codebook_np(1.58, group)`.
+    pub fn ternary(group: u32) -> [f32; 3] {
+        let c = (TERNARY_C / (group as f64).sqrt()) as f32;
+        [-c, 0.0, c]
+    }
 }
+
+/// Lloyd-Max centroid of the 3-level Gaussian quantizer (upstream `_TERNARY_CB`).
+const TERNARY_C: f64 = 1.224_006_4;
 
 fn field_offset(index: usize) -> u64 {
     4 * index as u64
@@ -174,7 +185,7 @@ impl Header {
                 return Err(bad(index, FIELDS[index], 0, "a nonzero size"));
             }
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(bad(
                 8,
                 FIELDS[8],
@@ -182,7 +193,7 @@ impl Header {
                 format!("a divisor of num_heads ({})", self.num_heads),
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(bad(10, FIELDS[10], self.head_dim, "even (RoPE rotates pairs)"));
         }
         let hada_n = self.d_model.checked_next_power_of_two();
@@ -195,7 +206,7 @@ impl Header {
             ));
         }
         let num_orders = self.engram_orders.len() as u32;
-        if self.num_engram_tables % num_orders != 0 {
+        if !self.num_engram_tables.is_multiple_of(num_orders) {
             return Err(bad(
                 16,
                 FIELDS[16],

@@ -135,8 +135,10 @@ impl Layout {
                     offset: 4,
                     found: num_tensors,
                     expected: format!(
-                        "{} (+1 tokenizer), +4 with one probe head or +7 with two",
-                        core
+                        "{} (through the tokenizer), {} with one probe head or {} with two",
+                        core + 1,
+                        core + 5,
+                        core + 8
                     ),
                 })
             }

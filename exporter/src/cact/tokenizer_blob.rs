@@ -94,19 +94,15 @@ impl TokenizerSpec {
     /// Parses the blob that starts at file offset `base`.
     pub(crate) fn parse_at(blob: &[u8], base: u64) -> Result<Self, CactError> {
         let mut r = Reader::new(blob, base);
-        let header = r.offset();
         let what = || "tokenizer header".to_string();
-        if r.remaining() < HEADER_BYTES {
-            r.take(HEADER_BYTES, what)?;
-        }
-        let n_pieces = r.u32(what)?;
+        let mut h = Reader::new(r.take(HEADER_BYTES, what)?, base);
+        let n_pieces = h.u32(what)?;
         let mut ids = [0u32; 4];
         for id in &mut ids {
-            *id = r.u32(what)?;
+            *id = h.u32(what)?;
         }
-        let add_dummy_prefix = flag(&mut r, "add_dummy_prefix")?;
-        let byte_fallback = flag(&mut r, "byte_fallback")?;
-        r.u16(what)?;
+        let add_dummy_prefix = flag(&mut h, "add_dummy_prefix")?;
+        let byte_fallback = flag(&mut h, "byte_fallback")?;
 
         for (i, (field, id)) in ["pad_id", "eos_id", "bos_id", "unk_id"]
             .into_iter()
@@ -116,7 +112,7 @@ impl TokenizerSpec {
             if id >= n_pieces {
                 return Err(CactError::TokenizerSpecialId {
                     field,
-                    offset: header + 4 + 4 * i as u64,
+                    offset: base + 4 + 4 * i as u64,
                     id,
                     n_pieces,
                 });
@@ -125,7 +121,7 @@ impl TokenizerSpec {
         let max_pieces = r.remaining() / RECORD_BYTES;
         if n_pieces as usize > max_pieces {
             return Err(CactError::Truncated {
-                what: format!("{n_pieces} tokenizer pieces (n_pieces at byte {header})"),
+                what: format!("{n_pieces} tokenizer pieces (n_pieces at byte {base})"),
                 offset: r.offset(),
                 needed: n_pieces as u64 * RECORD_BYTES as u64,
                 available: r.remaining() as u64,

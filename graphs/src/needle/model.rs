@@ -126,13 +126,18 @@ fn block(
     let h = zc_rms_norm(b, x, "norm_in", &w.norm_in.data);
     let (h, kv) = b.scope("self_attn", |b| attention(b, &h, w, past, cfg, ctx));
     let h = zc_rms_norm(b, &h, "post_attn_norm", &w.post_norm.data);
-    let gate = b.weight("attn_gate", &[1], &w.attn_gate.data);
-    let gate = b.sigmoid(&gate);
+    let gate = sigmoid(w.attn_gate.data[0]);
+    let gate = b.weight("attn_gate_sigmoid", &[1], &[gate]);
     let h = b.mul(&gate, &h);
     let x = b.add(x, &h);
     let h = zc_rms_norm(b, &x, "pre_hada_norm", &w.pre_hada.data);
     let h = b.scope("hadamard_mlp", |b| hadamard_mlp(b, &h, w, cfg.d_model));
     (b.add(&x, &h), kv)
+}
+
+/// `1 / (1 + e^-x)` in float32, as XLA's sigmoid of a float32 scalar.
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
 }
 
 /// RoPE tables for the new positions and the core's mask inputs, built once.

@@ -6,11 +6,12 @@ use crate::builder::{GraphBuilder, Value};
 const EPSILON: f32 = 1e-6;
 
 /// Needle `ZCRMSNorm`: `(1 + scale) * x / sqrt(mean(x²) + 1e-6)` over the last axis.
+/// The initializer `<name>.gain` holds `1 + scale`, added in float32 before any
+/// fp16 rounding (the same sum the graph would compute in fp32).
 pub fn zc_rms_norm(b: &mut GraphBuilder, x: &Value, name: &str, scale: &[f32]) -> Value {
     b.scope(name, |b| {
-        let scale = b.weight("scale", &[scale.len()], scale);
-        let one = b.scalar_float(1.0);
-        let gain = b.add(&one, &scale);
+        let gain: Vec<f32> = scale.iter().map(|s| 1.0 + s).collect();
+        let gain = b.weight("gain", &[gain.len()], &gain);
         let rms = root_mean_square(b, x);
         let scaled = b.mul(&gain, x);
         b.div(&scaled, &rms)
