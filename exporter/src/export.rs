@@ -16,6 +16,7 @@ pub mod keys {
     pub const SOURCE_SHA256: &str = "needle.source_sha256";
     pub const STATE_INPUTS: &str = "needle.state_inputs";
     pub const TOKENIZER: &str = "needle.tokenizer";
+    pub const REMOVE_EXTRA_WHITESPACES: &str = "needle.remove_extra_whitespaces";
     pub const PAD_ID: &str = "needle.pad_token_id";
     pub const EOS_ID: &str = "needle.eos_token_id";
     pub const BOS_ID: &str = "needle.bos_token_id";
@@ -29,6 +30,8 @@ pub struct ExportOptions {
     pub precision: Precision,
     /// File name of the tokenizer written beside the graph, recorded in metadata.
     pub tokenizer_file: Option<String>,
+    /// The tokenizer's whitespace rule (sentencepiece `remove_extra_whitespaces`), recorded in metadata.
+    pub remove_extra_whitespaces: bool,
 }
 
 /// Provenance of the source file, recorded in metadata.
@@ -86,6 +89,7 @@ pub fn export(cact: &CactFile, source: &Source, opts: &ExportOptions) -> Result<
     if let Some(t) = &opts.tokenizer_file {
         add(keys::TOKENIZER, t.clone());
     }
+    add(keys::REMOVE_EXTRA_WHITESPACES, opts.remove_extra_whitespaces.to_string());
     add(keys::PAD_ID, tok.pad_id.to_string());
     add(keys::EOS_ID, tok.eos_id.to_string());
     add(keys::BOS_ID, tok.bos_id.to_string());

@@ -3,3 +3,4 @@
 pub mod cact;
 pub mod export;
 pub mod output;
+pub mod tokenizer;

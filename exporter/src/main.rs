@@ -24,6 +24,10 @@ struct Args {
     /// Float precision of weights and activations (logits stay float32).
     #[arg(long, value_enum, default_value = "fp32")]
     precision: PrecisionArg,
+    /// SentencePiece's `remove_extra_whitespaces` for the tokenizer (the `.cact` does not
+    /// record it; sentencepiece's default is true): drop leading, trailing and repeated spaces.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    remove_extra_whitespaces: bool,
     /// Replace existing output files.
     #[arg(long)]
     force: bool,
@@ -73,13 +77,23 @@ fn run(args: Args) -> Result<()> {
     let bytes = std::fs::read(&args.model).with_context(|| format!("cannot read {}", args.model.display()))?;
     let cact = CactFile::parse(&bytes).with_context(|| format!("{}", args.model.display()))?;
     let source = Source::of(&file_name(&args.model), &bytes);
+    let tokenizer = exporter::tokenizer::NeedleTokenizer::from_spec(cact.tokenizer(), args.remove_extra_whitespaces)
+        .with_context(|| format!("{}: tokenizer", args.model.display()))?;
     let tokenizer_file = file_name(&tokenizer_path);
     for (kind, path) in &targets {
-        let opts = ExportOptions { attention: *kind, precision, tokenizer_file: Some(tokenizer_file.clone()) };
+        let opts = ExportOptions {
+            attention: *kind,
+            precision,
+            tokenizer_file: Some(tokenizer_file.clone()),
+            remove_extra_whitespaces: args.remove_extra_whitespaces,
+        };
         let onnx = export(&cact, &source, &opts).with_context(|| format!("{}", args.model.display()))?;
         write_atomically(path, &onnx).with_context(|| format!("{}: cannot write", path.display()))?;
         println!("wrote {} ({} bytes)", path.display(), onnx.len());
     }
+    write_atomically(&tokenizer_path, tokenizer.to_json().as_bytes())
+        .with_context(|| format!("{}: cannot write", tokenizer_path.display()))?;
+    println!("wrote {}", tokenizer_path.display());
     Ok(())
 }
 

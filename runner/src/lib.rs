@@ -1,7 +1,8 @@
 //! Runs exported Needle 2 graphs through onnxruntime: execution providers chosen at
 //! startup, the tokenizer, KV-cached generation and tool calling (`needle-run`).
+pub mod generate;
 pub mod ort_env;
 pub mod prompt;
 pub mod provider;
 pub mod session;
-pub mod tokenizer;
+pub use exporter::tokenizer;

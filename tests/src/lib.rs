@@ -76,7 +76,7 @@ pub fn session(model: &str, attention: AttentionKind) -> NeedleSession {
     let path = fixture(&format!("{model}.cact"));
     let bytes = std::fs::read(&path).unwrap();
     let cact = CactFile::parse(&bytes).unwrap();
-    let opts = ExportOptions { attention, precision: Precision::Fp32, tokenizer_file: None };
+    let opts = ExportOptions { attention, precision: Precision::Fp32, tokenizer_file: None, remove_extra_whitespaces: true };
     let onnx = export(&cact, &Source::of(&format!("{model}.cact"), &bytes), &opts).unwrap();
     NeedleSession::create(&onnx, Provider::Cpu, false, 1).unwrap()
 }

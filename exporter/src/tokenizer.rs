@@ -1,0 +1,320 @@
+//! The SentencePiece BPE tokenizer of a `.cact`, rebuilt on the `tokenizers`
+//! crate so that it encodes exactly like `sentencepiece`'s `Encode` and can be
+//! written out as a `tokenizer.json`.
+//!
+//! Encoding, as sentencepiece does it:
+//! 1. optional whitespace rule (`remove_extra_whitespaces`): drop leading U+0020,
+//!    collapse runs of U+0020, strip trailing U+0020 and `▁`;
+//! 2. spaces become `▁`, and a dummy `▁` is prepended (`add_dummy_prefix`);
+//! 3. the chat markers (USER_DEFINED pieces) are cut out wherever they occur;
+//! 4. every other stretch is BPE-merged by piece score, with byte fallback.
+//!
+//! Steps 1–2 are normalizers and step 3 uses normalized added tokens, so all of
+//! it lands in the serialized `tokenizer.json`.
+
+use anyhow::{bail, Result};
+use crate::cact::tokenizer_blob::{Piece, PieceKind, TokenizerSpec};
+use std::collections::HashMap;
+use tokenizers::decoders::byte_fallback::ByteFallback;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+use tokenizers::decoders::strip::Strip;
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::normalizers::replace::ReplacePattern;
+use tokenizers::normalizers::{Prepend, Replace, Sequence};
+use tokenizers::{AddedToken, DecoderWrapper, Model, NormalizerWrapper, Tokenizer};
+
+const SPACE: char = '▁';
+const UNK_SURFACE: &str = " \u{2047} ";
+
+/// A SentencePiece BPE tokenizer built from a `.cact` tokenizer blob.
+pub struct NeedleTokenizer {
+    inner: Tokenizer,
+    pieces: Vec<Piece>,
+    pad_id: u32,
+    eos_id: u32,
+    bos_id: u32,
+    add_dummy_prefix: bool,
+    remove_extra_whitespaces: bool,
+    dummy_prefix_ids: Vec<u32>,
+}
+
+impl NeedleTokenizer {
+    /// Builds the tokenizer. `remove_extra_whitespaces` is sentencepiece's
+    /// normalizer option of that name (true is its default and what the Needle
+    /// tokenizers were trained with); the blob does not record it.
+    pub fn from_spec(spec: &TokenizerSpec, remove_extra_whitespaces: bool) -> Result<Self> {
+        let vocab: Vocab = spec
+            .pieces
+            .iter()
+            .enumerate()
+            .map(|(id, piece)| (piece.text.clone(), id as u32))
+            .collect();
+        if vocab.len() != spec.pieces.len() {
+            bail!("tokenizer blob has duplicate piece texts");
+        }
+        let Some(unk) = spec.pieces.get(spec.unk_id as usize) else {
+            bail!("tokenizer unk_id {} is not a piece id", spec.unk_id);
+        };
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges(&spec.pieces))
+            .unk_token(unk.text.clone())
+            .byte_fallback(spec.byte_fallback)
+            .build()
+            .map_err(anyhow::Error::msg)?;
+
+        let markers: Vec<&str> = spec
+            .pieces
+            .iter()
+            .filter(|p| p.kind == PieceKind::UserDefined)
+            .map(|p| p.text.as_str())
+            .collect();
+        let mut inner = Tokenizer::new(bpe);
+        inner.with_normalizer(Some(normalizer(
+            &markers,
+            spec.add_dummy_prefix,
+            remove_extra_whitespaces,
+        )?));
+        inner.with_decoder(Some(decoder(spec.add_dummy_prefix)));
+        let added: Vec<AddedToken> = markers
+            .iter()
+            .map(|m| AddedToken::from(*m, false).normalized(true))
+            .collect();
+        inner.add_tokens(&added);
+
+        let dummy_prefix_ids = inner
+            .get_model()
+            .tokenize(&SPACE.to_string())
+            .map_err(anyhow::Error::msg)?
+            .iter()
+            .map(|t| t.id)
+            .collect();
+        Ok(NeedleTokenizer {
+            inner,
+            pieces: spec.pieces.clone(),
+            pad_id: spec.pad_id,
+            eos_id: spec.eos_id,
+            bos_id: spec.bos_id,
+            add_dummy_prefix: spec.add_dummy_prefix,
+            remove_extra_whitespaces,
+            dummy_prefix_ids,
+        })
+    }
+
+    /// Token ids of `text` as sentencepiece's `Encode` gives them (no BOS/EOS).
+    /// A text that is exactly one chat marker normalizes to that marker's own
+    /// added-token pattern, which leaves HF no room for sentencepiece's dummy
+    /// `▁`; it is put back here.
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        let ids = self
+            .inner
+            .encode(text, false)
+            .expect("the normalizers and the BPE model of a built tokenizer cannot fail")
+            .get_ids()
+            .to_vec();
+        match ids[..] {
+            [id] if self.add_dummy_prefix && self.is_marker(id) => {
+                [self.dummy_prefix_ids.as_slice(), &[id]].concat()
+            }
+            _ => ids,
+        }
+    }
+
+    /// Text of `ids` as sentencepiece's `Decode` gives it: byte pieces are
+    /// reassembled (U+FFFD per invalid byte), `▁` becomes a space, the leading
+    /// dummy-prefix space is dropped, control pieces vanish and `<unk>` reads
+    /// ` ⁇ `. Ids outside the vocabulary are skipped.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        let mut text = String::new();
+        let mut bytes = Vec::new();
+        let mut at_start = true;
+        let mut prefix_consumed = false;
+        for piece in ids.iter().filter_map(|&id| self.pieces.get(id as usize)) {
+            if let Some(byte) = piece.byte_value() {
+                bytes.push(byte);
+                continue;
+            }
+            push_bytes(&mut text, &mut bytes);
+            if prefix_consumed || !text.is_empty() {
+                at_start = false;
+            }
+            let (surface, consumed) = self.surface(piece, at_start);
+            prefix_consumed = consumed;
+            text.push_str(&surface);
+        }
+        push_bytes(&mut text, &mut bytes);
+        text
+    }
+
+    /// The tokenizer as a `tokenizer.json` document (HF `tokenizers` format).
+    /// Loaded by HF `tokenizers`, it encodes like [`Self::encode`] except that a
+    /// text consisting of exactly one chat marker lacks the leading `▁` token.
+    pub fn to_json(&self) -> String {
+        self.inner
+            .to_string(false)
+            .expect("a tokenizer with string-keyed maps always serializes")
+    }
+
+    /// Id of the piece spelled `piece` (e.g. `<|im_end|>`), if any.
+    pub fn token_id(&self, piece: &str) -> Option<u32> {
+        self.inner.token_to_id(piece)
+    }
+
+    /// `<s>`, prepended to every model input.
+    pub fn bos_id(&self) -> u32 {
+        self.bos_id
+    }
+
+    /// `</s>`, where generation stops.
+    pub fn eos_id(&self) -> u32 {
+        self.eos_id
+    }
+
+    /// `<pad>`.
+    pub fn pad_id(&self) -> u32 {
+        self.pad_id
+    }
+
+    fn is_marker(&self, id: u32) -> bool {
+        self.pieces
+            .get(id as usize)
+            .is_some_and(|p| p.kind == PieceKind::UserDefined)
+    }
+
+    /// sentencepiece's `DecodeSentencePiece`: the surface of one non-byte
+    /// piece, and whether it consumed the dummy-prefix `▁`.
+    fn surface(&self, piece: &Piece, at_start: bool) -> (String, bool) {
+        match piece.kind {
+            PieceKind::Control => (String::new(), false),
+            PieceKind::Unknown => (UNK_SURFACE.to_string(), false),
+            _ => {
+                let mut text = piece.text.as_str();
+                let mut consumed = false;
+                if at_start && (self.add_dummy_prefix || self.remove_extra_whitespaces) {
+                    if let Some(rest) = text.strip_prefix(SPACE) {
+                        text = rest;
+                        consumed = !self.remove_extra_whitespaces;
+                    }
+                }
+                (text.replace(SPACE, " "), consumed)
+            }
+        }
+    }
+}
+
+/// BPE merges as HF converts a SentencePiece BPE model: every split of a normal
+/// piece into two normal pieces, ranked by the merged piece's score (higher
+/// first), ties broken by piece id, then by the ids of the two halves.
+fn merges(pieces: &[Piece]) -> Vec<(String, String)> {
+    let normal: HashMap<&str, usize> = pieces
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.kind == PieceKind::Normal)
+        .map(|(id, p)| (p.text.as_str(), id))
+        .collect();
+    let mut ranked: Vec<(f32, usize, usize, usize, &str, &str)> = Vec::new();
+    for (&text, &id) in &normal {
+        for (split, _) in text.char_indices().skip(1) {
+            let (left, right) = text.split_at(split);
+            if let (Some(&l), Some(&r)) = (normal.get(left), normal.get(right)) {
+                ranked.push((pieces[id].score, id, l, r, left, right));
+            }
+        }
+    }
+    ranked.sort_by(|a, b| {
+        b.0.total_cmp(&a.0)
+            .then(a.1.cmp(&b.1))
+            .then(a.2.cmp(&b.2))
+            .then(a.3.cmp(&b.3))
+    });
+    ranked
+        .into_iter()
+        .map(|(.., left, right)| (left.to_string(), right.to_string()))
+        .collect()
+}
+
+/// Steps 1–2 of the module docs. The last step undoes the dummy prefix on a
+/// text that is exactly one marker: HF normalizes each marker with this same
+/// normalizer to get the pattern it matches, and that pattern must stay the
+/// bare marker.
+fn normalizer(
+    markers: &[&str],
+    add_dummy_prefix: bool,
+    remove_extra_whitespaces: bool,
+) -> Result<NormalizerWrapper> {
+    let regex = |pattern: String, content: &str| -> Result<NormalizerWrapper> {
+        Ok(Replace::new(ReplacePattern::Regex(pattern), content)
+            .map_err(anyhow::Error::msg)?
+            .into())
+    };
+    let mut steps = Vec::new();
+    if remove_extra_whitespaces {
+        steps.push(regex(" {2,}".into(), " ")?);
+        steps.push(regex(r"\A ".into(), "")?);
+        steps.push(regex(format!("(?<![ {SPACE}])[ {SPACE}]+\\z"), "")?);
+    }
+    steps.push(
+        Replace::new(" ", SPACE.to_string())
+            .map_err(anyhow::Error::msg)?
+            .into(),
+    );
+    if add_dummy_prefix {
+        steps.push(Prepend::new(SPACE.to_string()).into());
+        if !markers.is_empty() {
+            let alternatives: Vec<String> = markers.iter().map(|m| regex_escape(m)).collect();
+            steps.push(regex(
+                format!("\\A{SPACE}(?=(?:{})\\z)", alternatives.join("|")),
+                "",
+            )?);
+        }
+    }
+    Ok(Sequence::new(steps).into())
+}
+
+/// The decoder HF uses for SentencePiece BPE models, for users of the
+/// serialized `tokenizer.json`; [`NeedleTokenizer::decode`] ports
+/// sentencepiece's own rules instead.
+fn decoder(add_dummy_prefix: bool) -> DecoderWrapper {
+    let mut steps: Vec<DecoderWrapper> = vec![
+        Replace::new(SPACE.to_string(), " ")
+            .expect("a literal pattern always compiles")
+            .into(),
+        ByteFallback::new().into(),
+        Fuse::new().into(),
+    ];
+    if add_dummy_prefix {
+        steps.push(Strip::new(' ', 1, 0).into());
+    }
+    DecoderSequence::new(steps).into()
+}
+
+fn regex_escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if r"\^$.|?*+()[]{}".contains(c) {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
+
+/// Appends pending byte pieces as UTF-8, one U+FFFD per invalid byte.
+fn push_bytes(text: &mut String, bytes: &mut Vec<u8>) {
+    let mut rest = bytes.as_slice();
+    while !rest.is_empty() {
+        match std::str::from_utf8(rest) {
+            Ok(valid) => {
+                text.push_str(valid);
+                rest = &[];
+            }
+            Err(error) => {
+                let (valid, invalid) = rest.split_at(error.valid_up_to());
+                text.push_str(std::str::from_utf8(valid).expect("checked by valid_up_to"));
+                text.push(char::REPLACEMENT_CHARACTER);
+                rest = &invalid[1..];
+            }
+        }
+    }
+    bytes.clear();
+}

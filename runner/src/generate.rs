@@ -1,0 +1,156 @@
+//! Prefill once, then one token per step through the KV cache; greedy or
+//! temperature sampling; stop tokens; throughput of both phases.
+
+use crate::session::NeedleSession;
+use anyhow::{bail, Result};
+use std::time::Instant;
+
+/// How the next token is chosen from the last position's logits.
+#[derive(Clone, Copy, Debug)]
+pub enum Sampling {
+    /// Argmax (the first maximum on ties, like `jnp.argmax`).
+    Greedy,
+    /// Softmax of `logits / temperature`, drawn from a seeded generator.
+    Temperature { temperature: f32, seed: u64 },
+}
+
+/// What to generate.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    pub max_new_tokens: usize,
+    /// Generation ends when one of these is produced; it is not part of the output.
+    pub stop_ids: Vec<u32>,
+    pub sampling: Sampling,
+}
+
+/// The result of one generation.
+#[derive(Clone, Debug)]
+pub struct Generation {
+    pub generated_ids: Vec<u32>,
+    /// The stop token that ended generation, if any.
+    pub stopped_on: Option<u32>,
+    pub prefill_tokens: usize,
+    pub prefill_secs: f64,
+    pub decode_tokens: usize,
+    pub decode_secs: f64,
+}
+
+impl Generation {
+    /// Prompt tokens per second of the prefill.
+    pub fn prefill_tps(&self) -> f64 {
+        rate(self.prefill_tokens, self.prefill_secs)
+    }
+
+    /// Tokens per second of the cached one-token steps.
+    pub fn decode_tps(&self) -> f64 {
+        rate(self.decode_tokens, self.decode_secs)
+    }
+}
+
+fn rate(n: usize, secs: f64) -> f64 {
+    if secs > 0.0 { n as f64 / secs } else { 0.0 }
+}
+
+/// Generates after `prompt_ids` (batch 1; the prompt includes BOS if the caller wants it).
+/// Stops at a stop token, after `max_new_tokens`, or when the model's `max_seq_len` is full.
+pub fn generate(session: &mut NeedleSession, prompt_ids: &[u32], opts: &GenerateOptions) -> Result<Generation> {
+    let max_len = session.config.max_seq_len;
+    if prompt_ids.is_empty() {
+        bail!("the prompt is empty");
+    }
+    if prompt_ids.len() > max_len {
+        bail!("the prompt has {} tokens, more than the model's max_seq_len {max_len}", prompt_ids.len());
+    }
+    let mut sampler = Sampler::new(opts.sampling);
+    let ids: Vec<i64> = prompt_ids.iter().map(|&t| t as i64).collect();
+    let start = Instant::now();
+    let mut step = session.forward(&ids, 1, session.empty_cache(1)?)?;
+    let prefill_secs = start.elapsed().as_secs_f64();
+
+    let vocab = session.config.vocab;
+    let mut generated = Vec::new();
+    let mut stopped_on = None;
+    let mut decode_tokens = 0;
+    let start = Instant::now();
+    loop {
+        let last = &step.logits[step.logits.len() - vocab..];
+        let next = sampler.pick(last);
+        if opts.stop_ids.contains(&next) {
+            stopped_on = Some(next);
+            break;
+        }
+        generated.push(next);
+        if generated.len() >= opts.max_new_tokens || step.cache.len() >= max_len {
+            break;
+        }
+        step = session.forward(&[next as i64], 1, step.cache)?;
+        decode_tokens += 1;
+    }
+    Ok(Generation {
+        generated_ids: generated,
+        stopped_on,
+        prefill_tokens: prompt_ids.len(),
+        prefill_secs,
+        decode_tokens,
+        decode_secs: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// Picks tokens from logits; owns the random state of temperature sampling.
+pub struct Sampler {
+    sampling: Sampling,
+    state: u64,
+}
+
+impl Sampler {
+    pub fn new(sampling: Sampling) -> Self {
+        let state = match sampling {
+            Sampling::Temperature { seed, .. } => seed,
+            Sampling::Greedy => 0,
+        };
+        Sampler { sampling, state }
+    }
+
+    /// The next token for one position's logits.
+    pub fn pick(&mut self, logits: &[f32]) -> u32 {
+        match self.sampling {
+            Sampling::Greedy => argmax(logits),
+            Sampling::Temperature { temperature, .. } if temperature <= 0.0 => argmax(logits),
+            Sampling::Temperature { temperature, .. } => {
+                let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let weights: Vec<f64> =
+                    logits.iter().map(|&l| (((l - max) / temperature) as f64).exp()).collect();
+                let total: f64 = weights.iter().sum();
+                let mut target = self.next_unit() * total;
+                for (i, w) in weights.iter().enumerate() {
+                    if target < *w {
+                        return i as u32;
+                    }
+                    target -= w;
+                }
+                argmax(logits)
+            }
+        }
+    }
+
+    /// A uniform draw in [0, 1) from splitmix64.
+    fn next_unit(&mut self) -> f64 {
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Index of the first maximum.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
