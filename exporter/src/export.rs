@@ -16,6 +16,7 @@ pub mod keys {
     pub const SOURCE_SHA256: &str = "needle.source_sha256";
     pub const STATE_INPUTS: &str = "needle.state_inputs";
     pub const TOKENIZER: &str = "needle.tokenizer";
+    pub const ADD_DUMMY_PREFIX: &str = "needle.add_dummy_prefix";
     pub const REMOVE_EXTRA_WHITESPACES: &str = "needle.remove_extra_whitespaces";
     pub const PAD_ID: &str = "needle.pad_token_id";
     pub const EOS_ID: &str = "needle.eos_token_id";
@@ -89,6 +90,7 @@ pub fn export(cact: &CactFile, source: &Source, opts: &ExportOptions) -> Result<
     if let Some(t) = &opts.tokenizer_file {
         add(keys::TOKENIZER, t.clone());
     }
+    add(keys::ADD_DUMMY_PREFIX, tok.add_dummy_prefix.to_string());
     add(keys::REMOVE_EXTRA_WHITESPACES, opts.remove_extra_whitespaces.to_string());
     add(keys::PAD_ID, tok.pad_id.to_string());
     add(keys::EOS_ID, tok.eos_id.to_string());

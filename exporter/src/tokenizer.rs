@@ -27,6 +27,15 @@ use tokenizers::{AddedToken, DecoderWrapper, Model, NormalizerWrapper, Tokenizer
 const SPACE: char = '▁';
 const UNK_SURFACE: &str = " \u{2047} ";
 
+/// The special ids of a tokenizer (the `.cact` blob header).
+#[derive(Clone, Copy, Debug)]
+pub struct SpecialIds {
+    pub pad: u32,
+    pub eos: u32,
+    pub bos: u32,
+    pub unk: u32,
+}
+
 /// A SentencePiece BPE tokenizer built from a `.cact` tokenizer blob.
 pub struct NeedleTokenizer {
     inner: Tokenizer,
@@ -82,6 +91,49 @@ impl NeedleTokenizer {
             .collect();
         inner.add_tokens(&added);
 
+        let special = SpecialIds { pad: spec.pad_id, eos: spec.eos_id, bos: spec.bos_id, unk: spec.unk_id };
+        Self::assemble(inner, spec.pieces.clone(), special, spec.add_dummy_prefix, remove_extra_whitespaces)
+    }
+
+    /// Loads a `tokenizer.json` written by [`Self::to_json`]; the settings that the
+    /// JSON does not carry come from the graph's metadata. Piece kinds follow
+    /// from the ids and the added tokens.
+    pub fn from_json(
+        json: &str,
+        special: SpecialIds,
+        add_dummy_prefix: bool,
+        remove_extra_whitespaces: bool,
+    ) -> Result<Self> {
+        let inner: Tokenizer = json.parse().map_err(anyhow::Error::msg)?;
+        let markers: Vec<u32> = inner.get_added_tokens_decoder().keys().copied().collect();
+        let size = inner.get_vocab_size(true) as u32;
+        let pieces = (0..size)
+            .map(|id| {
+                let text = inner.id_to_token(id).unwrap_or_default();
+                let kind = if id == special.unk {
+                    PieceKind::Unknown
+                } else if [special.pad, special.eos, special.bos].contains(&id) {
+                    PieceKind::Control
+                } else if markers.contains(&id) {
+                    PieceKind::UserDefined
+                } else if Piece::is_byte_text(&text) {
+                    PieceKind::Byte
+                } else {
+                    PieceKind::Normal
+                };
+                Piece { text, score: 0.0, kind }
+            })
+            .collect();
+        Self::assemble(inner, pieces, special, add_dummy_prefix, remove_extra_whitespaces)
+    }
+
+    fn assemble(
+        inner: Tokenizer,
+        pieces: Vec<Piece>,
+        special: SpecialIds,
+        add_dummy_prefix: bool,
+        remove_extra_whitespaces: bool,
+    ) -> Result<Self> {
         let dummy_prefix_ids = inner
             .get_model()
             .tokenize(&SPACE.to_string())
@@ -91,11 +143,11 @@ impl NeedleTokenizer {
             .collect();
         Ok(NeedleTokenizer {
             inner,
-            pieces: spec.pieces.clone(),
-            pad_id: spec.pad_id,
-            eos_id: spec.eos_id,
-            bos_id: spec.bos_id,
-            add_dummy_prefix: spec.add_dummy_prefix,
+            pieces,
+            pad_id: special.pad,
+            eos_id: special.eos,
+            bos_id: special.bos,
+            add_dummy_prefix,
             remove_extra_whitespaces,
             dummy_prefix_ids,
         })

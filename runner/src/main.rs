@@ -1,1 +1,147 @@
-fn main() {}
+//! `needle-run`: answer a tool-calling query (or continue raw text) with a Needle 2
+//! model through onnxruntime, on the execution provider chosen at startup.
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, ValueEnum};
+use graphs::builder::Precision;
+use graphs::needle::AttentionKind;
+use runner::generate::Sampling;
+use runner::model::{LoadOptions, ModelSource, DEMO_TOOLS};
+use runner::provider::Provider;
+use runner::runner::Runner;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Runs a Needle 2 tool-calling model through onnxruntime. Without --model, the
+/// built-in demo model (smart-home tools) answers.
+#[derive(Parser)]
+#[command(version)]
+struct Args {
+    /// A Needle 2 `.cact` (exported in memory for the provider) or an `.onnx` from needle-export.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Execution provider, chosen at startup; `auto` tries TensorRT, CUDA, CoreML, then CPU.
+    #[arg(long, value_enum, default_value = "auto")]
+    provider: Provider,
+    /// Run on the CPU when the named provider cannot be registered (reported in the output).
+    #[arg(long)]
+    fallback: bool,
+    /// Attention variant of the graph (default: the provider's choice; `.cact` only).
+    #[arg(long, value_enum)]
+    attention: Option<AttentionArg>,
+    /// Precision of the graph (default: the provider's choice; `.cact` only).
+    #[arg(long, value_enum)]
+    precision: Option<PrecisionArg>,
+    /// onnxruntime intra-op threads (0: onnxruntime decides).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Tool list (a JSON array); default: the demo model's tools.json.
+    #[arg(long)]
+    tools: Option<PathBuf>,
+    /// The user's request (tool mode).
+    #[arg(long, conflicts_with = "raw")]
+    query: Option<String>,
+    /// Optional system prompt (tool mode).
+    #[arg(long, conflicts_with = "raw")]
+    system: Option<String>,
+    /// Continue this text with no chat template (raw mode).
+    #[arg(long)]
+    raw: Option<String>,
+    /// Print raw mode's result as JSON (tool mode always prints JSON).
+    #[arg(long)]
+    json: bool,
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    max_new_tokens: u32,
+    /// Sample with this temperature instead of greedy argmax.
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// Seed of the sampler.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum AttentionArg {
+    Fused,
+    Reference,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PrecisionArg {
+    Fp32,
+    Fp16,
+}
+
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("needle-run: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> Result<()> {
+    if args.raw.is_none() && args.query.as_deref().is_none_or(|q| q.trim().is_empty()) {
+        bail!("give --query \"...\" (tool mode) or --raw \"...\" (raw mode); the query must not be empty");
+    }
+    let tools = match &args.tools {
+        Some(path) => read_tools(path)?,
+        None => serde_json::from_str(DEMO_TOOLS).context("built-in tools.json")?,
+    };
+    let source = args.model.clone().map_or(ModelSource::Demo, ModelSource::Path);
+    let options = LoadOptions {
+        provider: args.provider,
+        fallback: args.fallback,
+        attention: args.attention.map(|a| match a {
+            AttentionArg::Fused => AttentionKind::Fused,
+            AttentionArg::Reference => AttentionKind::Reference,
+        }),
+        precision: args.precision.map(|p| match p {
+            PrecisionArg::Fp32 => Precision::Fp32,
+            PrecisionArg::Fp16 => Precision::Fp16,
+        }),
+        threads: args.threads,
+        remove_extra_whitespaces: true,
+    };
+    let mut runner = Runner::new(&source, &options)?;
+    if let Some(t) = args.temperature {
+        runner = runner.with_sampling(Sampling::Temperature { temperature: t, seed: args.seed });
+    }
+    for s in runner.skipped() {
+        eprintln!("needle-run: {} unavailable: {}", s.provider, s.reason);
+    }
+    let max_new = args.max_new_tokens as usize;
+    if let Some(text) = &args.raw {
+        let r = runner.continue_raw(text, max_new)?;
+        if args.json {
+            println!("{}", serde_json::to_string(&r)?);
+        } else {
+            println!("{}", r.text);
+        }
+    } else {
+        let query = args.query.as_deref().unwrap_or_default();
+        let r = runner.complete(&tools, query, args.system.as_deref(), max_new)?;
+        println!("{}", serde_json::to_string(&r)?);
+    }
+    Ok(())
+}
+
+/// Reads a tool list: a JSON array of objects, each with a string `name`.
+fn read_tools(path: &PathBuf) -> Result<Value> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    let tools: Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: not valid JSON", path.display()))?;
+    let Some(list) = tools.as_array() else {
+        bail!("{}: the tool list must be a JSON array", path.display());
+    };
+    for (i, t) in list.iter().enumerate() {
+        if !t.get("name").is_some_and(Value::is_string) {
+            bail!("{}: tool {i} has no string \"name\"", path.display());
+        }
+    }
+    Ok(tools)
+}

@@ -208,3 +208,9 @@ fn register(builder: SessionBuilder, provider: Provider) -> Result<SessionBuilde
         )
         .map_err(|e| e.to_string().trim().to_owned())
 }
+
+impl serde::Serialize for Provider {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}

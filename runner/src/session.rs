@@ -37,8 +37,8 @@ pub struct NeedleSession {
     pub precision: Precision,
     /// The provider that actually runs it (never `Auto`).
     pub provider: Provider,
-    /// `needle.tokenizer`: file name of the tokenizer written beside the graph.
-    pub tokenizer_file: Option<String>,
+    /// Every `metadata_props` entry of the graph.
+    pub metadata: std::collections::HashMap<String, String>,
 }
 
 /// Output of one step.
@@ -87,9 +87,14 @@ impl NeedleSession {
             Some("fp16") => Precision::Fp16,
             other => bail!("not a needle-export graph: metadata {} is {other:?}", keys::PRECISION),
         };
-        let tokenizer_file = get(keys::TOKENIZER);
+        let metadata = meta
+            .custom_keys()
+            .map_err(|e| anyhow!("{e}"))?
+            .into_iter()
+            .filter_map(|k| get(&k).map(|v| (k, v)))
+            .collect();
         drop(meta);
-        let s = NeedleSession { session, config, attention, precision, provider, tokenizer_file };
+        let s = NeedleSession { session, config, attention, precision, provider, metadata };
         s.check_interface()?;
         Ok(s)
     }

@@ -60,6 +60,11 @@ impl Piece {
         }
         parse_byte_piece(&self.text)
     }
+
+    /// Whether `text` is spelled like a byte piece, `<0xHH>`.
+    pub fn is_byte_text(text: &str) -> bool {
+        parse_byte_piece(text).is_some()
+    }
 }
 
 fn parse_byte_piece(text: &str) -> Option<u8> {

@@ -1,0 +1,126 @@
+//! The embeddable API: `Runner::new(source, options)?.complete(&tools, query, None, 256)?`.
+
+use crate::generate::{generate, GenerateOptions, Generation, Sampling};
+use crate::model::{load, LoadOptions, LoadedModel, ModelSource};
+use crate::prompt::{parse_answer, render_prompt, IM_END};
+use crate::provider::{Provider, Unavailable};
+use anyhow::{anyhow, Result};
+use serde::Serialize;
+use serde_json::Value;
+
+/// A loaded model ready to answer.
+pub struct Runner {
+    model: LoadedModel,
+    sampling: Sampling,
+}
+
+/// Tool mode's answer (upstream's response contract plus run statistics).
+#[derive(Clone, Debug, Serialize)]
+pub struct ToolResponse {
+    /// `call` when the `<tool_call>` list is non-empty, `respond` otherwise.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function_calls: Vec<Value>,
+    /// False when the model's `<tool_call>` block is missing or not a JSON list.
+    pub success: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub reasoning: String,
+    pub text: String,
+    pub provider: Provider,
+    pub prefill_tps: f64,
+    pub decode_tps: f64,
+    pub peak_ram_mb: Option<f64>,
+    /// The confidence head is not exported yet.
+    pub confidence: Option<f64>,
+}
+
+/// Raw mode's answer.
+#[derive(Clone, Debug, Serialize)]
+pub struct RawResponse {
+    pub prompt_ids: Vec<u32>,
+    pub generated_ids: Vec<u32>,
+    pub text: String,
+    pub provider: Provider,
+    pub prefill_tps: f64,
+    pub decode_tps: f64,
+}
+
+impl Runner {
+    /// Loads `source` on the provider `options` names (see [`LoadOptions`]).
+    pub fn new(source: &ModelSource, options: &LoadOptions) -> Result<Self> {
+        Ok(Runner { model: load(source, options)?, sampling: Sampling::Greedy })
+    }
+
+    /// Samples with `temperature` from a generator seeded with `seed` instead of argmax.
+    pub fn with_sampling(mut self, sampling: Sampling) -> Self {
+        self.sampling = sampling;
+        self
+    }
+
+    /// The provider the model runs on.
+    pub fn provider(&self) -> Provider {
+        self.model.session.provider
+    }
+
+    /// Providers tried before the one that registered, with onnxruntime's reasons.
+    pub fn skipped(&self) -> &[Unavailable] {
+        &self.model.skipped
+    }
+
+    /// Answers `query` with the tools of `tools` (a JSON list), like upstream
+    /// `render_example` + greedy decoding; stops at EOS or `<|im_end|>`.
+    pub fn complete(&mut self, tools: &Value, query: &str, system: Option<&str>, max_new_tokens: usize) -> Result<ToolResponse> {
+        let tok = &self.model.tokenizer;
+        let im_end = tok.token_id(IM_END).ok_or_else(|| anyhow!("the tokenizer has no {IM_END} marker"))?;
+        let prompt = render_prompt(tools, query, system);
+        let ids = [vec![tok.bos_id()], tok.encode(&prompt)].concat();
+        let run = self.run(&ids, vec![tok.eos_id(), im_end], max_new_tokens)?;
+        let answer = parse_answer(&self.model.tokenizer.decode(&run.generated_ids));
+        let (success, error) = match &answer.calls {
+            Ok(_) => (true, None),
+            Err(e) => (false, Some(e.clone())),
+        };
+        Ok(ToolResponse {
+            kind: answer.kind(),
+            function_calls: answer.function_calls().to_vec(),
+            success,
+            error,
+            reasoning: answer.reasoning,
+            text: answer.text,
+            provider: self.provider(),
+            prefill_tps: run.prefill_tps(),
+            decode_tps: run.decode_tps(),
+            peak_ram_mb: peak_ram_mb(),
+            confidence: None,
+        })
+    }
+
+    /// Continues `[BOS] + tokenize(text)` with no chat template; stops only at EOS.
+    pub fn continue_raw(&mut self, text: &str, max_new_tokens: usize) -> Result<RawResponse> {
+        let tok = &self.model.tokenizer;
+        let ids = [vec![tok.bos_id()], tok.encode(text)].concat();
+        let run = self.run(&ids, vec![tok.eos_id()], max_new_tokens)?;
+        Ok(RawResponse {
+            text: self.model.tokenizer.decode(&run.generated_ids),
+            prompt_ids: ids,
+            generated_ids: run.generated_ids.clone(),
+            provider: self.provider(),
+            prefill_tps: run.prefill_tps(),
+            decode_tps: run.decode_tps(),
+        })
+    }
+
+    fn run(&mut self, ids: &[u32], stop_ids: Vec<u32>, max_new_tokens: usize) -> Result<Generation> {
+        let opts = GenerateOptions { max_new_tokens, stop_ids, sampling: self.sampling };
+        generate(&mut self.model.session, ids, &opts)
+    }
+}
+
+/// Peak resident memory of this process (Linux `VmHWM`), in MB.
+pub fn peak_ram_mb() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
