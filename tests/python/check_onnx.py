@@ -6,7 +6,8 @@ Usage: check_onnx.py MODEL.onnx CASES.safetensors
 2. loads it in Python onnxruntime (CPU, no custom ops) and feeds every case of the
    upstream fixture (`X.input_ids`, all-ones attention_mask, empty pasts);
 3. prints one JSON line: per case, the max over rows of
-   max|got - ref| / max(1, max|ref|) over the row's real positions.
+   max|got - ref| / max(1, max|ref|) over the row's real positions; and the
+   operator domains the graph's nodes use ("" is ai.onnx).
 """
 import json
 import sys
@@ -46,7 +47,8 @@ def main(model_path, cases_path):
             r, g = ref[b, :n], got[b, :n]
             worst = max(worst, float(np.abs(g - r).max() / max(1.0, np.abs(r).max())))
         errors[name] = worst
-    print(json.dumps({"model": model_path, "max_rel_error": errors}))
+    domains = sorted({n.domain for n in onnx.load(model_path).graph.node})
+    print(json.dumps({"model": model_path, "max_rel_error": errors, "node_domains": domains}))
 
 
 if __name__ == "__main__":
