@@ -11,7 +11,7 @@
 
 use crate::builder::{Attr, GraphBuilder, Precision, Value, MS_DOMAIN};
 use crate::needle::norms::zc_rms_norm;
-use crate::needle::{Config, LayerWeights};
+use crate::needle::{Config, LayerWeights, Tensor};
 
 /// Which attention core the graph uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,9 +55,10 @@ pub fn attention(
     ctx: &AttentionCtx,
 ) -> (Value, KvPair) {
     let (h, kv, hd) = (cfg.num_heads as i64, cfg.num_kv_heads as i64, cfg.head_dim as i64);
-    let q = projection(b, x, "q_proj", &w.q_proj);
-    let k = projection(b, x, "k_proj", &w.k_proj);
-    let v = projection(b, x, "v_proj", &w.v_proj);
+    let [q, k, v, gate]: [Value; 4] =
+        projections(b, x, "qkv_gate_proj", &[&w.q_proj, &w.k_proj, &w.v_proj, &w.gate_proj])
+            .try_into()
+            .expect("four projections");
     let q = b.reshape(&q, &[0, 0, h, hd]);
     let k = b.reshape(&k, &[0, 0, kv, hd]);
     let q = zc_rms_norm(b, &q, "q_norm", &w.q_norm.data);
@@ -73,24 +74,42 @@ pub fn attention(
             b.scope("sdpa", |b| reference_core(b, [&q, &k, &v], past, visible, cfg))
         }
     };
-    let gate = projection(b, x, "gate_proj", &w.gate_proj);
     let gate = b.sigmoid(&gate);
     let out = b.mul(&out, &gate);
     (projection(b, &out, "out_proj", &w.out_proj), present)
 }
 
 /// `x @ W^T` for a `.cact` matrix `W` stored `[out, in]`; the initializer is `[in, out]`.
-pub fn projection(b: &mut GraphBuilder, x: &Value, name: &str, w: &crate::needle::Tensor) -> Value {
-    let (rows, cols) = (w.shape[0], w.shape[1]);
-    let mut t = vec![0.0; rows * cols];
-    for r in 0..rows {
-        for c in 0..cols {
-            t[c * rows + r] = w.data[r * cols + c];
+pub fn projection(b: &mut GraphBuilder, x: &Value, name: &str, w: &Tensor) -> Value {
+    projections(b, x, name, &[w]).remove(0)
+}
+
+/// `x @ W_i^T` for several matrices with the same input: one MatMul over their
+/// concatenation (initializer `[in, Σ out_i]`), then a Split, so `x` is read once.
+pub fn projections(b: &mut GraphBuilder, x: &Value, name: &str, ws: &[&Tensor]) -> Vec<Value> {
+    let cols = ws[0].shape[1];
+    let outs: Vec<usize> = ws.iter().map(|w| w.shape[0]).collect();
+    let width: usize = outs.iter().sum();
+    let mut kernel = vec![0.0; cols * width];
+    let mut at = 0;
+    for w in ws {
+        let rows = w.shape[0];
+        for r in 0..rows {
+            for c in 0..cols {
+                kernel[c * width + at + r] = w.data[r * cols + c];
+            }
         }
+        at += rows;
     }
     b.scope(name, |b| {
-        let kernel = b.weight("kernel", &[cols, rows], &t);
-        b.matmul(x, &kernel)
+        let kernel = b.weight("kernel", &[cols, width], &kernel);
+        let y = b.matmul(x, &kernel);
+        if ws.len() == 1 {
+            return vec![y];
+        }
+        let sizes: Vec<i64> = outs.iter().map(|&o| o as i64).collect();
+        let sizes = b.const_i64(&sizes);
+        b.op("Split", &[&y, &sizes], vec![("axis", Attr::Int(-1))], ws.len())
     })
 }
 
