@@ -9,7 +9,9 @@ use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures")
+        .join(name)
 }
 
 fn f32s(st: &SafeTensors, name: &str) -> (Vec<usize>, Vec<f32>) {
@@ -41,7 +43,10 @@ fn check_tensors(model: &str, file: &CactFile, st: &SafeTensors) {
         }
     }
     println!("{model}: max |ours - upstream| = {max_diff:e}, {differing} values differ in any bit");
-    assert_eq!(differing, 0, "{model}: dequantization is not bit-identical to upstream");
+    assert_eq!(
+        differing, 0,
+        "{model}: dequantization is not bit-identical to upstream"
+    );
 }
 
 fn check_header(model: &str, file: &CactFile, st: &SafeTensors, meta: &Value) {
@@ -75,15 +80,26 @@ fn check_header(model: &str, file: &CactFile, st: &SafeTensors, meta: &Value) {
     ];
     assert_eq!(mine.as_slice(), &words[1..19], "{model}: header words");
     assert_eq!(words[19] as usize, h.engram_orders.len());
-    assert_eq!(&words[20..20 + h.engram_orders.len()], h.engram_orders.as_slice());
+    assert_eq!(
+        &words[20..20 + h.engram_orders.len()],
+        h.engram_orders.as_slice()
+    );
     assert_eq!(words[24] as usize, h.engram_sites.len());
-    assert_eq!(&words[25..25 + h.engram_sites.len()], h.engram_sites.as_slice());
+    assert_eq!(
+        &words[25..25 + h.engram_sites.len()],
+        h.engram_sites.as_slice()
+    );
     assert_eq!(f32s(st, "header.rope_theta").1, vec![h.rope_theta]);
 
     let c = file.config();
     let field = |k: &str| meta[k].as_u64().unwrap_or_else(|| panic!("{k}")) as usize;
     let list = |k: &str| -> Vec<usize> {
-        meta[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect()
+        meta[k]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as usize)
+            .collect()
     };
     assert_eq!(c.vocab, field("vocab_size"));
     assert_eq!(c.d_model, field("d_model"));
@@ -108,10 +124,22 @@ fn check_header(model: &str, file: &CactFile, st: &SafeTensors, meta: &Value) {
 
     let cb = file.codebooks();
     let stored: Vec<f32> = [&cb.cb2[..], &cb.cb3[..], &cb.cb4[..]].concat();
-    assert_eq!(stored, f32s(st, "codebook.header").1, "{model}: header codebooks");
+    assert_eq!(
+        stored,
+        f32s(st, "codebook.header").1,
+        "{model}: header codebooks"
+    );
     let recomputed = f32s(st, "codebook.recomputed").1;
-    assert_eq!(stored, recomputed[..28], "{model}: header codebooks != _cq_codebook_np");
-    assert_eq!(Codebooks::ternary(128).as_slice(), &recomputed[28..], "{model}: ternary");
+    assert_eq!(
+        stored,
+        recomputed[..28],
+        "{model}: header codebooks != _cq_codebook_np"
+    );
+    assert_eq!(
+        Codebooks::ternary(128).as_slice(),
+        &recomputed[28..],
+        "{model}: ternary"
+    );
 }
 
 fn check_tokenizer(model: &str, file: &CactFile, want: &Value) {
@@ -121,13 +149,20 @@ fn check_tokenizer(model: &str, file: &CactFile, want: &Value) {
         (t.pad_id, t.eos_id, t.bos_id, t.unk_id),
         (id("pad_id"), id("eos_id"), id("bos_id"), id("unk_id"))
     );
-    assert_eq!(t.add_dummy_prefix, want["add_dummy_prefix"].as_bool().unwrap());
+    assert_eq!(
+        t.add_dummy_prefix,
+        want["add_dummy_prefix"].as_bool().unwrap()
+    );
     assert_eq!(t.byte_fallback, want["byte_fallback"].as_bool().unwrap());
     let pieces = want["pieces"].as_array().unwrap();
     assert_eq!(t.pieces.len(), pieces.len(), "{model}: n_pieces");
     for (i, p) in t.pieces.iter().enumerate() {
         assert_eq!(p.text, pieces[i].as_str().unwrap(), "piece {i}");
-        assert_eq!(p.score as f64, want["scores"][i].as_f64().unwrap(), "score {i}");
+        assert_eq!(
+            p.score as f64,
+            want["scores"][i].as_f64().unwrap(),
+            "score {i}"
+        );
         let kind = match want["types"][i].as_u64().unwrap() {
             0 => PieceKind::Normal,
             1 => PieceKind::Unknown,
@@ -147,13 +182,19 @@ fn check_model(model: &str) {
     let bytes = std::fs::read(fixture(&format!("{model}.dequant.safetensors"))).unwrap();
     let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
     let meta = meta.metadata().clone().unwrap();
+    let reference: Value = serde_json::from_str(&meta["reference"]).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
 
-    let names: Vec<String> = serde_json::from_str(&meta["names"]).unwrap();
+    let names: Vec<&str> = reference["names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
     let got: Vec<&str> = file.entries().iter().map(|e| e.name.as_str()).collect();
     assert_eq!(got, names, "{model}: positional names");
-    check_header(model, &file, &st, &serde_json::from_str(&meta["header"]).unwrap());
-    check_tokenizer(model, &file, &serde_json::from_str(&meta["tokenizer"]).unwrap());
+    check_header(model, &file, &st, &reference["header"]);
+    check_tokenizer(model, &file, &reference["tokenizer"]);
     check_tensors(model, &file, &st);
 
     let w = file.weights().unwrap();

@@ -18,7 +18,9 @@ const FP16_INF: u16 = 0x7c00;
 const FP16_NAN: u16 = 0x7e00;
 
 fn fixture(name: &str) -> Vec<u8> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures")
+        .join(name);
     std::fs::read(path).unwrap()
 }
 
@@ -55,7 +57,11 @@ impl Map {
             .iter()
             .map(|e| (e.blob_offset as usize, e.nbytes as usize))
             .collect();
-        Map { bytes, names, blobs }
+        Map {
+            bytes,
+            names,
+            blobs,
+        }
     }
 
     fn index(&self, name: &str) -> usize {
@@ -137,7 +143,13 @@ fn truncations(map: &Map, cases: &mut Vec<Case>) {
         (DIR_START, "directory"),
         (DIR_START + RECORD * 10 + 7, "directory"),
     ] {
-        case(cases, map, format!("truncated at {len}"), |b| b.truncate(len), truncated(what));
+        case(
+            cases,
+            map,
+            format!("truncated at {len}"),
+            |b| b.truncate(len),
+            truncated(what),
+        );
     }
     let dir_end = DIR_START + RECORD * map.names.len();
     case(
@@ -163,17 +175,45 @@ fn truncations(map: &Map, cases: &mut Vec<Case>) {
 }
 
 fn header_cases(map: &Map, cases: &mut Vec<Case>) {
-    case(cases, map, "wrong tag", |b| put_u32(b, 0, 0xdead_beef), |e| {
-        matches!(e, CactError::BadTag { found: 0xdead_beef })
-    });
-    case(cases, map, "needle 3 tag", |b| put_u32(b, 0, 0x05E1_2A84), |e| {
-        *e == CactError::Needle3
-            && e.to_string() == "this is a Needle 3 .cact file; only Needle 2 is supported"
-    });
+    case(
+        cases,
+        map,
+        "wrong tag",
+        |b| put_u32(b, 0, 0xdead_beef),
+        |e| matches!(e, CactError::BadTag { found: 0xdead_beef }),
+    );
+    case(
+        cases,
+        map,
+        "needle 3 tag",
+        |b| put_u32(b, 0, 0x05E1_2A84),
+        |e| {
+            *e == CactError::Needle3
+                && e.to_string() == "this is a Needle 3 .cact file; only Needle 2 is supported"
+        },
+    );
     let count = |e: &CactError| matches!(e, CactError::TensorCount { .. });
-    case(cases, map, "num_tensors u32::MAX", |b| put_u32(b, 4, u32::MAX), count);
-    case(cases, map, "num_tensors off by one", |b| put_u32(b, 4, 82), count);
-    case(cases, map, "num_layers u32::MAX", |b| put_u32(b, 36, u32::MAX), count);
+    case(
+        cases,
+        map,
+        "num_tensors u32::MAX",
+        |b| put_u32(b, 4, u32::MAX),
+        count,
+    );
+    case(
+        cases,
+        map,
+        "num_tensors off by one",
+        |b| put_u32(b, 4, 82),
+        count,
+    );
+    case(
+        cases,
+        map,
+        "num_layers u32::MAX",
+        |b| put_u32(b, 36, u32::MAX),
+        count,
+    );
     case(
         cases,
         map,
@@ -188,7 +228,13 @@ fn header_cases(map: &Map, cases: &mut Vec<Case>) {
         |b| put_u32(b, 8, 1 << 30),
         header_field("codebook_len"),
     );
-    case(cases, map, "kv_bits 5", |b| put_u32(b, 16, 5), header_field("kv_bits"));
+    case(
+        cases,
+        map,
+        "kv_bits 5",
+        |b| put_u32(b, 16, 5),
+        header_field("kv_bits"),
+    );
     case(
         cases,
         map,
@@ -196,13 +242,55 @@ fn header_cases(map: &Map, cases: &mut Vec<Case>) {
         |b| put_u32(b, 20, 1 << 31),
         |e| matches!(e, CactError::Shape { tensor, .. } if tensor == "embedding"),
     );
-    case(cases, map, "d_model 0", |b| put_u32(b, 24, 0), header_field("d_model"));
-    case(cases, map, "kv heads 3 of 4", |b| put_u32(b, 32, 3), header_field("num_kv_heads"));
-    case(cases, map, "odd head_dim", |b| put_u32(b, 40, 15), header_field("head_dim"));
-    case(cases, map, "hada_n 65", |b| put_u32(b, 48, 65), header_field("hada_n"));
-    case(cases, map, "9 engram orders", |b| put_u32(b, 76, 9), header_field("num_engram_orders"));
-    case(cases, map, "200 engram sites", |b| put_u32(b, 96, 200), header_field("num_engram_sites"));
-    case(cases, map, "engram site 4 of 4 layers", |b| put_u32(b, 104, 4), header_field("engram_sites"));
+    case(
+        cases,
+        map,
+        "d_model 0",
+        |b| put_u32(b, 24, 0),
+        header_field("d_model"),
+    );
+    case(
+        cases,
+        map,
+        "kv heads 3 of 4",
+        |b| put_u32(b, 32, 3),
+        header_field("num_kv_heads"),
+    );
+    case(
+        cases,
+        map,
+        "odd head_dim",
+        |b| put_u32(b, 40, 15),
+        header_field("head_dim"),
+    );
+    case(
+        cases,
+        map,
+        "hada_n 65",
+        |b| put_u32(b, 48, 65),
+        header_field("hada_n"),
+    );
+    case(
+        cases,
+        map,
+        "9 engram orders",
+        |b| put_u32(b, 76, 9),
+        header_field("num_engram_orders"),
+    );
+    case(
+        cases,
+        map,
+        "200 engram sites",
+        |b| put_u32(b, 96, 200),
+        header_field("num_engram_sites"),
+    );
+    case(
+        cases,
+        map,
+        "engram site 4 of 4 layers",
+        |b| put_u32(b, 104, 4),
+        header_field("engram_sites"),
+    );
     case(
         cases,
         map,
@@ -215,7 +303,16 @@ fn header_cases(map: &Map, cases: &mut Vec<Case>) {
         map,
         "codebook NaN",
         |b| put_u32(b, 120 + 4 * 5, f32::NAN.to_bits()),
-        |e| matches!(e, CactError::Codebook { index: 5, offset: 140, .. }),
+        |e| {
+            matches!(
+                e,
+                CactError::Codebook {
+                    index: 5,
+                    offset: 140,
+                    ..
+                }
+            )
+        },
     );
     case(
         cases,
@@ -229,18 +326,34 @@ fn header_cases(map: &Map, cases: &mut Vec<Case>) {
 fn directory_cases(map: &Map, cases: &mut Vec<Case>) {
     let is = |name: &'static str| move |t: &String| t == name;
     let dtype = is("embedding");
-    case(cases, map, "dtype 9", |b| b[map.rec("embedding", DTYPE)] = 9, move |e| {
-        matches!(e, CactError::Dtype { tensor, found: 9, .. } if dtype(tensor))
-    });
-    case(cases, map, "tokenizer not RAW", |b| b[map.rec("tokenizer", DTYPE)] = 1, |e| {
-        matches!(e, CactError::Dtype { tensor, found: 1, .. } if tensor == "tokenizer")
-    });
-    case(cases, map, "CQ vector", |b| b[map.rec("layer00.norm_in", DTYPE)] = 3, |e| {
-        matches!(e, CactError::Dtype { tensor, found: 3, .. } if tensor == "layer00.norm_in")
-    });
-    case(cases, map, "ndim 5", |b| b[map.rec("layer01.q_proj", NDIM)] = 5, |e| {
-        matches!(e, CactError::Ndim { tensor, found: 5, .. } if tensor == "layer01.q_proj")
-    });
+    case(
+        cases,
+        map,
+        "dtype 9",
+        |b| b[map.rec("embedding", DTYPE)] = 9,
+        move |e| matches!(e, CactError::Dtype { tensor, found: 9, .. } if dtype(tensor)),
+    );
+    case(
+        cases,
+        map,
+        "tokenizer not RAW",
+        |b| b[map.rec("tokenizer", DTYPE)] = 1,
+        |e| matches!(e, CactError::Dtype { tensor, found: 1, .. } if tensor == "tokenizer"),
+    );
+    case(
+        cases,
+        map,
+        "CQ vector",
+        |b| b[map.rec("layer00.norm_in", DTYPE)] = 3,
+        |e| matches!(e, CactError::Dtype { tensor, found: 3, .. } if tensor == "layer00.norm_in"),
+    );
+    case(
+        cases,
+        map,
+        "ndim 5",
+        |b| b[map.rec("layer01.q_proj", NDIM)] = 5,
+        |e| matches!(e, CactError::Ndim { tensor, found: 5, .. } if tensor == "layer01.q_proj"),
+    );
     case(
         cases,
         map,
@@ -269,7 +382,13 @@ fn directory_cases(map: &Map, cases: &mut Vec<Case>) {
         cases,
         map,
         "nbytes off by 64",
-        |b| put_u64(b, map.rec("layer02.v_proj", NBYTES), map.blob("layer02.v_proj").1 as u64 + 64),
+        |b| {
+            put_u64(
+                b,
+                map.rec("layer02.v_proj", NBYTES),
+                map.blob("layer02.v_proj").1 as u64 + 64,
+            )
+        },
         |e| matches!(e, CactError::NBytes { tensor, .. } if tensor == "layer02.v_proj"),
     );
     let len = map.bytes.len() as u64;
@@ -388,7 +507,16 @@ fn tokenizer_cases(map: &Map, cases: &mut Vec<Case>) {
             put_u32(b, t, 511);
             put_u64(b, map.rec("tokenizer", NBYTES), shorter);
         },
-        |e| matches!(e, CactError::TokenizerVocab { found: 511, vocab: 512, .. }),
+        |e| {
+            matches!(
+                e,
+                CactError::TokenizerVocab {
+                    found: 511,
+                    vocab: 512,
+                    ..
+                }
+            )
+        },
     );
     case(
         cases,
@@ -402,14 +530,32 @@ fn tokenizer_cases(map: &Map, cases: &mut Vec<Case>) {
         map,
         "tokenizer unk_id 512",
         |b| put_u32(b, t + 16, 512),
-        |e| matches!(e, CactError::TokenizerSpecialId { field: "unk_id", id: 512, .. }),
+        |e| {
+            matches!(
+                e,
+                CactError::TokenizerSpecialId {
+                    field: "unk_id",
+                    id: 512,
+                    ..
+                }
+            )
+        },
     );
     case(
         cases,
         map,
         "tokenizer flag 7",
         |b| b[t + 21] = 7,
-        |e| matches!(e, CactError::TokenizerFlag { field: "byte_fallback", found: 7, .. }),
+        |e| {
+            matches!(
+                e,
+                CactError::TokenizerFlag {
+                    field: "byte_fallback",
+                    found: 7,
+                    ..
+                }
+            )
+        },
     );
     let p = map.piece(300);
     case(
@@ -424,7 +570,16 @@ fn tokenizer_cases(map: &Map, cases: &mut Vec<Case>) {
         map,
         "tokenizer bad type",
         |b| b[p + 4] = 9,
-        |e| matches!(e, CactError::TokenizerPieceType { piece: 300, found: 9, .. }),
+        |e| {
+            matches!(
+                e,
+                CactError::TokenizerPieceType {
+                    piece: 300,
+                    found: 9,
+                    ..
+                }
+            )
+        },
     );
     let byte_piece = map.piece(20);
     case(
@@ -456,9 +611,19 @@ fn value_cases(map: &Map, cases: &mut Vec<Case>) {
             }),
         });
     };
-    weights_case("final_norm inf", map.blob("final_norm").0 + 6, FP16_INF, "final_norm");
+    weights_case(
+        "final_norm inf",
+        map.blob("final_norm").0 + 6,
+        FP16_INF,
+        "final_norm",
+    );
     let (start, nbytes) = map.blob("layer01.q_proj");
-    weights_case("CQ norm NaN", start + nbytes - 2, FP16_NAN, "layer01.q_proj");
+    weights_case(
+        "CQ norm NaN",
+        start + nbytes - 2,
+        FP16_NAN,
+        "layer01.q_proj",
+    );
 }
 
 fn check(cases: Vec<Case>) {
@@ -473,7 +638,13 @@ fn check(cases: Vec<Case>) {
             other => failures.push(format!("{}: got {other:?}", c.name)),
         }
     }
-    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]

@@ -11,7 +11,11 @@ pub(crate) struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     pub(crate) fn new(bytes: &'a [u8], base: u64) -> Self {
-        Reader { bytes, pos: 0, base }
+        Reader {
+            bytes,
+            pos: 0,
+            base,
+        }
     }
 
     /// File offset of the next byte.
@@ -24,7 +28,11 @@ impl<'a> Reader<'a> {
     }
 
     /// The next `n` bytes, or `Truncated` naming `what`.
-    pub(crate) fn take(&mut self, n: usize, what: impl FnOnce() -> String) -> Result<&'a [u8], CactError> {
+    pub(crate) fn take(
+        &mut self,
+        n: usize,
+        what: impl FnOnce() -> String,
+    ) -> Result<&'a [u8], CactError> {
         if n > self.remaining() {
             return Err(CactError::Truncated {
                 what: what(),
@@ -38,7 +46,10 @@ impl<'a> Reader<'a> {
         Ok(out)
     }
 
-    pub(crate) fn array<const N: usize>(&mut self, what: impl FnOnce() -> String) -> Result<[u8; N], CactError> {
+    pub(crate) fn array<const N: usize>(
+        &mut self,
+        what: impl FnOnce() -> String,
+    ) -> Result<[u8; N], CactError> {
         let mut out = [0u8; N];
         out.copy_from_slice(self.take(N, what)?);
         Ok(out)

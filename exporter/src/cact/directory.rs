@@ -1,5 +1,5 @@
 //! The nameless directory: 44-byte records `<BBHIIIIQQII>` (dtype, ndim, pad,
-//! shape[4], offset, nbytes, group, bits), checked one by one against the slot
+//! `shape[4]`, offset, nbytes, group, bits), checked one by one against the slot
 //! the positional order assigns them.
 
 use super::bytes::Reader;
@@ -127,7 +127,12 @@ impl Record {
 
     /// Checks this record against `slot` and the file; `data_start` is the
     /// first byte after the directory.
-    pub(crate) fn check(&self, slot: &Slot, file_len: u64, data_start: u64) -> Result<Entry, CactError> {
+    pub(crate) fn check(
+        &self,
+        slot: &Slot,
+        file_len: u64,
+        data_start: u64,
+    ) -> Result<Entry, CactError> {
         let tensor = || slot.name.clone();
         let encoding = self.encoding(slot)?;
         if self.ndim as usize != slot.shape.len() {
@@ -246,7 +251,10 @@ fn expected_nbytes(encoding: Encoding, shape: &[u64]) -> Option<u64> {
         Encoding::Fp32 => elements?.checked_mul(4),
         Encoding::Cq { bits, group } => {
             let (out, in_pad) = (shape[0], padded_in(shape[1], group)?);
-            let packed = out.checked_mul(in_pad)?.checked_mul(index_bits(bits) as u64)? / 8;
+            let packed = out
+                .checked_mul(in_pad)?
+                .checked_mul(index_bits(bits) as u64)?
+                / 8;
             let norms = out.checked_mul(in_pad / group as u64)?.checked_mul(2)?;
             packed.checked_add(norms)
         }

@@ -31,7 +31,11 @@ pub enum CactError {
         expected: String,
     },
     /// A codebook entry is not finite or breaks the ascending order.
-    Codebook { index: usize, offset: u64, found: f32 },
+    Codebook {
+        index: usize,
+        offset: u64,
+        found: f32,
+    },
     /// `num_tensors` does not fit the header geometry.
     TensorCount {
         offset: u64,
@@ -119,11 +123,7 @@ pub enum CactError {
         index: usize,
     },
     /// The tokenizer declares a different number of pieces than the header vocab.
-    TokenizerVocab {
-        offset: u64,
-        found: u32,
-        vocab: u32,
-    },
+    TokenizerVocab { offset: u64, found: u32, vocab: u32 },
     /// A tokenizer flag byte is neither 0 nor 1.
     TokenizerFlag {
         field: &'static str,
@@ -142,7 +142,11 @@ pub enum CactError {
     /// A piece's text is not UTF-8.
     TokenizerUtf8 { piece: u32, offset: u64 },
     /// A BYTE piece's text is not of the form `<0xHH>`.
-    TokenizerBytePiece { piece: u32, offset: u64, text: String },
+    TokenizerBytePiece {
+        piece: u32,
+        offset: u64,
+        text: String,
+    },
     /// Bytes are left in the tokenizer blob after the last declared piece.
     TokenizerTrailing { offset: u64, extra: u64 },
 }

@@ -9,7 +9,7 @@ pub const TAG: u32 = 0x05E1_2A83;
 pub const NEEDLE3_TAG: u32 = 0x05E1_2A84;
 /// Size of the fixed header in bytes.
 pub const HEADER_BYTES: u64 = 120;
-/// `codebook_len`: cb2[4] | cb3[8] | cb4[16].
+/// `codebook_len`: `cb2[4] | cb3[8] | cb4[16]`.
 pub const CODEBOOK_LEN: u32 = 28;
 
 const FIELDS: [&str; 19] = [
@@ -103,7 +103,12 @@ fn field_offset(index: usize) -> u64 {
     4 * index as u64
 }
 
-fn bad(index: usize, name: &'static str, value: impl ToString, expected: impl Into<String>) -> CactError {
+fn bad(
+    index: usize,
+    name: &'static str,
+    value: impl ToString,
+    expected: impl Into<String>,
+) -> CactError {
     CactError::Header {
         field: name,
         offset: field_offset(index),
@@ -139,7 +144,12 @@ impl Header {
         let num_orders = raw[NUM_ORDERS_FIELD];
         let num_sites = raw[NUM_SITES_FIELD];
         if !(1..=4).contains(&num_orders) {
-            return Err(bad(NUM_ORDERS_FIELD, "num_engram_orders", num_orders, "1..=4"));
+            return Err(bad(
+                NUM_ORDERS_FIELD,
+                "num_engram_orders",
+                num_orders,
+                "1..=4",
+            ));
         }
         if num_sites > 4 {
             return Err(bad(NUM_SITES_FIELD, "num_engram_sites", num_sites, "0..=4"));
@@ -175,7 +185,12 @@ impl Header {
 
     fn validate(&self, raw: &[u32; 29]) -> Result<(), CactError> {
         if self.codebook_len != CODEBOOK_LEN {
-            return Err(bad(2, FIELDS[2], self.codebook_len, "28 (cb2[4] | cb3[8] | cb4[16])"));
+            return Err(bad(
+                2,
+                FIELDS[2],
+                self.codebook_len,
+                "28 (cb2[4] | cb3[8] | cb4[16])",
+            ));
         }
         if ![2, 3, 4, 8].contains(&self.kv_bits) {
             return Err(bad(4, FIELDS[4], self.kv_bits, "2, 3, 4 or 8"));
@@ -194,7 +209,12 @@ impl Header {
             ));
         }
         if !self.head_dim.is_multiple_of(2) {
-            return Err(bad(10, FIELDS[10], self.head_dim, "even (RoPE rotates pairs)"));
+            return Err(bad(
+                10,
+                FIELDS[10],
+                self.head_dim,
+                "even (RoPE rotates pairs)",
+            ));
         }
         let hada_n = self.d_model.checked_next_power_of_two();
         if hada_n != Some(self.hada_n) {
@@ -216,7 +236,12 @@ impl Header {
         }
         for (i, &order) in self.engram_orders.iter().enumerate() {
             if order == 0 {
-                return Err(bad(NUM_ORDERS_FIELD + 1 + i, "engram_orders", order, "a nonzero n-gram order"));
+                return Err(bad(
+                    NUM_ORDERS_FIELD + 1 + i,
+                    "engram_orders",
+                    order,
+                    "a nonzero n-gram order",
+                ));
             }
         }
         for (i, &site) in self.engram_sites.iter().enumerate() {
@@ -230,7 +255,12 @@ impl Header {
             }
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            return Err(bad(ROPE_THETA_FIELD, "rope_theta", self.rope_theta, "a finite positive number"));
+            return Err(bad(
+                ROPE_THETA_FIELD,
+                "rope_theta",
+                self.rope_theta,
+                "a finite positive number",
+            ));
         }
         Ok(())
     }

@@ -29,7 +29,7 @@ pub use weights::{HeadKind, ProbeHead};
 
 /// A parsed and validated Needle 2 `.cact` file. Owns the file's bytes;
 /// tensors are decoded on request ([`CactFile::weights`], [`CactFile::tensor`]).
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct CactFile {
     header: Header,
     codebooks: Codebooks,
@@ -100,6 +100,18 @@ impl CactFile {
     }
 }
 
+impl std::fmt::Debug for CactFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CactFile")
+            .field("header", &self.header)
+            .field("tensors", &self.entries.len())
+            .field("heads", &self.heads)
+            .field("vocab", &self.tokenizer.pieces.len())
+            .field("bytes", &self.bytes.len())
+            .finish_non_exhaustive()
+    }
+}
+
 /// Everything `parse` learns before it takes ownership of the bytes.
 struct Layout {
     header: Header,
@@ -166,20 +178,26 @@ impl Layout {
         }
         let mut heads = Vec::new();
         if head_count > 0 {
-            let i = next(&mut entries, &|_| Slot::float("heads.manifest", &[head_count]))?;
+            let i = next(&mut entries, &|_| {
+                Slot::float("heads.manifest", &[head_count])
+            })?;
             let manifest = &entries[i];
             let codes = cq::decode(manifest, manifest.blob(file), &codebooks)?;
             heads = weights::head_kinds(manifest, &codes)?;
             let d = header.d_model as u64;
             for kind in &heads {
                 let name = kind.name();
-                let p = next(&mut entries, &|r| Slot::float(format!("{name}.probes"), &[r.dims[0].into(), d]))?;
+                let p = next(&mut entries, &|r| {
+                    Slot::float(format!("{name}.probes"), &[r.dims[0].into(), d])
+                })?;
                 let probes = entries[p].shape[0] as u64;
                 let j = next(&mut entries, &|r| {
                     Slot::float(format!("{name}.proj"), &[r.dims[0].into(), probes * d])
                 })?;
                 let out = entries[j].shape[0] as u64;
-                next(&mut entries, &|_| Slot::float(format!("{name}.bias"), &[out]))?;
+                next(&mut entries, &|_| {
+                    Slot::float(format!("{name}.bias"), &[out])
+                })?;
             }
         }
         let t = next(&mut entries, &|_| Slot::raw("tokenizer"))?;

@@ -68,8 +68,13 @@ pub(crate) fn core_slots(h: &Header) -> Result<Vec<Slot>, CactError> {
         h.mhc_lanes,
     ]
     .map(u64::from);
-    let [tables, slots, sub, taps] =
-        [h.num_engram_tables, h.engram_slots, h.engram_sub_dim, h.engram_conv_taps].map(u64::from);
+    let [tables, slots, sub, taps] = [
+        h.num_engram_tables,
+        h.engram_slots,
+        h.engram_sub_dim,
+        h.engram_conv_taps,
+    ]
+    .map(u64::from);
     let q_rows = heads * hd;
     let kv_rows = kv_heads * hd;
     let lane_cols = lanes * d;

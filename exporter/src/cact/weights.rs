@@ -39,7 +39,11 @@ pub struct ProbeHead {
 
 /// Maps the manifest's decoded codes to head kinds; codes must be 1 or 2, each at most once.
 pub(crate) fn head_kinds(manifest: &Entry, codes: &[f32]) -> Result<Vec<HeadKind>, CactError> {
-    let width = if manifest.encoding == Encoding::Fp32 { 4 } else { 2 };
+    let width = if manifest.encoding == Encoding::Fp32 {
+        4
+    } else {
+        2
+    };
     let mut kinds = Vec::with_capacity(codes.len());
     for (index, &code) in codes.iter().enumerate() {
         let kind = if code == 1.0 {

@@ -1,9 +1,13 @@
 //! Needle `HadamardMLP`: `d3 · H · silu(d2 · H · (d1 · x))`, with `x` zero-padded to
 //! `n` (the next power of two) and the result cut back to `d_model`; `H` is the
-//! orthonormal Walsh–Hadamard matrix of size `n`, one constant shared by all layers.
+//! orthonormal Walsh–Hadamard matrix of size `n`.
+//!
+//! `H_n = H_a ⊗ H_b` (Sylvester order, `n = a·b`), so `z·H_n` is `H_a·Z·H_b` with
+//! `z` viewed as an `a×b` matrix: two small MatMuls with constants shared by all
+//! layers, `n·(a+b)` multiply-adds instead of `n²`.
 //!
 //! ```text
-//! x ─Pad─ *d1 ─MatMul H─ *d2 ─silu─ MatMul H ─ *d3 ─Slice─▶
+//! x ─Pad─ *d1 ─H─ *d2 ─silu─ H ─ *d3 ─Slice─▶      H: Reshape[a,b] ─ H_a·Z ─ Z·H_b ─ Reshape[n]
 //! ```
 
 use crate::builder::{GraphBuilder, Value};
@@ -12,19 +16,30 @@ use crate::needle::LayerWeights;
 /// `x`: `[batch, sequence, d_model]` → `[batch, sequence, d_model]`.
 pub fn hadamard_mlp(b: &mut GraphBuilder, x: &Value, w: &LayerWeights, d_model: usize) -> Value {
     let n = w.d1.data.len();
-    let h = b.const_float(&[n, n], &walsh_hadamard(n));
     let d1 = b.weight("d1", &[n], &w.d1.data);
     let d2 = b.weight("d2", &[n], &w.d2.data);
     let d3 = b.weight("d3", &[n], &w.d3.data);
     let z = if n > d_model { b.pad_back(x, 3, 2, (n - d_model) as i64) } else { x.clone() };
     let z = b.mul(&d1, &z);
-    let z = b.matmul(&z, &h);
+    let z = walsh_hadamard_transform(b, &z, n);
     let z = b.mul(&d2, &z);
     let gate = b.sigmoid(&z);
     let z = b.mul(&z, &gate);
-    let z = b.matmul(&z, &h);
+    let z = walsh_hadamard_transform(b, &z, n);
     let z = b.mul(&d3, &z);
     if n > d_model { b.slice(&z, 2, 0, d_model as i64) } else { z }
+}
+
+/// `z · H_n` over the last axis of `[batch, sequence, n]`, as `H_a · Z · H_b`.
+fn walsh_hadamard_transform(b: &mut GraphBuilder, z: &Value, n: usize) -> Value {
+    let a = 1usize << (n.trailing_zeros() / 2);
+    let cols = n / a;
+    let h_a = b.const_float(&[a, a], &walsh_hadamard(a));
+    let h_b = b.const_float(&[cols, cols], &walsh_hadamard(cols));
+    let m = b.reshape(z, &[0, 0, a as i64, cols as i64]);
+    let m = b.matmul(&h_a, &m);
+    let m = b.matmul(&m, &h_b);
+    b.reshape(&m, &[0, 0, n as i64])
 }
 
 /// The orthonormal Walsh–Hadamard matrix of size `n` (a power of two), row-major:
