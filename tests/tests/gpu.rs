@@ -1,0 +1,56 @@
+//! CUDA and TensorRT checks. They need an NVIDIA GPU and an onnxruntime built with
+//! those providers (e.g. the `onnxruntime-gpu==1.31.1` wheel's library), so they are
+//! ignored by default. Run them with:
+//!
+//! ```sh
+//! ORT_DYLIB_PATH=/path/to/onnxruntime_gpu/capi/libonnxruntime.so.1.31.1 \
+//!     cargo test -p needle-tests --test gpu -- --ignored --nocapture
+//! ```
+
+use exporter::cact::CactFile;
+use exporter::export::{export, ExportOptions, Source};
+use graphs::builder::Precision;
+use graphs::needle::AttentionKind;
+use needle_tests::{cases, fixture, row_error};
+use runner::provider::Provider;
+use runner::session::NeedleSession;
+
+fn check(provider: Provider, attention: AttentionKind, precision: Precision, bound: f32) {
+    for model in ["m48", "m64", "m96"] {
+        let bytes = std::fs::read(fixture(&format!("{model}.cact"))).unwrap();
+        let cact = CactFile::parse(&bytes).unwrap();
+        let opts = ExportOptions { attention, precision, tokenizer_file: None, remove_extra_whitespaces: true };
+        let onnx = export(&cact, &Source::of(model, &bytes), &opts).unwrap();
+        let mut s = NeedleSession::create(&onnx, provider, false, 1).unwrap();
+        assert_eq!(s.provider, provider);
+        for case in cases(model) {
+            let got = s.forward(&case.input_ids, case.batch, s.empty_cache(case.batch).unwrap()).unwrap().logits;
+            let vocab = s.config.vocab;
+            let row = case.seq * vocab;
+            for b in 0..case.batch {
+                let r = b * row..(b + 1) * row;
+                let err = row_error(&got[r.clone()], &case.logits[r], case.lengths[b], vocab);
+                println!("{model} {provider} {attention:?} {precision:?} {}[{b}]: {err:.2e}", case.name);
+                assert!(err <= bound, "{model} case {} row {b}: {err}", case.name);
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU and onnxruntime with the CUDA provider (see the module docs)"]
+fn cuda_fused_fp16_matches_upstream_to_half_precision() {
+    check(Provider::Cuda, AttentionKind::Fused, Precision::Fp16, 5e-3);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU and onnxruntime with the CUDA provider (see the module docs)"]
+fn cuda_reference_fp32_matches_upstream() {
+    check(Provider::Cuda, AttentionKind::Reference, Precision::Fp32, 1e-4);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and onnxruntime with the TensorRT provider (see the module docs)"]
+fn tensorrt_reference_fp32_matches_upstream() {
+    check(Provider::TensorRt, AttentionKind::Reference, Precision::Fp32, 1e-3);
+}
