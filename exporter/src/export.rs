@@ -47,7 +47,10 @@ impl Source {
     pub fn of(file_name: &str, bytes: &[u8]) -> Self {
         let digest = Sha256::digest(bytes);
         let sha256 = digest.iter().map(|b| format!("{b:02x}")).collect();
-        Source { file_name: file_name.to_string(), sha256 }
+        Source {
+            file_name: file_name.to_string(),
+            sha256,
+        }
     }
 }
 
@@ -68,7 +71,11 @@ pub fn precision_name(p: Precision) -> &'static str {
 }
 
 /// Dequantizes `cact` and serializes the graph of one variant.
-pub fn export(cact: &CactFile, source: &Source, opts: &ExportOptions) -> Result<Vec<u8>, CactError> {
+pub fn export(
+    cact: &CactFile,
+    source: &Source,
+    opts: &ExportOptions,
+) -> Result<Vec<u8>, CactError> {
     let cfg = cact.config();
     let weights = cact.weights()?;
     let tok = cact.tokenizer();
@@ -91,7 +98,10 @@ pub fn export(cact: &CactFile, source: &Source, opts: &ExportOptions) -> Result<
         add(keys::TOKENIZER, t.clone());
     }
     add(keys::ADD_DUMMY_PREFIX, tok.add_dummy_prefix.to_string());
-    add(keys::REMOVE_EXTRA_WHITESPACES, opts.remove_extra_whitespaces.to_string());
+    add(
+        keys::REMOVE_EXTRA_WHITESPACES,
+        opts.remove_extra_whitespaces.to_string(),
+    );
     add(keys::PAD_ID, tok.pad_id.to_string());
     add(keys::EOS_ID, tok.eos_id.to_string());
     add(keys::BOS_ID, tok.bos_id.to_string());

@@ -66,7 +66,10 @@ fn run(args: Args) -> Result<()> {
         AttentionArg::Reference => vec![(AttentionKind::Reference, args.out.clone())],
         AttentionArg::Both => vec![
             (AttentionKind::Fused, args.out.clone()),
-            (AttentionKind::Reference, args.out.with_extension("reference.onnx")),
+            (
+                AttentionKind::Reference,
+                args.out.with_extension("reference.onnx"),
+            ),
         ],
     };
     let tokenizer_path = args.out.with_extension("tokenizer.json");
@@ -74,11 +77,15 @@ fn run(args: Args) -> Result<()> {
         check_destination(&args.model, path, args.force)?;
     }
 
-    let bytes = std::fs::read(&args.model).with_context(|| format!("cannot read {}", args.model.display()))?;
+    let bytes = std::fs::read(&args.model)
+        .with_context(|| format!("cannot read {}", args.model.display()))?;
     let cact = CactFile::parse(&bytes).with_context(|| format!("{}", args.model.display()))?;
     let source = Source::of(&file_name(&args.model), &bytes);
-    let tokenizer = exporter::tokenizer::NeedleTokenizer::from_spec(cact.tokenizer(), args.remove_extra_whitespaces)
-        .with_context(|| format!("{}: tokenizer", args.model.display()))?;
+    let tokenizer = exporter::tokenizer::NeedleTokenizer::from_spec(
+        cact.tokenizer(),
+        args.remove_extra_whitespaces,
+    )
+    .with_context(|| format!("{}: tokenizer", args.model.display()))?;
     let tokenizer_file = file_name(&tokenizer_path);
     for (kind, path) in &targets {
         let opts = ExportOptions {
@@ -87,8 +94,10 @@ fn run(args: Args) -> Result<()> {
             tokenizer_file: Some(tokenizer_file.clone()),
             remove_extra_whitespaces: args.remove_extra_whitespaces,
         };
-        let onnx = export(&cact, &source, &opts).with_context(|| format!("{}", args.model.display()))?;
-        write_atomically(path, &onnx).with_context(|| format!("{}: cannot write", path.display()))?;
+        let onnx =
+            export(&cact, &source, &opts).with_context(|| format!("{}", args.model.display()))?;
+        write_atomically(path, &onnx)
+            .with_context(|| format!("{}: cannot write", path.display()))?;
         println!("wrote {} ({} bytes)", path.display(), onnx.len());
     }
     write_atomically(&tokenizer_path, tokenizer.to_json().as_bytes())
@@ -98,7 +107,9 @@ fn run(args: Args) -> Result<()> {
 }
 
 fn file_name(p: &Path) -> String {
-    p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// Refuses to write over the input, and over an existing file without `--force`.
@@ -109,7 +120,10 @@ fn check_destination(input: &Path, out: &Path, force: bool) -> Result<()> {
         }
     }
     if out.exists() && !force {
-        bail!("{}: already exists (use --force to replace it)", out.display());
+        bail!(
+            "{}: already exists (use --force to replace it)",
+            out.display()
+        );
     }
     Ok(())
 }

@@ -12,8 +12,8 @@
 //! Steps 1–2 are normalizers and step 3 uses normalized added tokens, so all of
 //! it lands in the serialized `tokenizer.json`.
 
-use anyhow::{bail, Result};
 use crate::cact::tokenizer_blob::{Piece, PieceKind, TokenizerSpec};
+use anyhow::{bail, Result};
 use std::collections::HashMap;
 use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::fuse::Fuse;
@@ -91,8 +91,19 @@ impl NeedleTokenizer {
             .collect();
         inner.add_tokens(&added);
 
-        let special = SpecialIds { pad: spec.pad_id, eos: spec.eos_id, bos: spec.bos_id, unk: spec.unk_id };
-        Self::assemble(inner, spec.pieces.clone(), special, spec.add_dummy_prefix, remove_extra_whitespaces)
+        let special = SpecialIds {
+            pad: spec.pad_id,
+            eos: spec.eos_id,
+            bos: spec.bos_id,
+            unk: spec.unk_id,
+        };
+        Self::assemble(
+            inner,
+            spec.pieces.clone(),
+            special,
+            spec.add_dummy_prefix,
+            remove_extra_whitespaces,
+        )
     }
 
     /// Loads a `tokenizer.json` written by [`Self::to_json`]; the settings that the
@@ -121,10 +132,20 @@ impl NeedleTokenizer {
                 } else {
                     PieceKind::Normal
                 };
-                Piece { text, score: 0.0, kind }
+                Piece {
+                    text,
+                    score: 0.0,
+                    kind,
+                }
             })
             .collect();
-        Self::assemble(inner, pieces, special, add_dummy_prefix, remove_extra_whitespaces)
+        Self::assemble(
+            inner,
+            pieces,
+            special,
+            add_dummy_prefix,
+            remove_extra_whitespaces,
+        )
     }
 
     fn assemble(

@@ -6,7 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn fixture(name: &str) -> PathBuf {
@@ -21,7 +24,10 @@ fn scratch(test: &str) -> PathBuf {
 }
 
 fn export(args: &[&Path]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_needle-export")).args(args).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_needle-export"))
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 fn python() -> PathBuf {
@@ -42,22 +48,36 @@ fn both_variants_pass_the_onnx_checker_and_match_upstream_in_python_onnxruntime(
             .output()
             .unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        for (variant, path) in [("fused", out.clone()), ("reference", dir.join(format!("{model}.reference.onnx")))] {
+        for (variant, path) in [
+            ("fused", out.clone()),
+            ("reference", dir.join(format!("{model}.reference.onnx"))),
+        ] {
             let check = Command::new(python())
                 .arg(root().join("tests/python/check_onnx.py"))
                 .arg(&path)
                 .arg(fixture(&format!("{model}.cases.safetensors")))
                 .output()
                 .unwrap();
-            assert!(check.status.success(), "{model} {variant}: {}", String::from_utf8_lossy(&check.stderr));
+            assert!(
+                check.status.success(),
+                "{model} {variant}: {}",
+                String::from_utf8_lossy(&check.stderr)
+            );
             let report: serde_json::Value = serde_json::from_slice(&check.stdout).unwrap();
             println!("{model} {variant}: {}", report["max_rel_error"]);
             for (case, err) in report["max_rel_error"].as_object().unwrap() {
-                assert!(err.as_f64().unwrap() <= 1e-4, "{model} {variant} case {case}: {err}");
+                assert!(
+                    err.as_f64().unwrap() <= 1e-4,
+                    "{model} {variant} case {case}: {err}"
+                );
             }
             let domains = report["node_domains"].as_array().unwrap();
             if variant == "reference" {
-                assert_eq!(domains, &[serde_json::json!("")], "{model}: reference graph must be ai.onnx only");
+                assert_eq!(
+                    domains,
+                    &[serde_json::json!("")],
+                    "{model}: reference graph must be ai.onnx only"
+                );
             }
         }
         assert!(dir.join(format!("{model}.tokenizer.json")).exists());
@@ -73,7 +93,12 @@ fn an_existing_output_is_kept_unless_forced() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--force"));
     assert_eq!(std::fs::read(&out).unwrap(), b"keep me");
-    let o = Command::new(env!("CARGO_BIN_EXE_needle-export")).arg(fixture("m64.cact")).arg(&out).arg("--force").output().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_needle-export"))
+        .arg(fixture("m64.cact"))
+        .arg(&out)
+        .arg("--force")
+        .output()
+        .unwrap();
     assert!(o.status.success());
     assert_ne!(std::fs::read(&out).unwrap(), b"keep me");
 }
@@ -84,7 +109,12 @@ fn writing_over_the_input_is_refused() {
     let input = dir.join("model.cact");
     std::fs::copy(fixture("m64.cact"), &input).unwrap();
     let before = std::fs::read(&input).unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_needle-export")).arg(&input).arg(&input).arg("--force").output().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_needle-export"))
+        .arg(&input)
+        .arg(&input)
+        .arg("--force")
+        .output()
+        .unwrap();
     assert!(!o.status.success());
     assert_eq!(std::fs::read(&input).unwrap(), before);
 }
@@ -100,7 +130,11 @@ fn an_invalid_model_is_one_error_line_and_no_output() {
     let mut bytes = std::fs::read(fixture("m64.cact")).unwrap();
     bytes[..4].copy_from_slice(&0x05E1_2A84u32.to_le_bytes());
     std::fs::write(&needle3, &bytes).unwrap();
-    for (input, says) in [(bad, "bad.cact"), (needle3, "Needle 3"), (dir.join("missing.cact"), "missing.cact")] {
+    for (input, says) in [
+        (bad, "bad.cact"),
+        (needle3, "Needle 3"),
+        (dir.join("missing.cact"), "missing.cact"),
+    ] {
         let out = dir.join("out.onnx");
         let o = Command::new(env!("CARGO_BIN_EXE_needle-export"))
             .arg(&input)
@@ -113,6 +147,17 @@ fn an_invalid_model_is_one_error_line_and_no_output() {
         assert_eq!(err.trim_end().lines().count(), 1, "{err}");
         assert!(err.contains(says), "{err}");
         assert!(!out.exists());
-        assert_eq!(std::fs::read_dir(&dir).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().contains(".tmp")).count(), 0);
+        assert_eq!(
+            std::fs::read_dir(&dir)
+                .unwrap()
+                .filter(|e| e
+                    .as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .contains(".tmp"))
+                .count(),
+            0
+        );
     }
 }

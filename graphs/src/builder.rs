@@ -66,7 +66,10 @@ impl Precision {
     pub fn encode(self, values: &[f32]) -> Vec<u8> {
         match self {
             Precision::Fp32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-            Precision::Fp16 => values.iter().flat_map(|v| f32_to_f16(*v).to_le_bytes()).collect(),
+            Precision::Fp16 => values
+                .iter()
+                .flat_map(|v| f32_to_f16(*v).to_le_bytes())
+                .collect(),
         }
     }
 }
@@ -217,7 +220,9 @@ impl GraphBuilder {
         let outs: Vec<String> = (0..n_out).map(|i| format!("{name}/output_{i}")).collect();
         let attrs = attrs.into_iter().map(|(n, a)| attribute(n, a)).collect();
         self.push_named_node(name, ty, domain, ins, attrs, outs.clone());
-        outs.into_iter().map(|o| Value(Rc::from(o.as_str()))).collect()
+        outs.into_iter()
+            .map(|o| Value(Rc::from(o.as_str())))
+            .collect()
     }
 
     /// Emits one single-output ai.onnx node.
@@ -234,12 +239,23 @@ impl GraphBuilder {
         base.push('/');
         base.push_str(ty);
         let uses = self.node_name_uses.entry(base.clone()).or_insert(0);
-        let name = if *uses == 0 { base } else { format!("{base}_{uses}") };
+        let name = if *uses == 0 {
+            base
+        } else {
+            format!("{base}_{uses}")
+        };
         *uses += 1;
         name
     }
 
-    fn push_node(&mut self, ty: &str, domain: &str, ins: &[&Value], attrs: Vec<AttributeProto>, outs: Vec<String>) {
+    fn push_node(
+        &mut self,
+        ty: &str,
+        domain: &str,
+        ins: &[&Value],
+        attrs: Vec<AttributeProto>,
+        outs: Vec<String>,
+    ) {
         let name = self.node_name(ty);
         self.push_named_node(name, ty, domain, ins, attrs, outs);
     }
@@ -295,7 +311,10 @@ impl GraphBuilder {
 }
 
 fn attribute(name: &str, a: Attr) -> AttributeProto {
-    let mut p = AttributeProto { name: name.to_string(), ..Default::default() };
+    let mut p = AttributeProto {
+        name: name.to_string(),
+        ..Default::default()
+    };
     match a {
         Attr::Int(i) => (p.i, p.r#type) = (i, attribute_type::INT),
         Attr::Float(f) => (p.f, p.r#type) = (f, attribute_type::FLOAT),
@@ -318,7 +337,10 @@ fn value_info(name: &str, elem_type: i32, dims: &[Dim]) -> ValueInfoProto {
     ValueInfoProto {
         name: name.to_string(),
         r#type: Some(TypeProto {
-            tensor_type: Some(TensorTypeProto { elem_type, shape: Some(TensorShapeProto { dim }) }),
+            tensor_type: Some(TensorTypeProto {
+                elem_type,
+                shape: Some(TensorShapeProto { dim }),
+            }),
         }),
         doc_string: String::new(),
     }

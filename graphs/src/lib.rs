@@ -1,1 +1,4 @@
-pub mod builder; pub mod needle; pub mod onnx; mod ops;
+pub mod builder;
+pub mod needle;
+pub mod onnx;
+mod ops;

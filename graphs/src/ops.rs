@@ -40,7 +40,11 @@ impl GraphBuilder {
     }
     /// `Slice` along `axis` from `start` to `end` (constants; `i64::MAX` means to the end).
     pub fn slice(&mut self, x: &Value, axis: i64, start: i64, end: i64) -> Value {
-        let (s, e, a) = (self.const_i64(&[start]), self.const_i64(&[end]), self.const_i64(&[axis]));
+        let (s, e, a) = (
+            self.const_i64(&[start]),
+            self.const_i64(&[end]),
+            self.const_i64(&[axis]),
+        );
         self.op1("Slice", &[x, &s, &e, &a], vec![])
     }
     /// `Slice` along `axis` from a runtime 1-D `start` to the end.
@@ -71,7 +75,11 @@ impl GraphBuilder {
     /// `ReduceSum` over `axes`, keeping them or not.
     pub fn reduce_sum(&mut self, x: &Value, axes: &[i64], keepdims: bool) -> Value {
         let a = self.const_i64(axes);
-        self.op1("ReduceSum", &[x, &a], vec![("keepdims", Attr::Int(keepdims as i64))])
+        self.op1(
+            "ReduceSum",
+            &[x, &a],
+            vec![("keepdims", Attr::Int(keepdims as i64))],
+        )
     }
     /// `ReduceLogSumExp` over `axes`, keeping them.
     pub fn reduce_log_sum_exp(&mut self, x: &Value, axes: &[i64]) -> Value {
@@ -100,6 +108,10 @@ impl GraphBuilder {
     }
     /// 1-D int64 shape of `x`, optionally restricted to `[start, end)`.
     pub fn shape_of(&mut self, x: &Value, start: i64, end: i64) -> Value {
-        self.op1("Shape", &[x], vec![("start", Attr::Int(start)), ("end", Attr::Int(end))])
+        self.op1(
+            "Shape",
+            &[x],
+            vec![("start", Attr::Int(start)), ("end", Attr::Int(end))],
+        )
     }
 }

@@ -48,18 +48,29 @@ impl Generation {
 }
 
 fn rate(n: usize, secs: f64) -> f64 {
-    if secs > 0.0 { n as f64 / secs } else { 0.0 }
+    if secs > 0.0 {
+        n as f64 / secs
+    } else {
+        0.0
+    }
 }
 
 /// Generates after `prompt_ids` (batch 1; the prompt includes BOS if the caller wants it).
 /// Stops at a stop token, after `max_new_tokens`, or when the model's `max_seq_len` is full.
-pub fn generate(session: &mut NeedleSession, prompt_ids: &[u32], opts: &GenerateOptions) -> Result<Generation> {
+pub fn generate(
+    session: &mut NeedleSession,
+    prompt_ids: &[u32],
+    opts: &GenerateOptions,
+) -> Result<Generation> {
     let max_len = session.config.max_seq_len;
     if prompt_ids.is_empty() {
         bail!("the prompt is empty");
     }
     if prompt_ids.len() > max_len {
-        bail!("the prompt has {} tokens, more than the model's max_seq_len {max_len}", prompt_ids.len());
+        bail!(
+            "the prompt has {} tokens, more than the model's max_seq_len {max_len}",
+            prompt_ids.len()
+        );
     }
     let mut sampler = Sampler::new(opts.sampling);
     let ids: Vec<i64> = prompt_ids.iter().map(|&t| t as i64).collect();
@@ -118,8 +129,10 @@ impl Sampler {
             Sampling::Temperature { temperature, .. } if temperature <= 0.0 => argmax(logits),
             Sampling::Temperature { temperature, .. } => {
                 let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let weights: Vec<f64> =
-                    logits.iter().map(|&l| (((l - max) / temperature) as f64).exp()).collect();
+                let weights: Vec<f64> = logits
+                    .iter()
+                    .map(|&l| (((l - max) / temperature) as f64).exp())
+                    .collect();
                 let total: f64 = weights.iter().sum();
                 let mut target = self.next_unit() * total;
                 for (i, w) in weights.iter().enumerate() {

@@ -92,7 +92,10 @@ fn run(args: Args) -> Result<()> {
         Some(path) => read_tools(path)?,
         None => serde_json::from_str(DEMO_TOOLS).context("built-in tools.json")?,
     };
-    let source = args.model.clone().map_or(ModelSource::Demo, ModelSource::Path);
+    let source = args
+        .model
+        .clone()
+        .map_or(ModelSource::Demo, ModelSource::Path);
     let options = LoadOptions {
         provider: args.provider,
         fallback: args.fallback,
@@ -109,7 +112,10 @@ fn run(args: Args) -> Result<()> {
     };
     let mut runner = Runner::new(&source, &options)?;
     if let Some(t) = args.temperature {
-        runner = runner.with_sampling(Sampling::Temperature { temperature: t, seed: args.seed });
+        runner = runner.with_sampling(Sampling::Temperature {
+            temperature: t,
+            seed: args.seed,
+        });
     }
     for s in runner.skipped() {
         eprintln!("needle-run: {} unavailable: {}", s.provider, s.reason);
@@ -132,9 +138,10 @@ fn run(args: Args) -> Result<()> {
 
 /// Reads a tool list: a JSON array of objects, each with a string `name`.
 fn read_tools(path: &PathBuf) -> Result<Value> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
-    let tools: Value =
-        serde_json::from_str(&text).with_context(|| format!("{}: not valid JSON", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("{}: cannot read", path.display()))?;
+    let tools: Value = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not valid JSON", path.display()))?;
     let Some(list) = tools.as_array() else {
         bail!("{}: the tool list must be a JSON array", path.display());
     };

@@ -72,17 +72,27 @@ pub fn load(source: &ModelSource, opts: &LoadOptions) -> Result<LoadedModel> {
         ModelSource::Demo => from_cact("needle-demo.cact", DEMO_CACT, registered, opts)?,
         ModelSource::Path(path) if is_onnx(path) => from_onnx(path, registered, opts)?,
         ModelSource::Path(path) => {
-            let bytes = std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
-            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            from_cact(&name, &bytes, registered, opts).with_context(|| path.display().to_string())?
+            let bytes =
+                std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            from_cact(&name, &bytes, registered, opts)
+                .with_context(|| path.display().to_string())?
         }
     };
     debug_assert_eq!(session.provider, chosen);
-    Ok(LoadedModel { session, tokenizer, skipped })
+    Ok(LoadedModel {
+        session,
+        tokenizer,
+        skipped,
+    })
 }
 
 fn is_onnx(path: &Path) -> bool {
-    path.extension().is_some_and(|e| e.eq_ignore_ascii_case("onnx"))
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("onnx"))
 }
 
 fn from_cact(
@@ -103,30 +113,60 @@ fn from_cact(
     Ok((NeedleSession::from_memory(&onnx, registered)?, tokenizer))
 }
 
-fn from_onnx(path: &Path, registered: provider::Registered, opts: &LoadOptions) -> Result<(NeedleSession, NeedleTokenizer)> {
+fn from_onnx(
+    path: &Path,
+    registered: provider::Registered,
+    opts: &LoadOptions,
+) -> Result<(NeedleSession, NeedleTokenizer)> {
     if !path.is_file() {
         bail!("{}: no such file", path.display());
     }
     let session = NeedleSession::from_file(path, registered)?;
-    if opts.attention.is_some_and(|a| a != session.attention) || opts.precision.is_some_and(|p| p != session.precision) {
+    if opts.attention.is_some_and(|a| a != session.attention)
+        || opts.precision.is_some_and(|p| p != session.precision)
+    {
         bail!(
             "{}: --attention/--precision cannot change an exported graph; export it again with needle-export",
             path.display()
         );
     }
     let meta = &session.metadata;
-    let flag = |k: &str| meta.get(k).map(|v| v == "true").ok_or_else(|| anyhow!("{}: metadata {k} is missing", path.display()));
-    let id = |k: &str| -> Result<u32> {
-        meta.get(k).and_then(|v| v.parse().ok()).ok_or_else(|| anyhow!("{}: metadata {k} is missing", path.display()))
+    let flag = |k: &str| {
+        meta.get(k)
+            .map(|v| v == "true")
+            .ok_or_else(|| anyhow!("{}: metadata {k} is missing", path.display()))
     };
-    let special = SpecialIds { pad: id(keys::PAD_ID)?, eos: id(keys::EOS_ID)?, bos: id(keys::BOS_ID)?, unk: id(keys::UNK_ID)? };
-    let file = meta
-        .get(keys::TOKENIZER)
-        .ok_or_else(|| anyhow!("{}: metadata {} is missing", path.display(), keys::TOKENIZER))?;
+    let id = |k: &str| -> Result<u32> {
+        meta.get(k)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| anyhow!("{}: metadata {k} is missing", path.display()))
+    };
+    let special = SpecialIds {
+        pad: id(keys::PAD_ID)?,
+        eos: id(keys::EOS_ID)?,
+        bos: id(keys::BOS_ID)?,
+        unk: id(keys::UNK_ID)?,
+    };
+    let file = meta.get(keys::TOKENIZER).ok_or_else(|| {
+        anyhow!(
+            "{}: metadata {} is missing",
+            path.display(),
+            keys::TOKENIZER
+        )
+    })?;
     let tok_path = path.parent().unwrap_or(Path::new(".")).join(file);
-    let json = std::fs::read_to_string(&tok_path)
-        .with_context(|| format!("{}: cannot read the tokenizer written beside the graph", tok_path.display()))?;
-    let tokenizer = NeedleTokenizer::from_json(&json, special, flag(keys::ADD_DUMMY_PREFIX)?, flag(keys::REMOVE_EXTRA_WHITESPACES)?)
-        .with_context(|| tok_path.display().to_string())?;
+    let json = std::fs::read_to_string(&tok_path).with_context(|| {
+        format!(
+            "{}: cannot read the tokenizer written beside the graph",
+            tok_path.display()
+        )
+    })?;
+    let tokenizer = NeedleTokenizer::from_json(
+        &json,
+        special,
+        flag(keys::ADD_DUMMY_PREFIX)?,
+        flag(keys::REMOVE_EXTRA_WHITESPACES)?,
+    )
+    .with_context(|| tok_path.display().to_string())?;
     Ok((session, tokenizer))
 }

@@ -49,7 +49,10 @@ pub struct RawResponse {
 impl Runner {
     /// Loads `source` on the provider `options` names (see [`LoadOptions`]).
     pub fn new(source: &ModelSource, options: &LoadOptions) -> Result<Self> {
-        Ok(Runner { model: load(source, options)?, sampling: Sampling::Greedy })
+        Ok(Runner {
+            model: load(source, options)?,
+            sampling: Sampling::Greedy,
+        })
     }
 
     /// Samples with `temperature` from a generator seeded with `seed` instead of argmax.
@@ -70,9 +73,17 @@ impl Runner {
 
     /// Answers `query` with the tools of `tools` (a JSON list), like upstream
     /// `render_example` + greedy decoding; stops at EOS or `<|im_end|>`.
-    pub fn complete(&mut self, tools: &Value, query: &str, system: Option<&str>, max_new_tokens: usize) -> Result<ToolResponse> {
+    pub fn complete(
+        &mut self,
+        tools: &Value,
+        query: &str,
+        system: Option<&str>,
+        max_new_tokens: usize,
+    ) -> Result<ToolResponse> {
         let tok = &self.model.tokenizer;
-        let im_end = tok.token_id(IM_END).ok_or_else(|| anyhow!("the tokenizer has no {IM_END} marker"))?;
+        let im_end = tok
+            .token_id(IM_END)
+            .ok_or_else(|| anyhow!("the tokenizer has no {IM_END} marker"))?;
         let prompt = render_prompt(tools, query, system);
         let ids = [vec![tok.bos_id()], tok.encode(&prompt)].concat();
         let run = self.run(&ids, vec![tok.eos_id(), im_end], max_new_tokens)?;
@@ -111,8 +122,17 @@ impl Runner {
         })
     }
 
-    fn run(&mut self, ids: &[u32], stop_ids: Vec<u32>, max_new_tokens: usize) -> Result<Generation> {
-        let opts = GenerateOptions { max_new_tokens, stop_ids, sampling: self.sampling };
+    fn run(
+        &mut self,
+        ids: &[u32],
+        stop_ids: Vec<u32>,
+        max_new_tokens: usize,
+    ) -> Result<Generation> {
+        let opts = GenerateOptions {
+            max_new_tokens,
+            stop_ids,
+            sampling: self.sampling,
+        };
         generate(&mut self.model.session, ids, &opts)
     }
 }

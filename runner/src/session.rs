@@ -52,7 +52,10 @@ impl NeedleSession {
     /// Loads graph bytes with `provider` (see [`provider::session_builder`]).
     pub fn from_memory(onnx: &[u8], mut registered: Registered) -> Result<Self> {
         let provider = registered.provider;
-        let session = registered.builder.commit_from_memory(onnx).map_err(|e| anyhow!("{e}"))?;
+        let session = registered
+            .builder
+            .commit_from_memory(onnx)
+            .map_err(|e| anyhow!("{e}"))?;
         Self::wrap(session, provider)
     }
 
@@ -76,16 +79,23 @@ impl NeedleSession {
     fn wrap(session: Session, provider: Provider) -> Result<Self> {
         let meta = session.metadata().map_err(|e| anyhow!("{e}"))?;
         let get = |k: &str| meta.custom(k);
-        let config = Config::from_metadata(get).map_err(|e| anyhow!("not a needle-export graph: {e}"))?;
+        let config =
+            Config::from_metadata(get).map_err(|e| anyhow!("not a needle-export graph: {e}"))?;
         let attention = match get(keys::ATTENTION).as_deref() {
             Some("fused") => AttentionKind::Fused,
             Some("reference") => AttentionKind::Reference,
-            other => bail!("not a needle-export graph: metadata {} is {other:?}", keys::ATTENTION),
+            other => bail!(
+                "not a needle-export graph: metadata {} is {other:?}",
+                keys::ATTENTION
+            ),
         };
         let precision = match get(keys::PRECISION).as_deref() {
             Some("fp32") => Precision::Fp32,
             Some("fp16") => Precision::Fp16,
-            other => bail!("not a needle-export graph: metadata {} is {other:?}", keys::PRECISION),
+            other => bail!(
+                "not a needle-export graph: metadata {} is {other:?}",
+                keys::PRECISION
+            ),
         };
         let metadata = meta
             .custom_keys()
@@ -94,14 +104,25 @@ impl NeedleSession {
             .filter_map(|k| get(&k).map(|v| (k, v)))
             .collect();
         drop(meta);
-        let s = NeedleSession { session, config, attention, precision, provider, metadata };
+        let s = NeedleSession {
+            session,
+            config,
+            attention,
+            precision,
+            provider,
+            metadata,
+        };
         s.check_interface()?;
         Ok(s)
     }
 
     fn check_interface(&self) -> Result<()> {
         let inputs: Vec<&str> = self.session.inputs().iter().map(|i| i.name()).collect();
-        let mut wanted = vec!["input_ids".to_string(), "attention_mask".into(), PAST_INPUT_IDS.into()];
+        let mut wanted = vec![
+            "input_ids".to_string(),
+            "attention_mask".into(),
+            PAST_INPUT_IDS.into(),
+        ];
         for i in 0..self.config.num_layers {
             let [k, v, _, _] = kv_names(i);
             wanted.extend([k, v]);
@@ -138,15 +159,22 @@ impl NeedleSession {
     /// Runs `input_ids` (`[batch, sequence]`, row-major) after `cache`; every token is real
     /// (all-ones attention mask).
     pub fn forward(&mut self, input_ids: &[i64], batch: usize, cache: Cache) -> Result<StepOutput> {
-        if batch == 0 || input_ids.len() % batch != 0 {
-            bail!("input_ids of length {} do not split into {batch} rows", input_ids.len());
+        if batch == 0 || !input_ids.len().is_multiple_of(batch) {
+            bail!(
+                "input_ids of length {} do not split into {batch} rows",
+                input_ids.len()
+            );
         }
         let seq = input_ids.len() / batch;
         let total = cache.len + seq;
         if total > self.config.max_seq_len {
-            bail!("sequence of {total} tokens exceeds the model's max_seq_len {}", self.config.max_seq_len);
+            bail!(
+                "sequence of {total} tokens exceeds the model's max_seq_len {}",
+                self.config.max_seq_len
+            );
         }
-        let mut inputs: Vec<(String, SessionInputValue)> = Vec::with_capacity(cache.values.len() + 2);
+        let mut inputs: Vec<(String, SessionInputValue)> =
+            Vec::with_capacity(cache.values.len() + 2);
         let ids = Tensor::<i64>::from_array(([batch, seq], input_ids.to_vec()))?;
         let mask = Tensor::<i64>::from_array(([batch, total], vec![1i64; batch * total]))?;
         inputs.push(("input_ids".into(), ids.into()));
@@ -163,11 +191,19 @@ impl NeedleSession {
             values.push((pk, take(&mut outputs, &k)?));
             values.push((pv, take(&mut outputs, &v)?));
         }
-        values.push((PAST_INPUT_IDS.to_string(), take(&mut outputs, PRESENT_INPUT_IDS)?));
-        Ok(StepOutput { logits, cache: Cache { values, len: total } })
+        values.push((
+            PAST_INPUT_IDS.to_string(),
+            take(&mut outputs, PRESENT_INPUT_IDS)?,
+        ));
+        Ok(StepOutput {
+            logits,
+            cache: Cache { values, len: total },
+        })
     }
 }
 
 fn take(outputs: &mut ort::session::SessionOutputs<'_>, name: &str) -> Result<DynValue> {
-    outputs.remove(name).ok_or_else(|| anyhow!("graph output {name} is missing"))
+    outputs
+        .remove(name)
+        .ok_or_else(|| anyhow!("graph output {name} is missing"))
 }

@@ -6,11 +6,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_needle-run")).args(args).env("RUST_BACKTRACE", "1").output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_needle-run"))
+        .args(args)
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap()
 }
 
 fn json_out(o: &Output) -> Value {
@@ -20,9 +27,16 @@ fn json_out(o: &Output) -> Value {
 
 fn fails_with(o: &Output, says: &str) {
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success(), "expected failure, got {}", String::from_utf8_lossy(&o.stdout));
+    assert!(
+        !o.status.success(),
+        "expected failure, got {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
     assert!(err.contains(says), "{err}");
-    assert!(!err.contains("panicked") && !err.contains("stack backtrace"), "{err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("stack backtrace"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -33,14 +47,24 @@ fn the_first_readme_command_answers_with_the_right_call() {
         r["function_calls"],
         serde_json::json!([{"name": "set_lights", "arguments": {"room": "kitchen", "on": false}}])
     );
-    for key in ["reasoning", "text", "provider", "prefill_tps", "decode_tps", "peak_ram_mb", "confidence"] {
+    for key in [
+        "reasoning",
+        "text",
+        "provider",
+        "prefill_tps",
+        "decode_tps",
+        "peak_ram_mb",
+        "confidence",
+    ] {
         assert!(r.get(key).is_some(), "missing {key}");
     }
     assert!(r["confidence"].is_null());
 }
 
 fn generate_refs(model: &str) -> Vec<Value> {
-    let text = std::fs::read_to_string(root().join(format!("tests/fixtures/{model}.generate.json"))).unwrap();
+    let text =
+        std::fs::read_to_string(root().join(format!("tests/fixtures/{model}.generate.json")))
+            .unwrap();
     serde_json::from_str(&text).unwrap()
 }
 
@@ -51,15 +75,40 @@ fn raw_mode_reproduces_upstream_generations_from_cact_and_from_exported_onnx() {
     for model in ["m48", "m64", "m96"] {
         let cact = root().join(format!("tests/fixtures/{model}.cact"));
         let onnx = dir.join(format!("{model}.onnx"));
-        let exporter = root().join("target").join(profile_dir()).join("needle-export");
-        assert!(exporter.exists(), "{} is not built: run the workspace tests (cargo test --workspace)", exporter.display());
-        let o = Command::new(exporter).arg(&cact).arg(&onnx).arg("--force").output().unwrap();
+        let exporter = root()
+            .join("target")
+            .join(profile_dir())
+            .join("needle-export");
+        assert!(
+            exporter.exists(),
+            "{} is not built: run the workspace tests (cargo test --workspace)",
+            exporter.display()
+        );
+        let o = Command::new(exporter)
+            .arg(&cact)
+            .arg(&onnx)
+            .arg("--force")
+            .output()
+            .unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         for m in [cact.display().to_string(), onnx.display().to_string()] {
             for r in generate_refs(model) {
                 let prompt = r["prompt"].as_str().unwrap();
-                let got = json_out(&run(&["--model", &m, "--provider", "cpu", "--raw", prompt, "--json", "--max-new-tokens", "32"]));
-                assert_eq!(got["prompt_ids"], r["prompt_ids"], "{m}: tokenizer differs from sentencepiece");
+                let got = json_out(&run(&[
+                    "--model",
+                    &m,
+                    "--provider",
+                    "cpu",
+                    "--raw",
+                    prompt,
+                    "--json",
+                    "--max-new-tokens",
+                    "32",
+                ]));
+                assert_eq!(
+                    got["prompt_ids"], r["prompt_ids"],
+                    "{m}: tokenizer differs from sentencepiece"
+                );
                 assert_eq!(got["generated_ids"], r["generated_ids"], "{m}");
                 assert_eq!(got["text"], r["generated_text"], "{m}");
             }
@@ -68,14 +117,24 @@ fn raw_mode_reproduces_upstream_generations_from_cact_and_from_exported_onnx() {
 }
 
 fn profile_dir() -> &'static str {
-    if cfg!(debug_assertions) { "debug" } else { "release" }
+    if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    }
 }
 
 #[test]
 fn a_named_provider_that_cannot_register_is_an_error_unless_fallback() {
     let o = run(&["--provider", "cuda", "--query", "play Coldplay"]);
     fails_with(&o, "cuda");
-    let r = json_out(&run(&["--provider", "cuda", "--fallback", "--query", "play Coldplay"]));
+    let r = json_out(&run(&[
+        "--provider",
+        "cuda",
+        "--fallback",
+        "--query",
+        "play Coldplay",
+    ]));
     assert_eq!(r["provider"], "cpu");
 }
 
@@ -91,15 +150,29 @@ fn bad_input_is_a_clear_error() {
     std::fs::write(&nameless, "[{\"description\": \"x\"}]").unwrap();
     let not_model = dir.join("model.cact");
     std::fs::write(&not_model, "hello").unwrap();
-    let (nj, nl, nn, nm) = (not_json.display().to_string(), not_list.display().to_string(), nameless.display().to_string(), not_model.display().to_string());
+    let (nj, nl, nn, nm) = (
+        not_json.display().to_string(),
+        not_list.display().to_string(),
+        nameless.display().to_string(),
+        not_model.display().to_string(),
+    );
     fails_with(&run(&["--tools", &nj, "--query", "hi"]), "not valid JSON");
     fails_with(&run(&["--tools", &nl, "--query", "hi"]), "JSON array");
     fails_with(&run(&["--tools", &nn, "--query", "hi"]), "name");
     fails_with(&run(&["--query", "  "]), "query");
-    fails_with(&run(&["--query", "hi", "--max-new-tokens", "0"]), "max-new-tokens");
+    fails_with(
+        &run(&["--query", "hi", "--max-new-tokens", "0"]),
+        "max-new-tokens",
+    );
     fails_with(&run(&["--provider", "tpu", "--query", "hi"]), "tpu");
-    fails_with(&run(&["--model", "/nonexistent/model.cact", "--query", "hi"]), "/nonexistent/model.cact");
-    fails_with(&run(&["--model", &nm, "--provider", "cpu", "--query", "hi"]), "model.cact");
+    fails_with(
+        &run(&["--model", "/nonexistent/model.cact", "--query", "hi"]),
+        "/nonexistent/model.cact",
+    );
+    fails_with(
+        &run(&["--model", &nm, "--provider", "cpu", "--query", "hi"]),
+        "model.cact",
+    );
     let long = "word ".repeat(600);
     fails_with(&run(&["--provider", "cpu", "--raw", &long]), "max_seq_len");
 }

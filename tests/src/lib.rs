@@ -15,12 +15,17 @@ pub const MODELS: [&str; 4] = ["m48", "m64", "m96", "m64w"];
 
 /// `tests/fixtures/<name>`.
 pub fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(name)
 }
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 /// One upstream reference case: ids `[batch, seq]`, real lengths, logits `[batch, seq, vocab]`.
@@ -37,7 +42,11 @@ pub struct Case {
 pub fn cases(model: &str) -> Vec<Case> {
     let bytes = std::fs::read(fixture(&format!("{model}.cases.safetensors"))).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
-    let mut names: Vec<String> = st.names().iter().filter_map(|n| n.strip_suffix(".input_ids").map(String::from)).collect();
+    let mut names: Vec<String> = st
+        .names()
+        .iter()
+        .filter_map(|n| n.strip_suffix(".input_ids").map(String::from))
+        .collect();
     names.sort();
     names
         .into_iter()
@@ -45,7 +54,10 @@ pub fn cases(model: &str) -> Vec<Case> {
             let ids = st.tensor(&format!("{name}.input_ids")).unwrap();
             let (batch, seq) = (ids.shape()[0], ids.shape()[1]);
             let le = |t: safetensors::tensor::TensorView| -> Vec<u8> { t.data().to_vec() };
-            let input_ids = le(ids).chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+            let input_ids = le(ids)
+                .chunks(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+                .collect();
             let lengths = le(st.tensor(&format!("{name}.lengths")).unwrap())
                 .chunks(8)
                 .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as usize)
@@ -54,7 +66,14 @@ pub fn cases(model: &str) -> Vec<Case> {
                 .chunks(4)
                 .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
                 .collect();
-            Case { name, batch, seq, input_ids, lengths, logits }
+            Case {
+                name,
+                batch,
+                seq,
+                input_ids,
+                lengths,
+                logits,
+            }
         })
         .collect()
 }
@@ -63,7 +82,11 @@ pub fn cases(model: &str) -> Vec<Case> {
 /// first `len` positions. `got`, `reference`: `[seq, vocab]` of that row.
 pub fn row_error(got: &[f32], reference: &[f32], len: usize, vocab: usize) -> f32 {
     let n = len * vocab;
-    let diff = got[..n].iter().zip(&reference[..n]).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+    let diff = got[..n]
+        .iter()
+        .zip(&reference[..n])
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
     let scale = reference[..n].iter().map(|x| x.abs()).fold(1.0, f32::max);
     diff / scale
 }
@@ -76,7 +99,12 @@ pub fn session(model: &str, attention: AttentionKind) -> NeedleSession {
     let path = fixture(&format!("{model}.cact"));
     let bytes = std::fs::read(&path).unwrap();
     let cact = CactFile::parse(&bytes).unwrap();
-    let opts = ExportOptions { attention, precision: Precision::Fp32, tokenizer_file: None, remove_extra_whitespaces: true };
+    let opts = ExportOptions {
+        attention,
+        precision: Precision::Fp32,
+        tokenizer_file: None,
+        remove_extra_whitespaces: true,
+    };
     let onnx = export(&cact, &Source::of(&format!("{model}.cact"), &bytes), &opts).unwrap();
     NeedleSession::create(&onnx, Provider::Cpu, false, 1).unwrap()
 }

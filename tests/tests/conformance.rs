@@ -19,13 +19,25 @@ fn every_case_of_every_model_matches_upstream_in_both_variants() {
             let vocab = s.config.vocab;
             for case in cases(model) {
                 let cache = s.empty_cache(case.batch).unwrap();
-                let got = s.forward(&case.input_ids, case.batch, cache).unwrap().logits;
+                let got = s
+                    .forward(&case.input_ids, case.batch, cache)
+                    .unwrap()
+                    .logits;
                 let row = case.seq * vocab;
                 for b in 0..case.batch {
                     let rows = b * row..(b + 1) * row;
-                    let err = row_error(&got[rows.clone()], &case.logits[rows], case.lengths[b], vocab);
+                    let err = row_error(
+                        &got[rows.clone()],
+                        &case.logits[rows],
+                        case.lengths[b],
+                        vocab,
+                    );
                     report.push(format!("{model} {kind:?} {}[{b}]: {err:.2e}", case.name));
-                    assert!(err <= TOLERANCE, "{model} {kind:?} case {} row {b}: relative error {err}", case.name);
+                    assert!(
+                        err <= TOLERANCE,
+                        "{model} {kind:?} case {} row {b}: relative error {err}",
+                        case.name
+                    );
                 }
             }
         }
@@ -43,16 +55,24 @@ fn prefill_then_one_token_steps_equals_the_full_forward() {
             let mut s = session(model, kind);
             let vocab = s.config.vocab;
             let prefill = ids.len() / 2;
-            let mut step = s.forward(&ids[..prefill], 1, s.empty_cache(1).unwrap()).unwrap();
+            let mut step = s
+                .forward(&ids[..prefill], 1, s.empty_cache(1).unwrap())
+                .unwrap();
             let mut got = step.logits.clone();
             for &t in &ids[prefill..] {
                 step = s.forward(&[t], 1, step.cache).unwrap();
                 got.extend_from_slice(&step.logits);
             }
             let err = row_error(&got, &full, ids.len(), vocab);
-            assert!(err <= TOLERANCE, "{model} {kind:?}: cached path differs by {err}");
+            assert!(
+                err <= TOLERANCE,
+                "{model} {kind:?}: cached path differs by {err}"
+            );
             let upstream = row_error(&got, &case.logits[..ids.len() * vocab], ids.len(), vocab);
-            assert!(upstream <= TOLERANCE, "{model} {kind:?}: cached path vs upstream {upstream}");
+            assert!(
+                upstream <= TOLERANCE,
+                "{model} {kind:?}: cached path vs upstream {upstream}"
+            );
         }
     }
 }
@@ -65,7 +85,11 @@ fn fused_and_reference_variants_agree() {
             let reference = full_forward(model, Reference, &case.input_ids, case.batch);
             let vocab = fused.len() / (case.batch * case.seq);
             let err = row_error(&fused, &reference, case.batch * case.seq, vocab);
-            assert!(err <= TOLERANCE, "{model} case {}: fused vs reference {err}", case.name);
+            assert!(
+                err <= TOLERANCE,
+                "{model} case {}: fused vs reference {err}",
+                case.name
+            );
         }
     }
 }
@@ -75,27 +99,48 @@ fn fused_and_reference_variants_agree() {
 /// checks it stays a faithful rounding of the model (relative error and argmax).
 #[test]
 fn fp16_graphs_stay_close_to_upstream() {
-    use exporter::{cact::CactFile, export::{export, ExportOptions, Source}};
+    use exporter::{
+        cact::CactFile,
+        export::{export, ExportOptions, Source},
+    };
     use graphs::builder::Precision;
     use runner::{provider::Provider, session::NeedleSession};
     for model in ["m48", "m64", "m96"] {
         let bytes = std::fs::read(needle_tests::fixture(&format!("{model}.cact"))).unwrap();
         let cact = CactFile::parse(&bytes).unwrap();
         for kind in [Fused, Reference] {
-            let opts = ExportOptions { attention: kind, precision: Precision::Fp16, tokenizer_file: None, remove_extra_whitespaces: true };
+            let opts = ExportOptions {
+                attention: kind,
+                precision: Precision::Fp16,
+                tokenizer_file: None,
+                remove_extra_whitespaces: true,
+            };
             let onnx = export(&cact, &Source::of(model, &bytes), &opts).unwrap();
             let mut s = NeedleSession::create(&onnx, Provider::Cpu, false, 1).unwrap();
             let case = cases(model).into_iter().find(|c| c.name == "D").unwrap();
             let vocab = s.config.vocab;
-            let got = s.forward(&case.input_ids, 1, s.empty_cache(1).unwrap()).unwrap().logits;
+            let got = s
+                .forward(&case.input_ids, 1, s.empty_cache(1).unwrap())
+                .unwrap()
+                .logits;
             let err = row_error(&got, &case.logits, case.seq, vocab);
             let argmax = |v: &[f32]| runner::generate::argmax(v);
             let agree = (0..case.seq)
-                .filter(|t| argmax(&got[t * vocab..(t + 1) * vocab]) == argmax(&case.logits[t * vocab..(t + 1) * vocab]))
+                .filter(|t| {
+                    argmax(&got[t * vocab..(t + 1) * vocab])
+                        == argmax(&case.logits[t * vocab..(t + 1) * vocab])
+                })
                 .count();
-            println!("{model} {kind:?} fp16: relative error {err:.2e}, argmax agreement {agree}/{}", case.seq);
+            println!(
+                "{model} {kind:?} fp16: relative error {err:.2e}, argmax agreement {agree}/{}",
+                case.seq
+            );
             assert!(err < 5e-3, "{model} {kind:?} fp16 relative error {err}");
-            assert!(agree * 100 >= case.seq * 97, "{model} {kind:?} fp16 argmax agreement {agree}/{}", case.seq);
+            assert!(
+                agree * 100 >= case.seq * 97,
+                "{model} {kind:?} fp16 argmax agreement {agree}/{}",
+                case.seq
+            );
         }
     }
 }

@@ -18,10 +18,22 @@ fn readme_queries_give_upstreams_calls() {
     let tools: Value = serde_json::from_str(runner::model::DEMO_TOOLS).unwrap();
     let mut r = demo();
     let cases = [
-        ("turn on the bedroom lights at 40 percent", json!([{"name":"set_lights","arguments":{"room":"bedroom","on":true,"brightness":40}}])),
-        ("set the thermostat to 21 on heat", json!([{"name":"set_thermostat","arguments":{"temperature":21,"mode":"heat"}}])),
-        ("what's the weather in Paris", json!([{"name":"get_weather","arguments":{"city":"Paris"}}])),
-        ("turn off the kitchen lights and set a timer for 5 minutes", json!([{"name":"set_lights","arguments":{"room":"kitchen","on":false}},{"name":"set_timer","arguments":{"minutes":5}}])),
+        (
+            "turn on the bedroom lights at 40 percent",
+            json!([{"name":"set_lights","arguments":{"room":"bedroom","on":true,"brightness":40}}]),
+        ),
+        (
+            "set the thermostat to 21 on heat",
+            json!([{"name":"set_thermostat","arguments":{"temperature":21,"mode":"heat"}}]),
+        ),
+        (
+            "what's the weather in Paris",
+            json!([{"name":"get_weather","arguments":{"city":"Paris"}}]),
+        ),
+        (
+            "turn off the kitchen lights and set a timer for 5 minutes",
+            json!([{"name":"set_lights","arguments":{"room":"kitchen","on":false}},{"name":"set_timer","arguments":{"minutes":5}}]),
+        ),
         ("tell me a joke", json!([])),
     ];
     for (query, calls) in cases {
@@ -39,7 +51,9 @@ fn held_out_exact_match_equals_upstreams() {
     let mut total = 0;
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let ex: Value = serde_json::from_str(line).unwrap();
-        let got = r.complete(&ex["tools"], ex["query"].as_str().unwrap(), None, 128).unwrap();
+        let got = r
+            .complete(&ex["tools"], ex["query"].as_str().unwrap(), None, 128)
+            .unwrap();
         total += 1;
         if got.success && Value::from(got.function_calls) == ex["answers"] {
             hits += 1;
@@ -47,5 +61,8 @@ fn held_out_exact_match_equals_upstreams() {
     }
     println!("demo held-out exact match through ONNX: {hits}/{total}");
     assert_eq!(total, 100);
-    assert!(hits.abs_diff(UPSTREAM_EXACT_MATCH) <= 1, "exact match {hits}/100, upstream {UPSTREAM_EXACT_MATCH}/100");
+    assert!(
+        hits.abs_diff(UPSTREAM_EXACT_MATCH) <= 1,
+        "exact match {hits}/100, upstream {UPSTREAM_EXACT_MATCH}/100"
+    );
 }

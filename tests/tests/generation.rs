@@ -15,12 +15,24 @@ fn greedy_generation_matches_upstream_for_every_prompt() {
             let mut s = session(model, kind);
             for r in &refs {
                 let ids = |k: &str| -> Vec<u32> {
-                    r[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
+                    r[k].as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.as_u64().unwrap() as u32)
+                        .collect()
                 };
-                let opts = GenerateOptions { max_new_tokens: 32, stop_ids: vec![1], sampling: Sampling::Greedy };
+                let opts = GenerateOptions {
+                    max_new_tokens: 32,
+                    stop_ids: vec![1],
+                    sampling: Sampling::Greedy,
+                };
                 let got = generate(&mut s, &ids("prompt_ids"), &opts).unwrap();
                 assert_eq!(got.generated_ids, ids("generated_ids"), "{model} {kind:?}");
-                assert_eq!(got.stopped_on.is_some(), r["stopped_on_eos"].as_bool().unwrap(), "{model} {kind:?}");
+                assert_eq!(
+                    got.stopped_on.is_some(),
+                    r["stopped_on_eos"].as_bool().unwrap(),
+                    "{model} {kind:?}"
+                );
             }
         }
     }

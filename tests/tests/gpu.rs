@@ -19,18 +19,33 @@ fn check(provider: Provider, attention: AttentionKind, precision: Precision, bou
     for model in ["m48", "m64", "m96"] {
         let bytes = std::fs::read(fixture(&format!("{model}.cact"))).unwrap();
         let cact = CactFile::parse(&bytes).unwrap();
-        let opts = ExportOptions { attention, precision, tokenizer_file: None, remove_extra_whitespaces: true };
+        let opts = ExportOptions {
+            attention,
+            precision,
+            tokenizer_file: None,
+            remove_extra_whitespaces: true,
+        };
         let onnx = export(&cact, &Source::of(model, &bytes), &opts).unwrap();
         let mut s = NeedleSession::create(&onnx, provider, false, 1).unwrap();
         assert_eq!(s.provider, provider);
         for case in cases(model) {
-            let got = s.forward(&case.input_ids, case.batch, s.empty_cache(case.batch).unwrap()).unwrap().logits;
+            let got = s
+                .forward(
+                    &case.input_ids,
+                    case.batch,
+                    s.empty_cache(case.batch).unwrap(),
+                )
+                .unwrap()
+                .logits;
             let vocab = s.config.vocab;
             let row = case.seq * vocab;
             for b in 0..case.batch {
                 let r = b * row..(b + 1) * row;
                 let err = row_error(&got[r.clone()], &case.logits[r], case.lengths[b], vocab);
-                println!("{model} {provider} {attention:?} {precision:?} {}[{b}]: {err:.2e}", case.name);
+                println!(
+                    "{model} {provider} {attention:?} {precision:?} {}[{b}]: {err:.2e}",
+                    case.name
+                );
                 assert!(err <= bound, "{model} case {} row {b}: {err}", case.name);
             }
         }
@@ -46,11 +61,21 @@ fn cuda_fused_fp16_matches_upstream_to_half_precision() {
 #[test]
 #[ignore = "needs a CUDA GPU and onnxruntime with the CUDA provider (see the module docs)"]
 fn cuda_reference_fp32_matches_upstream() {
-    check(Provider::Cuda, AttentionKind::Reference, Precision::Fp32, 1e-4);
+    check(
+        Provider::Cuda,
+        AttentionKind::Reference,
+        Precision::Fp32,
+        1e-4,
+    );
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU and onnxruntime with the TensorRT provider (see the module docs)"]
 fn tensorrt_reference_fp32_matches_upstream() {
-    check(Provider::TensorRt, AttentionKind::Reference, Precision::Fp32, 1e-3);
+    check(
+        Provider::TensorRt,
+        AttentionKind::Reference,
+        Precision::Fp32,
+        1e-3,
+    );
 }

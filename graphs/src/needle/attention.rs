@@ -33,7 +33,11 @@ pub struct AttentionCtx {
 /// What the chosen core needs besides q, k, v and the past.
 pub enum CoreInputs {
     /// `seqlens_k` `[batch]` int32 (valid keys − 1), `total_sequence_length` int32 scalar.
-    Fused { seqlens_k: Value, total_len: Value, local_window: Option<usize> },
+    Fused {
+        seqlens_k: Value,
+        total_len: Value,
+        local_window: Option<usize>,
+    },
     /// `[batch, 1, 1, sequence, total_sequence]` bool: causal, in window, key not padding.
     Reference { visible: Value },
 }
@@ -54,11 +58,19 @@ pub fn attention(
     cfg: &Config,
     ctx: &AttentionCtx,
 ) -> (Value, KvPair) {
-    let (h, kv, hd) = (cfg.num_heads as i64, cfg.num_kv_heads as i64, cfg.head_dim as i64);
-    let [q, k, v, gate]: [Value; 4] =
-        projections(b, x, "qkv_gate_proj", &[&w.q_proj, &w.k_proj, &w.v_proj, &w.gate_proj])
-            .try_into()
-            .expect("four projections");
+    let (h, kv, hd) = (
+        cfg.num_heads as i64,
+        cfg.num_kv_heads as i64,
+        cfg.head_dim as i64,
+    );
+    let [q, k, v, gate]: [Value; 4] = projections(
+        b,
+        x,
+        "qkv_gate_proj",
+        &[&w.q_proj, &w.k_proj, &w.v_proj, &w.gate_proj],
+    )
+    .try_into()
+    .expect("four projections");
     let q = b.reshape(&q, &[0, 0, h, hd]);
     let k = b.reshape(&k, &[0, 0, kv, hd]);
     let q = zc_rms_norm(b, &q, "q_norm", &w.q_norm.data);
@@ -67,12 +79,24 @@ pub fn attention(
     let k = b.scope("k_rope", |b| rotate_half_rope(b, &k, ctx, cfg.head_dim));
 
     let (out, present) = match &ctx.core {
-        CoreInputs::Fused { seqlens_k, total_len, local_window } => {
-            b.scope("gqa", |b| fused_core(b, [&q, &k, &v], past, seqlens_k, total_len, *local_window, cfg))
-        }
-        CoreInputs::Reference { visible } => {
-            b.scope("sdpa", |b| reference_core(b, [&q, &k, &v], past, visible, cfg))
-        }
+        CoreInputs::Fused {
+            seqlens_k,
+            total_len,
+            local_window,
+        } => b.scope("gqa", |b| {
+            fused_core(
+                b,
+                [&q, &k, &v],
+                past,
+                seqlens_k,
+                total_len,
+                *local_window,
+                cfg,
+            )
+        }),
+        CoreInputs::Reference { visible } => b.scope("sdpa", |b| {
+            reference_core(b, [&q, &k, &v], past, visible, cfg)
+        }),
     };
     let gate = b.sigmoid(&gate);
     let out = b.mul(&out, &gate);
@@ -109,7 +133,12 @@ pub fn projections(b: &mut GraphBuilder, x: &Value, name: &str, ws: &[&Tensor]) 
         }
         let sizes: Vec<i64> = outs.iter().map(|&o| o as i64).collect();
         let sizes = b.const_i64(&sizes);
-        b.op("Split", &[&y, &sizes], vec![("axis", Attr::Int(-1))], ws.len())
+        b.op(
+            "Split",
+            &[&y, &sizes],
+            vec![("axis", Attr::Int(-1))],
+            ws.len(),
+        )
     })
 }
 
@@ -137,7 +166,11 @@ fn fused_core(
     local_window: Option<usize>,
     cfg: &Config,
 ) -> (Value, KvPair) {
-    let (h, kv, hd) = (cfg.num_heads as i64, cfg.num_kv_heads as i64, cfg.head_dim as i64);
+    let (h, kv, hd) = (
+        cfg.num_heads as i64,
+        cfg.num_kv_heads as i64,
+        cfg.head_dim as i64,
+    );
     let q = b.reshape(q, &[0, 0, h * hd]);
     let k = b.reshape(k, &[0, 0, kv * hd]);
     let v = b.reshape(v, &[0, 0, kv * hd]);
@@ -170,7 +203,11 @@ fn reference_core(
     visible: &Value,
     cfg: &Config,
 ) -> (Value, KvPair) {
-    let (h, kv, hd) = (cfg.num_heads as i64, cfg.num_kv_heads as i64, cfg.head_dim as i64);
+    let (h, kv, hd) = (
+        cfg.num_heads as i64,
+        cfg.num_kv_heads as i64,
+        cfg.head_dim as i64,
+    );
     let v = b.reshape(v, &[0, 0, kv, hd]);
     let k_new = b.transpose(k, &[0, 2, 1, 3]);
     let v_new = b.transpose(&v, &[0, 2, 1, 3]);

@@ -56,7 +56,12 @@ pub mod keys {
 impl Config {
     /// The geometry as `metadata_props` entries (lists comma-separated).
     pub fn to_metadata(&self) -> Vec<(String, String)> {
-        let list = |v: &[usize]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
+        let list = |v: &[usize]| {
+            v.iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
         [
             (keys::VOCAB, self.vocab.to_string()),
             (keys::D_MODEL, self.d_model.to_string()),
@@ -71,7 +76,10 @@ impl Config {
             (keys::ENGRAM_SUB_DIM, self.engram_sub_dim.to_string()),
             (keys::ENGRAM_TABLES, self.num_engram_tables.to_string()),
             (keys::ENGRAM_CONV_TAPS, self.engram_conv_taps.to_string()),
-            (keys::ENGRAM_CONV_DILATION, self.engram_conv_dilation.to_string()),
+            (
+                keys::ENGRAM_CONV_DILATION,
+                self.engram_conv_dilation.to_string(),
+            ),
             (keys::ENGRAM_ORDERS, list(&self.engram_orders)),
             (keys::ENGRAM_SITES, list(&self.engram_sites)),
             (keys::ROPE_THETA, self.rope_theta.to_string()),
@@ -88,7 +96,9 @@ impl Config {
     pub fn from_metadata(get: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
         let text = |k: &str| get(k).ok_or_else(|| format!("metadata key {k} is missing"));
         let num = |k: &str| -> Result<usize, String> {
-            text(k)?.parse().map_err(|_| format!("metadata key {k} is not a number"))
+            text(k)?
+                .parse()
+                .map_err(|_| format!("metadata key {k} is not a number"))
         };
         let list = |k: &str| -> Result<Vec<usize>, String> {
             let t = text(k)?;
@@ -96,7 +106,10 @@ impl Config {
                 return Ok(Vec::new());
             }
             t.split(',')
-                .map(|x| x.parse().map_err(|_| format!("metadata key {k} is not a list of numbers")))
+                .map(|x| {
+                    x.parse()
+                        .map_err(|_| format!("metadata key {k} is not a list of numbers"))
+                })
                 .collect()
         };
         Ok(Config {

@@ -95,7 +95,10 @@ pub fn engram(
             shift_right(b, &window.valid, 2, order - 1)
         })
         .collect();
-    let per_table: Vec<Value> = per_table.iter().map(|v| b.unsqueeze(v, &[-1, -2])).collect();
+    let per_table: Vec<Value> = per_table
+        .iter()
+        .map(|v| b.unsqueeze(v, &[-1, -2]))
+        .collect();
     let refs: Vec<&Value> = per_table.iter().collect();
     let ngram_ok = b.concat(&refs, 2);
     let fetched = b.mul(&fetched, &ngram_ok);

@@ -19,7 +19,11 @@ pub fn hadamard_mlp(b: &mut GraphBuilder, x: &Value, w: &LayerWeights, d_model: 
     let d1 = b.weight("d1", &[n], &w.d1.data);
     let d2 = b.weight("d2", &[n], &w.d2.data);
     let d3 = b.weight("d3", &[n], &w.d3.data);
-    let z = if n > d_model { b.pad_back(x, 3, 2, (n - d_model) as i64) } else { x.clone() };
+    let z = if n > d_model {
+        b.pad_back(x, 3, 2, (n - d_model) as i64)
+    } else {
+        x.clone()
+    };
     let z = b.mul(&d1, &z);
     let z = walsh_hadamard_transform(b, &z, n);
     let z = b.mul(&d2, &z);
@@ -27,7 +31,11 @@ pub fn hadamard_mlp(b: &mut GraphBuilder, x: &Value, w: &LayerWeights, d_model: 
     let z = b.mul(&z, &gate);
     let z = walsh_hadamard_transform(b, &z, n);
     let z = b.mul(&d3, &z);
-    if n > d_model { b.slice(&z, 2, 0, d_model as i64) } else { z }
+    if n > d_model {
+        b.slice(&z, 2, 0, d_model as i64)
+    } else {
+        z
+    }
 }
 
 /// `z · H_n` over the last axis of `[batch, sequence, n]`, as `H_a · Z · H_b`.
@@ -47,6 +55,12 @@ fn walsh_hadamard_transform(b: &mut GraphBuilder, z: &Value, n: usize) -> Value 
 pub fn walsh_hadamard(n: usize) -> Vec<f32> {
     let scale = (1.0 / (n as f64).sqrt()) as f32;
     (0..n * n)
-        .map(|k| if ((k / n) & (k % n)).count_ones() % 2 == 0 { scale } else { -scale })
+        .map(|k| {
+            if ((k / n) & (k % n)).count_ones().is_multiple_of(2) {
+                scale
+            } else {
+                -scale
+            }
+        })
         .collect()
 }

@@ -22,7 +22,13 @@ pub struct LaneMix {
 }
 
 /// Block input `u` `[batch, sequence, C]` of layer `layer` and the mixes for [`hc_post`].
-pub fn hc_pre(b: &mut GraphBuilder, x: &Value, w: &MhcWeights, layer: usize, cfg: &Config) -> (Value, LaneMix) {
+pub fn hc_pre(
+    b: &mut GraphBuilder,
+    x: &Value,
+    w: &MhcWeights,
+    layer: usize,
+    cfg: &Config,
+) -> (Value, LaneMix) {
     let (n, c) = (cfg.mhc_lanes, cfg.d_model);
     let flat = b.reshape(x, &[0, 0, (n * c) as i64]);
     let nx = rms_unit(b, &flat);

@@ -41,13 +41,24 @@ pub fn build(
     let mut b = GraphBuilder::new(precision);
     let float = precision.data_type();
     let b_ = &mut b;
-    let input_ids = b_.input("input_ids", data_type::INT64, &[Dim::Named("batch"), Dim::Named("sequence")]);
+    let input_ids = b_.input(
+        "input_ids",
+        data_type::INT64,
+        &[Dim::Named("batch"), Dim::Named("sequence")],
+    );
     let mask = b_.input(
         "attention_mask",
         data_type::INT64,
         &[Dim::Named("batch"), Dim::Named("total_sequence")],
     );
-    let cache_dims = |len| [Dim::Named("batch"), Dim::Fixed(cfg.num_kv_heads), Dim::Named(len), Dim::Fixed(cfg.head_dim)];
+    let cache_dims = |len| {
+        [
+            Dim::Named("batch"),
+            Dim::Fixed(cfg.num_kv_heads),
+            Dim::Named(len),
+            Dim::Fixed(cfg.head_dim),
+        ]
+    };
     let pasts: Vec<KvPair> = (0..cfg.num_layers)
         .map(|i| {
             let [k, v, _, _] = kv_names(i);
@@ -57,12 +68,20 @@ pub fn build(
             }
         })
         .collect();
-    let past_ids = b_.input(PAST_INPUT_IDS, data_type::INT64, &[Dim::Named("batch"), Dim::Named("past_sequence")]);
+    let past_ids = b_.input(
+        PAST_INPUT_IDS,
+        data_type::INT64,
+        &[Dim::Named("batch"), Dim::Named("past_sequence")],
+    );
 
     let past_len = b_.shape_of(&pasts[0].key, 2, 3);
-    let ctx = b_.scope("attn_ctx", |b| attention_ctx(b, cfg, kind, &input_ids, &mask, &past_len));
+    let ctx = b_.scope("attn_ctx", |b| {
+        attention_ctx(b, cfg, kind, &input_ids, &mask, &past_len)
+    });
     let all_ids = b_.scope("engrams", |b| b.concat(&[&past_ids, &input_ids], 1));
-    let engram_kv = b_.scope("engrams", |b| engrams(b, cfg, w, &all_ids, &mask, &past_len));
+    let engram_kv = b_.scope("engrams", |b| {
+        engrams(b, cfg, w, &all_ids, &mask, &past_len)
+    });
 
     let x = b_.scope("embed_tokens", |b| {
         let emb = b.weight("embedding", &w.embedding.shape, &w.embedding.data);
@@ -81,7 +100,9 @@ pub fn build(
             let (u, mix) = hc_pre(b, &x, &w.mhc, i, cfg);
             let site = cfg.engram_sites.iter().position(|&s| s == i);
             let bx = match site {
-                Some(s) => b.scope(format!("engrams.{s}"), |b| engram::inject(b, &u, &engram_kv[s], cfg.d_model)),
+                Some(s) => b.scope(format!("engrams.{s}"), |b| {
+                    engram::inject(b, &u, &engram_kv[s], cfg.d_model)
+                }),
                 None => u.clone(),
             };
             let (out, present) = block(b, &bx, lw, &pasts[i], cfg, &ctx);
@@ -103,13 +124,27 @@ pub fn build(
         }
     });
 
-    b_.output(&logits, "logits", data_type::FLOAT, &[Dim::Named("batch"), Dim::Named("sequence"), Dim::Fixed(cfg.vocab)]);
+    b_.output(
+        &logits,
+        "logits",
+        data_type::FLOAT,
+        &[
+            Dim::Named("batch"),
+            Dim::Named("sequence"),
+            Dim::Fixed(cfg.vocab),
+        ],
+    );
     for (i, p) in presents.iter().enumerate() {
         let [_, _, k, v] = kv_names(i);
         b_.output(&p.key, &k, float, &cache_dims("total_sequence"));
         b_.output(&p.value, &v, float, &cache_dims("total_sequence"));
     }
-    b_.output(&all_ids, PRESENT_INPUT_IDS, data_type::INT64, &[Dim::Named("batch"), Dim::Named("total_sequence")]);
+    b_.output(
+        &all_ids,
+        PRESENT_INPUT_IDS,
+        data_type::INT64,
+        &[Dim::Named("batch"), Dim::Named("total_sequence")],
+    );
     b.finish("needle", metadata)
 }
 
@@ -170,7 +205,11 @@ fn attention_ctx(
             let last = b.sub(&valid, &one);
             let seqlens_k = b.cast(&last, data_type::INT32);
             let total = b.cast(&end, data_type::INT32);
-            CoreInputs::Fused { seqlens_k, total_len: total, local_window: window }
+            CoreInputs::Fused {
+                seqlens_k,
+                total_len: total,
+                local_window: window,
+            }
         }
         AttentionKind::Reference => {
             let zero = b.scalar_i64(0);
@@ -244,7 +283,10 @@ fn engrams(
     w.engrams
         .iter()
         .enumerate()
-        .map(|(s, ew)| b.scope(format!("engrams.{s}"), |b| engram::engram(b, &window, &rows, ew, cfg)))
+        .map(|(s, ew)| {
+            b.scope(format!("engrams.{s}"), |b| {
+                engram::engram(b, &window, &rows, ew, cfg)
+            })
+        })
         .collect()
 }
-
