@@ -2,7 +2,7 @@
 //! runner's in-memory export.
 
 use crate::cact::{CactError, CactFile};
-use graphs::builder::Precision;
+use graphs::builder::{MatMulWeights, Precision};
 use graphs::needle::{build, AttentionKind};
 use prost::Message;
 use sha2::{Digest, Sha256};
@@ -12,6 +12,7 @@ pub mod keys {
     pub const ATTENTION: &str = "needle.attention";
     pub const FUSED_OP: &str = "needle.fused_op";
     pub const PRECISION: &str = "needle.precision";
+    pub const MATMUL_WEIGHTS: &str = "needle.matmul_weights";
     pub const SOURCE_FILE: &str = "needle.source_file";
     pub const SOURCE_SHA256: &str = "needle.source_sha256";
     pub const STATE_INPUTS: &str = "needle.state_inputs";
@@ -29,6 +30,8 @@ pub mod keys {
 pub struct ExportOptions {
     pub attention: AttentionKind,
     pub precision: Precision,
+    /// Dense (exact) or block-quantized weights for the large MatMuls.
+    pub matmul_weights: MatMulWeights,
     /// File name of the tokenizer written beside the graph, recorded in metadata.
     pub tokenizer_file: Option<String>,
     /// The tokenizer's whitespace rule (sentencepiece `remove_extra_whitespaces`), recorded in metadata.
@@ -70,6 +73,15 @@ pub fn precision_name(p: Precision) -> &'static str {
     }
 }
 
+/// The MatMul weight storage's name as recorded in metadata and accepted on the command line.
+pub fn matmul_weights_name(w: MatMulWeights) -> &'static str {
+    match w {
+        MatMulWeights::Float => "float",
+        MatMulWeights::Int8 => "int8",
+        MatMulWeights::Int4 => "int4",
+    }
+}
+
 /// Dequantizes `cact` and serializes the graph of one variant.
 pub fn export(
     cact: &CactFile,
@@ -86,6 +98,10 @@ pub fn export(
         add(keys::FUSED_OP, "com.microsoft.GroupQueryAttention".into());
     }
     add(keys::PRECISION, precision_name(opts.precision).into());
+    add(
+        keys::MATMUL_WEIGHTS,
+        matmul_weights_name(opts.matmul_weights).into(),
+    );
     add(keys::SOURCE_FILE, source.file_name.clone());
     add(keys::SOURCE_SHA256, source.sha256.clone());
     add(
@@ -106,6 +122,13 @@ pub fn export(
     add(keys::EOS_ID, tok.eos_id.to_string());
     add(keys::BOS_ID, tok.bos_id.to_string());
     add(keys::UNK_ID, tok.unk_id.to_string());
-    let model = build(&cfg, &weights, opts.attention, opts.precision, meta);
+    let model = build(
+        &cfg,
+        &weights,
+        opts.attention,
+        opts.precision,
+        opts.matmul_weights,
+        meta,
+    );
     Ok(model.encode_to_vec())
 }

@@ -5,7 +5,7 @@ use clap::{Parser, ValueEnum};
 use exporter::cact::CactFile;
 use exporter::export::{export, ExportOptions, Source};
 use exporter::output::write_atomically;
-use graphs::builder::Precision;
+use graphs::builder::{MatMulWeights, Precision};
 use graphs::needle::AttentionKind;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -24,6 +24,10 @@ struct Args {
     /// Float precision of weights and activations (logits stay float32).
     #[arg(long, value_enum, default_value = "fp32")]
     precision: PrecisionArg,
+    /// Weights of the large MatMuls: `float` is the exact model; `int8`/`int4`
+    /// re-quantize them into `com.microsoft.MatMulNBits` blocks (smaller, faster, approximate).
+    #[arg(long, value_enum, default_value = "float")]
+    weights: WeightsArg,
     /// SentencePiece's `remove_extra_whitespaces` for the tokenizer (the `.cact` does not
     /// record it; sentencepiece's default is true): drop leading, trailing and repeated spaces.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -38,6 +42,13 @@ enum AttentionArg {
     Fused,
     Reference,
     Both,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum WeightsArg {
+    Float,
+    Int8,
+    Int4,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -89,6 +100,11 @@ fn run(args: Args) -> Result<()> {
     let tokenizer_file = file_name(&tokenizer_path);
     for (kind, path) in &targets {
         let opts = ExportOptions {
+            matmul_weights: match args.weights {
+                WeightsArg::Float => MatMulWeights::Float,
+                WeightsArg::Int8 => MatMulWeights::Int8,
+                WeightsArg::Int4 => MatMulWeights::Int4,
+            },
             attention: *kind,
             precision,
             tokenizer_file: Some(tokenizer_file.clone()),

@@ -74,6 +74,17 @@ impl Precision {
     }
 }
 
+/// How the weights of the large MatMuls (projections, logits) are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatMulWeights {
+    /// Dense, in the graph's precision: the exact model.
+    Float,
+    /// `com.microsoft.MatMulNBits`, symmetric 8-bit blocks of 32 along K.
+    Int8,
+    /// `com.microsoft.MatMulNBits`, symmetric 4-bit blocks of 32 along K.
+    Int4,
+}
+
 /// A dimension of a graph input or output.
 #[derive(Clone, Debug)]
 pub enum Dim {
@@ -84,6 +95,7 @@ pub enum Dim {
 /// Builds one ONNX graph. Builder calls cannot fail: a duplicate name is a bug and panics.
 pub struct GraphBuilder {
     precision: Precision,
+    matmul_weights: MatMulWeights,
     scopes: Vec<String>,
     nodes: Vec<NodeProto>,
     initializers: Vec<TensorProto>,
@@ -96,12 +108,14 @@ pub struct GraphBuilder {
 }
 
 impl GraphBuilder {
-    /// An empty graph whose float weights and constants are stored in `precision`.
-    pub fn new(precision: Precision) -> Self {
+    /// An empty graph whose float weights and constants are stored in `precision`,
+    /// and the weights of its large MatMuls as `matmul_weights`.
+    pub fn new(precision: Precision, matmul_weights: MatMulWeights) -> Self {
         let mut domains = BTreeMap::new();
         domains.insert(String::new(), OPSET);
         GraphBuilder {
             precision,
+            matmul_weights,
             scopes: Vec::new(),
             nodes: Vec::new(),
             initializers: Vec::new(),
@@ -112,6 +126,11 @@ impl GraphBuilder {
             inputs: Vec::new(),
             outputs: Vec::new(),
         }
+    }
+
+    /// How the large MatMul weights are stored.
+    pub fn matmul_weights(&self) -> MatMulWeights {
+        self.matmul_weights
     }
 
     /// The float precision of this graph.
@@ -141,13 +160,24 @@ impl GraphBuilder {
 
     /// A float initializer named `<scope path>.<local>`, stored in the graph's precision.
     pub fn weight(&mut self, local: &str, shape: &[usize], data: &[f32]) -> Value {
+        let raw = self.precision.encode(data);
+        self.weight_bytes(local, self.precision.data_type(), shape, raw)
+    }
+
+    /// An initializer of any type from raw little-endian bytes, named like [`Self::weight`].
+    pub fn weight_bytes(
+        &mut self,
+        local: &str,
+        dtype: i32,
+        shape: &[usize],
+        raw: Vec<u8>,
+    ) -> Value {
         let mut path = self.scopes.join(".");
         if !path.is_empty() {
             path.push('.');
         }
         path.push_str(local);
-        let raw = self.precision.encode(data);
-        self.initializer(path, self.precision.data_type(), shape, raw)
+        self.initializer(path, dtype, shape, raw)
     }
 
     fn initializer(&mut self, name: String, dtype: i32, shape: &[usize], raw: Vec<u8>) -> Value {

@@ -109,6 +109,7 @@ pub struct AttributeProto {
 /// `TensorProto.DataType` values used here.
 pub mod data_type {
     pub const FLOAT: i32 = 1;
+    pub const UINT8: i32 = 2;
     pub const INT32: i32 = 6;
     pub const INT64: i32 = 7;
     pub const BOOL: i32 = 9;

@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
-use graphs::builder::Precision;
+use graphs::builder::{MatMulWeights, Precision};
 use graphs::needle::AttentionKind;
 use runner::generate::Sampling;
 use runner::model::{LoadOptions, ModelSource, DEMO_TOOLS};
@@ -33,6 +33,9 @@ struct Args {
     /// Precision of the graph (default: the provider's choice; `.cact` only).
     #[arg(long, value_enum)]
     precision: Option<PrecisionArg>,
+    /// MatMul weights: `float` (exact) or re-quantized `int8`/`int4` MatMulNBits (`.cact` only).
+    #[arg(long, value_enum, default_value = "float")]
+    weights: WeightsArg,
     /// onnxruntime intra-op threads (0: onnxruntime decides).
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -66,6 +69,13 @@ struct Args {
 enum AttentionArg {
     Fused,
     Reference,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum WeightsArg {
+    Float,
+    Int8,
+    Int4,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -107,6 +117,11 @@ fn run(args: Args) -> Result<()> {
             PrecisionArg::Fp32 => Precision::Fp32,
             PrecisionArg::Fp16 => Precision::Fp16,
         }),
+        matmul_weights: match args.weights {
+            WeightsArg::Float => MatMulWeights::Float,
+            WeightsArg::Int8 => MatMulWeights::Int8,
+            WeightsArg::Int4 => MatMulWeights::Int4,
+        },
         threads: args.threads,
         remove_extra_whitespaces: true,
     };

@@ -8,7 +8,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use exporter::cact::CactFile;
 use exporter::export::{export, keys, ExportOptions, Source};
 use exporter::tokenizer::{NeedleTokenizer, SpecialIds};
-use graphs::builder::Precision;
+use graphs::builder::{MatMulWeights, Precision};
 use graphs::needle::AttentionKind;
 use std::path::{Path, PathBuf};
 
@@ -36,6 +36,8 @@ pub struct LoadOptions {
     pub attention: Option<AttentionKind>,
     /// Override the provider's preferred precision (`.cact` only).
     pub precision: Option<Precision>,
+    /// Dense (exact) or block-quantized MatMul weights (`.cact` only).
+    pub matmul_weights: MatMulWeights,
     /// Intra-op threads; 0 lets onnxruntime choose.
     pub threads: usize,
     /// The tokenizer's whitespace rule (`.cact` only; an `.onnx` records its own).
@@ -49,6 +51,7 @@ impl Default for LoadOptions {
             fallback: false,
             attention: None,
             precision: None,
+            matmul_weights: MatMulWeights::Float,
             threads: 1,
             remove_extra_whitespaces: true,
         }
@@ -104,6 +107,7 @@ fn from_cact(
     let cact = CactFile::parse(bytes)?;
     let tokenizer = NeedleTokenizer::from_spec(cact.tokenizer(), opts.remove_extra_whitespaces)?;
     let export_opts = ExportOptions {
+        matmul_weights: opts.matmul_weights,
         attention: opts.attention.unwrap_or(registered.provider.attention()),
         precision: opts.precision.unwrap_or(registered.provider.precision()),
         tokenizer_file: None,

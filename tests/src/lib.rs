@@ -100,6 +100,7 @@ pub fn session(model: &str, attention: AttentionKind) -> NeedleSession {
     let bytes = std::fs::read(&path).unwrap();
     let cact = CactFile::parse(&bytes).unwrap();
     let opts = ExportOptions {
+        matmul_weights: graphs::builder::MatMulWeights::Float,
         attention,
         precision: Precision::Fp32,
         tokenizer_file: None,

@@ -110,6 +110,7 @@ fn fp16_graphs_stay_close_to_upstream() {
         let cact = CactFile::parse(&bytes).unwrap();
         for kind in [Fused, Reference] {
             let opts = ExportOptions {
+                matmul_weights: graphs::builder::MatMulWeights::Float,
                 attention: kind,
                 precision: Precision::Fp16,
                 tokenizer_file: None,

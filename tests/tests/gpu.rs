@@ -20,6 +20,7 @@ fn check(provider: Provider, attention: AttentionKind, precision: Precision, bou
         let bytes = std::fs::read(fixture(&format!("{model}.cact"))).unwrap();
         let cact = CactFile::parse(&bytes).unwrap();
         let opts = ExportOptions {
+            matmul_weights: graphs::builder::MatMulWeights::Float,
             attention,
             precision,
             tokenizer_file: None,

@@ -9,7 +9,8 @@
 //!                                                      └▶ present_k, present_v [B,KV,T,hd]
 //! ```
 
-use crate::builder::{Attr, GraphBuilder, Precision, Value, MS_DOMAIN};
+use crate::builder::{Attr, GraphBuilder, MatMulWeights, Precision, Value, MS_DOMAIN};
+use crate::needle::block_quant::matmul_nbits;
 use crate::needle::norms::zc_rms_norm;
 use crate::needle::{Config, LayerWeights, Tensor};
 
@@ -110,10 +111,18 @@ pub fn projection(b: &mut GraphBuilder, x: &Value, name: &str, w: &Tensor) -> Va
 
 /// `x @ W_i^T` for several matrices with the same input: one MatMul over their
 /// concatenation (initializer `[in, Σ out_i]`), then a Split, so `x` is read once.
+/// With block-quantized MatMul weights, the concatenation is one `MatMulNBits`.
 pub fn projections(b: &mut GraphBuilder, x: &Value, name: &str, ws: &[&Tensor]) -> Vec<Value> {
     let cols = ws[0].shape[1];
     let outs: Vec<usize> = ws.iter().map(|w| w.shape[0]).collect();
     let width: usize = outs.iter().sum();
+    if b.matmul_weights() != MatMulWeights::Float {
+        let rows: Vec<f32> = ws.iter().flat_map(|w| w.data.iter().copied()).collect();
+        return b.scope(name, |b| {
+            let y = matmul_nbits(b, x, &rows, width, cols);
+            split_last(b, &y, &outs)
+        });
+    }
     let mut kernel = vec![0.0; cols * width];
     let mut at = 0;
     for w in ws {
@@ -128,18 +137,23 @@ pub fn projections(b: &mut GraphBuilder, x: &Value, name: &str, ws: &[&Tensor]) 
     b.scope(name, |b| {
         let kernel = b.weight("kernel", &[cols, width], &kernel);
         let y = b.matmul(x, &kernel);
-        if ws.len() == 1 {
-            return vec![y];
-        }
-        let sizes: Vec<i64> = outs.iter().map(|&o| o as i64).collect();
-        let sizes = b.const_i64(&sizes);
-        b.op(
-            "Split",
-            &[&y, &sizes],
-            vec![("axis", Attr::Int(-1))],
-            ws.len(),
-        )
+        split_last(b, &y, &outs)
     })
+}
+
+/// `y` split along its last axis into parts of `sizes` (no node for one part).
+fn split_last(b: &mut GraphBuilder, y: &Value, sizes: &[usize]) -> Vec<Value> {
+    if sizes.len() == 1 {
+        return vec![y.clone()];
+    }
+    let s: Vec<i64> = sizes.iter().map(|&o| o as i64).collect();
+    let s = b.const_i64(&s);
+    b.op(
+        "Split",
+        &[y, &s],
+        vec![("axis", Attr::Int(-1))],
+        sizes.len(),
+    )
 }
 
 /// `[x1·cos − x2·sin, x2·cos + x1·sin]` over the halves of the last axis of `[B,S,N,hd]`.

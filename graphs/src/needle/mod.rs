@@ -1,6 +1,7 @@
 //! The Needle 2 Simple Attention Network (`needle/model/architecture.py`,
 //! `cactus-needle==2.0.15`) as an ONNX graph.
 pub mod attention;
+pub mod block_quant;
 pub mod config;
 pub mod engram;
 pub mod hadamard_mlp;

@@ -6,8 +6,9 @@
 //! past_input_ids ++ input_ids ─ engram hash ─────────┘ (engram sites only)
 //! ```
 
-use crate::builder::{Dim, GraphBuilder, Precision, Value};
+use crate::builder::{Dim, GraphBuilder, MatMulWeights, Precision, Value};
 use crate::needle::attention::{attention, AttentionCtx, AttentionKind, CoreInputs, KvPair};
+use crate::needle::block_quant::matmul_nbits;
 use crate::needle::engram::{self, EngramKv, EngramWindow};
 use crate::needle::hadamard_mlp::hadamard_mlp;
 use crate::needle::hyper_connections::{hc_post, hc_pre};
@@ -36,9 +37,10 @@ pub fn build(
     w: &Weights,
     kind: AttentionKind,
     precision: Precision,
+    matmul_weights: MatMulWeights,
     metadata: Vec<(String, String)>,
 ) -> ModelProto {
-    let mut b = GraphBuilder::new(precision);
+    let mut b = GraphBuilder::new(precision, matmul_weights);
     let float = precision.data_type();
     let b_ = &mut b;
     let input_ids = b_.input(
@@ -116,8 +118,15 @@ pub fn build(
         let x = b.reduce_mean(&x, &[2]);
         let x = b.squeeze(&x, &[2]);
         let x = zc_rms_norm(b, &x, "final_norm", &w.final_norm.data);
-        let et = b.transpose(&embedding, &[1, 0]);
-        let logits = b.matmul(&x, &et);
+        let logits = match b.matmul_weights() {
+            MatMulWeights::Float => {
+                let et = b.transpose(&embedding, &[1, 0]);
+                b.matmul(&x, &et)
+            }
+            _ => b.scope("embedding", |b| {
+                matmul_nbits(b, &x, &w.embedding.data, cfg.vocab, cfg.d_model)
+            }),
+        };
         match precision {
             Precision::Fp32 => logits,
             Precision::Fp16 => b.cast(&logits, data_type::FLOAT),
