@@ -12,9 +12,30 @@ use std::fmt::Display;
 use std::rc::Rc;
 
 /// ai.onnx opset the graphs are written against.
-pub const OPSET: i64 = 21;
-/// IR version matching [`OPSET`] (ONNX 1.16).
-pub const IR_VERSION: i64 = 10;
+/// The ai.onnx opset a graph is written against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Opset {
+    /// Opset 21 (IR 10, ONNX 1.16): the widest runtime and execution-provider support.
+    V21,
+    /// Opset 23 (IR 11, ONNX 1.18): adds `RMSNormalization` as one kernel.
+    V23,
+}
+
+impl Opset {
+    fn version(self) -> i64 {
+        match self {
+            Opset::V21 => 21,
+            Opset::V23 => 23,
+        }
+    }
+
+    fn ir_version(self) -> i64 {
+        match self {
+            Opset::V21 => 10,
+            Opset::V23 => 11,
+        }
+    }
+}
 /// The onnxruntime contrib-op domain.
 pub const MS_DOMAIN: &str = "com.microsoft";
 
@@ -94,6 +115,7 @@ pub enum Dim {
 
 /// Builds one ONNX graph. Builder calls cannot fail: a duplicate name is a bug and panics.
 pub struct GraphBuilder {
+    opset: Opset,
     precision: Precision,
     matmul_weights: MatMulWeights,
     scopes: Vec<String>,
@@ -108,12 +130,13 @@ pub struct GraphBuilder {
 }
 
 impl GraphBuilder {
-    /// An empty graph whose float weights and constants are stored in `precision`,
+    /// An empty `opset` graph whose float weights and constants are stored in `precision`,
     /// and the weights of its large MatMuls as `matmul_weights`.
-    pub fn new(precision: Precision, matmul_weights: MatMulWeights) -> Self {
+    pub fn new(opset: Opset, precision: Precision, matmul_weights: MatMulWeights) -> Self {
         let mut domains = BTreeMap::new();
-        domains.insert(String::new(), OPSET);
+        domains.insert(String::new(), opset.version());
         GraphBuilder {
+            opset,
             precision,
             matmul_weights,
             scopes: Vec::new(),
@@ -126,6 +149,11 @@ impl GraphBuilder {
             inputs: Vec::new(),
             outputs: Vec::new(),
         }
+    }
+
+    /// The ai.onnx opset of this graph.
+    pub fn opset(&self) -> Opset {
+        self.opset
     }
 
     /// How the large MatMul weights are stored.
@@ -312,7 +340,7 @@ impl GraphBuilder {
     /// Finishes the graph into a model with the given metadata.
     pub fn finish(self, graph_name: &str, metadata: Vec<(String, String)>) -> ModelProto {
         ModelProto {
-            ir_version: IR_VERSION,
+            ir_version: self.opset.ir_version(),
             producer_name: "needle-onnx".into(),
             producer_version: env!("CARGO_PKG_VERSION").into(),
             domain: String::new(),

@@ -81,11 +81,6 @@ impl GraphBuilder {
             vec![("keepdims", Attr::Int(keepdims as i64))],
         )
     }
-    /// `ReduceLogSumExp` over `axes`, keeping them.
-    pub fn reduce_log_sum_exp(&mut self, x: &Value, axes: &[i64]) -> Value {
-        let a = self.const_i64(axes);
-        self.op1("ReduceLogSumExp", &[x, &a], vec![])
-    }
     pub fn softmax(&mut self, x: &Value, axis: i64) -> Value {
         self.op1("Softmax", &[x], vec![("axis", Attr::Int(axis))])
     }

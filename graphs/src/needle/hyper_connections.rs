@@ -7,7 +7,7 @@
 //! `x' = h_res·x + h_post ⊗ (block(u) − u)`.
 //! The three projections are one MatMul whose weight has the `a_*` gains folded in.
 
-use crate::builder::{GraphBuilder, Value};
+use crate::builder::{Attr, GraphBuilder, Value};
 use crate::needle::norms::rms_unit;
 use crate::needle::{Config, MhcWeights};
 
@@ -62,13 +62,12 @@ pub fn hc_post(b: &mut GraphBuilder, x: &Value, y: &Value, mix: &LaneMix, cfg: &
 }
 
 /// `exp` of 20 alternating row/column log-normalisations of `[.., n, n]` logits.
+/// `x − logsumexp(x)` along an axis is `LogSoftmax`, one node per half-step.
 fn sinkhorn(b: &mut GraphBuilder, logits: &Value) -> Value {
     let mut log_k = logits.clone();
     for _ in 0..SINKHORN_ITERS {
-        let rows = b.reduce_log_sum_exp(&log_k, &[-1]);
-        log_k = b.sub(&log_k, &rows);
-        let cols = b.reduce_log_sum_exp(&log_k, &[-2]);
-        log_k = b.sub(&log_k, &cols);
+        log_k = b.op1("LogSoftmax", &[&log_k], vec![("axis", Attr::Int(-1))]);
+        log_k = b.op1("LogSoftmax", &[&log_k], vec![("axis", Attr::Int(-2))]);
     }
     b.exp(&log_k)
 }

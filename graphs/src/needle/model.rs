@@ -6,7 +6,7 @@
 //! past_input_ids ++ input_ids ─ engram hash ─────────┘ (engram sites only)
 //! ```
 
-use crate::builder::{Dim, GraphBuilder, MatMulWeights, Precision, Value};
+use crate::builder::{Dim, GraphBuilder, MatMulWeights, Opset, Precision, Value};
 use crate::needle::attention::{attention, AttentionCtx, AttentionKind, CoreInputs, KvPair};
 use crate::needle::block_quant::matmul_nbits;
 use crate::needle::engram::{self, EngramKv, EngramWindow};
@@ -32,6 +32,9 @@ pub fn kv_names(i: usize) -> [String; 4] {
 }
 
 /// Builds the whole model graph. `metadata` goes into `metadata_props` as given.
+/// The fused variant is onnxruntime's fast path (opset 23 `RMSNormalization`,
+/// `GroupQueryAttention`); the reference variant stays on opset 21 primitives so
+/// that any runtime and execution provider takes all of it.
 pub fn build(
     cfg: &Config,
     w: &Weights,
@@ -40,7 +43,11 @@ pub fn build(
     matmul_weights: MatMulWeights,
     metadata: Vec<(String, String)>,
 ) -> ModelProto {
-    let mut b = GraphBuilder::new(precision, matmul_weights);
+    let opset = match kind {
+        AttentionKind::Fused => Opset::V23,
+        AttentionKind::Reference => Opset::V21,
+    };
+    let mut b = GraphBuilder::new(opset, precision, matmul_weights);
     let float = precision.data_type();
     let b_ = &mut b;
     let input_ids = b_.input(

@@ -1,7 +1,8 @@
 //! `ZCRMSNorm` (`(1 + scale) · x / rms(x)`) and the unit RMS normalisation
-//! `_rms_unit` (`x · rsqrt(mean(x²) + ε)`), both over the last axis.
+//! `_rms_unit` (`x · rsqrt(mean(x²) + ε)`), both over the last axis: one
+//! `RMSNormalization` node in opset 23 graphs, its five-op expansion in older ones.
 
-use crate::builder::{GraphBuilder, Value};
+use crate::builder::{Attr, GraphBuilder, Opset, Value};
 
 const EPSILON: f32 = 1e-6;
 
@@ -12,6 +13,9 @@ pub fn zc_rms_norm(b: &mut GraphBuilder, x: &Value, name: &str, scale: &[f32]) -
     b.scope(name, |b| {
         let gain: Vec<f32> = scale.iter().map(|s| 1.0 + s).collect();
         let gain = b.weight("gain", &[gain.len()], &gain);
+        if b.opset() >= Opset::V23 {
+            return rms_normalization(b, x, &gain);
+        }
         let rms = root_mean_square(b, x);
         let scaled = b.mul(&gain, x);
         b.div(&scaled, &rms)
@@ -21,6 +25,10 @@ pub fn zc_rms_norm(b: &mut GraphBuilder, x: &Value, name: &str, scale: &[f32]) -
 /// Needle `_rms_unit`: `x * rsqrt(mean(x²) + 1e-6)` over the last axis.
 pub fn rms_unit(b: &mut GraphBuilder, x: &Value) -> Value {
     b.scope("rms_unit", |b| {
+        if b.opset() >= Opset::V23 {
+            let one = b.scalar_float(1.0);
+            return rms_normalization(b, x, &one);
+        }
         let rms = root_mean_square(b, x);
         let one = b.scalar_float(1.0);
         let inv = b.div(&one, &rms);
@@ -34,4 +42,9 @@ fn root_mean_square(b: &mut GraphBuilder, x: &Value) -> Value {
     let eps = b.scalar_float(EPSILON);
     let var = b.add(&mean, &eps);
     b.sqrt(&var)
+}
+
+fn rms_normalization(b: &mut GraphBuilder, x: &Value, scale: &Value) -> Value {
+    let attrs = vec![("axis", Attr::Int(-1)), ("epsilon", Attr::Float(EPSILON))];
+    b.op1("RMSNormalization", &[x, scale], attrs)
 }
