@@ -1,0 +1,160 @@
+//! Structural checks of the exported graphs that onnxruntime would not report:
+//! unique node names in `/model/<scope>/<Op>` form, topological order, every
+//! initializer used, the contract's interface, and the domains per variant.
+
+use exporter::cact::CactFile;
+use exporter::export::{export, ExportOptions, Source};
+use graphs::builder::{MatMulWeights, Precision};
+use graphs::needle::AttentionKind;
+use graphs::onnx::{DimensionValue, ModelProto, ValueInfoProto};
+use needle_tests::fixture;
+use prost::Message;
+use std::collections::HashSet;
+
+fn model(name: &str, attention: AttentionKind, matmul_weights: MatMulWeights) -> ModelProto {
+    let bytes = std::fs::read(fixture(&format!("{name}.cact"))).unwrap();
+    let cact = CactFile::parse(&bytes).unwrap();
+    let opts = ExportOptions {
+        attention,
+        precision: Precision::Fp32,
+        matmul_weights,
+        tokenizer_file: None,
+        remove_extra_whitespaces: true,
+    };
+    ModelProto::decode(
+        export(&cact, &Source::of(name, &bytes), &opts)
+            .unwrap()
+            .as_slice(),
+    )
+    .unwrap()
+}
+
+fn dims(v: &ValueInfoProto) -> Vec<String> {
+    let shape = v
+        .r#type
+        .as_ref()
+        .unwrap()
+        .tensor_type
+        .as_ref()
+        .unwrap()
+        .shape
+        .as_ref()
+        .unwrap();
+    shape
+        .dim
+        .iter()
+        .map(|d| match d.value.as_ref().unwrap() {
+            DimensionValue::DimValue(n) => n.to_string(),
+            DimensionValue::DimParam(s) => s.clone(),
+        })
+        .collect()
+}
+
+#[test]
+fn graphs_are_well_formed_and_follow_the_contract() {
+    for attention in [AttentionKind::Fused, AttentionKind::Reference] {
+        for weights in [MatMulWeights::Float, MatMulWeights::Int4] {
+            let m = model("m48", attention, weights);
+            let g = m.graph.as_ref().unwrap();
+            let mut names = HashSet::new();
+            let mut available: HashSet<&str> = g.input.iter().map(|i| i.name.as_str()).collect();
+            available.extend(g.initializer.iter().map(|t| t.name.as_str()));
+            available.insert("");
+            let mut used = HashSet::new();
+            for n in &g.node {
+                assert!(
+                    names.insert(n.name.as_str()),
+                    "duplicate node name {}",
+                    n.name
+                );
+                assert!(
+                    n.name.starts_with("/model/") && n.name.contains(&n.op_type),
+                    "{}",
+                    n.name
+                );
+                for i in &n.input {
+                    assert!(
+                        available.contains(i.as_str()),
+                        "{} reads {i} before it exists",
+                        n.name
+                    );
+                    used.insert(i.as_str());
+                }
+                available.extend(n.output.iter().map(String::as_str));
+            }
+            for t in &g.initializer {
+                assert!(
+                    used.contains(t.name.as_str()),
+                    "initializer {} is unused",
+                    t.name
+                );
+            }
+            let inputs: Vec<(&str, Vec<String>)> =
+                g.input.iter().map(|i| (i.name.as_str(), dims(i))).collect();
+            assert_eq!(
+                inputs[0],
+                ("input_ids", vec!["batch".into(), "sequence".into()])
+            );
+            assert_eq!(
+                inputs[1],
+                (
+                    "attention_mask",
+                    vec!["batch".into(), "total_sequence".into()]
+                )
+            );
+            assert!(inputs.contains(&(
+                "past_key_values.4.value",
+                vec![
+                    "batch".into(),
+                    "1".into(),
+                    "past_sequence".into(),
+                    "32".into()
+                ]
+            )));
+            let outputs: Vec<(&str, Vec<String>)> = g
+                .output
+                .iter()
+                .map(|o| (o.name.as_str(), dims(o)))
+                .collect();
+            assert_eq!(
+                outputs[0],
+                (
+                    "logits",
+                    vec!["batch".into(), "sequence".into(), "512".into()]
+                )
+            );
+            assert!(outputs.contains(&(
+                "present.0.key",
+                vec![
+                    "batch".into(),
+                    "1".into(),
+                    "total_sequence".into(),
+                    "32".into()
+                ]
+            )));
+            let domains: HashSet<&str> = g.node.iter().map(|n| n.domain.as_str()).collect();
+            let imported: HashSet<&str> =
+                m.opset_import.iter().map(|o| o.domain.as_str()).collect();
+            assert_eq!(
+                domains, imported,
+                "opset_import lists exactly the domains used"
+            );
+            let contrib = attention == AttentionKind::Fused || weights != MatMulWeights::Float;
+            assert_eq!(
+                domains.contains("com.microsoft"),
+                contrib,
+                "{attention:?} {weights:?}"
+            );
+            let meta: HashSet<&str> = m.metadata_props.iter().map(|p| p.key.as_str()).collect();
+            for key in [
+                "needle.vocab_size",
+                "needle.engram_sites",
+                "needle.source_sha256",
+                "needle.attention",
+                "needle.eos_token_id",
+            ] {
+                assert!(meta.contains(key), "metadata {key} missing");
+            }
+        }
+    }
+}
