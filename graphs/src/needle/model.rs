@@ -87,10 +87,8 @@ pub fn build(
     let ctx = b_.scope("attn_ctx", |b| {
         attention_ctx(b, cfg, kind, &input_ids, &mask, &past_len)
     });
-    let all_ids = b_.scope("engrams", |b| b.concat(&[&past_ids, &input_ids], 1));
-    let engram_kv = b_.scope("engrams", |b| {
-        engrams(b, cfg, w, &all_ids, &mask, &past_len)
-    });
+    let all_ids = b_.scope("engram_history", |b| b.concat(&[&past_ids, &input_ids], 1));
+    let engram_kv = engrams(b_, cfg, w, &all_ids, &mask, &past_len);
 
     let x = b_.scope("embed_tokens", |b| {
         let emb = b.weight("embedding", &w.embedding.shape, &w.embedding.data);
@@ -289,12 +287,14 @@ fn engrams(
         return Vec::new();
     }
     let history = engram::history_len(cfg) as i64;
-    let ids = b.pad_front(all_ids, 2, 1, history);
-    let ids = b.slice_from(&ids, 1, past_len);
-    let valid = b.pad_front(mask, 2, 1, history);
-    let valid = b.slice_from(&valid, 1, past_len);
-    let valid = b.cast(&valid, b.precision().data_type());
-    let window = EngramWindow { ids, valid };
+    let window = b.scope("engram_window", |b| {
+        let ids = b.pad_front(all_ids, 2, 1, history);
+        let ids = b.slice_from(&ids, 1, past_len);
+        let valid = b.pad_front(mask, 2, 1, history);
+        let valid = b.slice_from(&valid, 1, past_len);
+        let valid = b.cast(&valid, b.precision().data_type());
+        EngramWindow { ids, valid }
+    });
     let rows = engram::hashed_rows(b, &window.ids, cfg);
     w.engrams
         .iter()
