@@ -23,12 +23,23 @@ pub enum AttentionKind {
     Reference,
 }
 
-/// Mask-derived inputs, built once at the top of the graph and shared by all layers.
+/// Position- and mask-derived inputs, built once at the top of the graph and shared by all layers.
 pub struct AttentionCtx {
-    /// `[sequence, 1, head_dim/2]` rotary tables for the new positions.
-    pub cos: Value,
-    pub sin: Value,
+    pub rope: Rope,
     pub core: CoreInputs,
+}
+
+/// How rotary embeddings are applied.
+pub enum Rope {
+    /// Slices and Muls (opset 21): `[sequence, 1, head_dim/2]` tables of the new positions.
+    Expanded { cos: Value, sin: Value },
+    /// The opset-23 `RotaryEmbedding` kernel: `[max_seq_len, head_dim/2]` caches and
+    /// `[batch, sequence]` positions.
+    Kernel {
+        cos_cache: Value,
+        sin_cache: Value,
+        position_ids: Value,
+    },
 }
 
 /// What the chosen core needs besides q, k, v and the past.
@@ -76,8 +87,12 @@ pub fn attention(
     let k = b.reshape(&k, &[0, 0, kv, hd]);
     let q = zc_rms_norm(b, &q, "q_norm", &w.q_norm.data);
     let k = zc_rms_norm(b, &k, "k_norm", &w.k_norm.data);
-    let q = b.scope("q_rope", |b| rotate_half_rope(b, &q, ctx, cfg.head_dim));
-    let k = b.scope("k_rope", |b| rotate_half_rope(b, &k, ctx, cfg.head_dim));
+    let q = b.scope("q_rope", |b| {
+        rotate_half_rope(b, &q, &ctx.rope, cfg.num_heads, cfg.head_dim)
+    });
+    let k = b.scope("k_rope", |b| {
+        rotate_half_rope(b, &k, &ctx.rope, cfg.num_kv_heads, cfg.head_dim)
+    });
 
     let (out, present) = match &ctx.core {
         CoreInputs::Fused {
@@ -156,18 +171,47 @@ fn split_last(b: &mut GraphBuilder, y: &Value, sizes: &[usize]) -> Vec<Value> {
     )
 }
 
-/// `[x1·cos − x2·sin, x2·cos + x1·sin]` over the halves of the last axis of `[B,S,N,hd]`.
-fn rotate_half_rope(b: &mut GraphBuilder, x: &Value, ctx: &AttentionCtx, head_dim: usize) -> Value {
-    let half = (head_dim / 2) as i64;
-    let x1 = b.slice(x, 3, 0, half);
-    let x2 = b.slice(x, 3, half, i64::MAX);
-    let a = b.mul(&x1, &ctx.cos);
-    let c = b.mul(&x2, &ctx.sin);
-    let r1 = b.sub(&a, &c);
-    let a = b.mul(&x2, &ctx.cos);
-    let c = b.mul(&x1, &ctx.sin);
-    let r2 = b.add(&a, &c);
-    b.concat(&[&r1, &r2], 3)
+/// `[x1·cos − x2·sin, x2·cos + x1·sin]` over the halves of each head of `[B,S,N,hd]`;
+/// returns `[B,S,N·hd]`.
+fn rotate_half_rope(
+    b: &mut GraphBuilder,
+    x: &Value,
+    rope: &Rope,
+    heads: usize,
+    head_dim: usize,
+) -> Value {
+    let width = (heads * head_dim) as i64;
+    match rope {
+        Rope::Kernel {
+            cos_cache,
+            sin_cache,
+            position_ids,
+        } => {
+            let x = b.reshape(x, &[0, 0, width]);
+            let attrs = vec![
+                ("interleaved", Attr::Int(0)),
+                ("num_heads", Attr::Int(heads as i64)),
+            ];
+            b.op1(
+                "RotaryEmbedding",
+                &[&x, cos_cache, sin_cache, position_ids],
+                attrs,
+            )
+        }
+        Rope::Expanded { cos, sin } => {
+            let half = (head_dim / 2) as i64;
+            let x1 = b.slice(x, 3, 0, half);
+            let x2 = b.slice(x, 3, half, i64::MAX);
+            let a = b.mul(&x1, cos);
+            let c = b.mul(&x2, sin);
+            let r1 = b.sub(&a, &c);
+            let a = b.mul(&x2, cos);
+            let c = b.mul(&x1, sin);
+            let r2 = b.add(&a, &c);
+            let r = b.concat(&[&r1, &r2], 3);
+            b.reshape(&r, &[0, 0, width])
+        }
+    }
 }
 
 /// `GroupQueryAttention` on `[B,S,N·hd]` inputs; the cache stays BNSH.
@@ -180,14 +224,7 @@ fn fused_core(
     local_window: Option<usize>,
     cfg: &Config,
 ) -> (Value, KvPair) {
-    let (h, kv, hd) = (
-        cfg.num_heads as i64,
-        cfg.num_kv_heads as i64,
-        cfg.head_dim as i64,
-    );
-    let q = b.reshape(q, &[0, 0, h * hd]);
-    let k = b.reshape(k, &[0, 0, kv * hd]);
-    let v = b.reshape(v, &[0, 0, kv * hd]);
+    let (h, kv) = (cfg.num_heads as i64, cfg.num_kv_heads as i64);
     let mut attrs = vec![("num_heads", Attr::Int(h)), ("kv_num_heads", Attr::Int(kv))];
     if let Some(w) = local_window {
         attrs.push(("local_window_size", Attr::Int(w as i64)));
@@ -195,7 +232,7 @@ fn fused_core(
     let mut outs = b.op_in(
         MS_DOMAIN,
         "GroupQueryAttention",
-        &[&q, &k, &v, &past.key, &past.value, seqlens_k, total_len],
+        &[q, k, v, &past.key, &past.value, seqlens_k, total_len],
         attrs,
         3,
     );
@@ -204,7 +241,7 @@ fn fused_core(
     (outs.pop().unwrap(), KvPair { key, value })
 }
 
-/// Plain scaled-dot-product attention with grouped KV heads:
+/// Plain scaled-dot-product attention with grouped KV heads (q, k, v `[B,S,N·hd]`):
 ///
 /// ```text
 /// q [B,S,H,hd] ─T─ [B,KV,rep,S,hd] ─MatMul(Kᵀ)─ /√hd ─Where(visible)─ Softmax ─MatMul(V)─ [B,S,H·hd]
@@ -222,13 +259,15 @@ fn reference_core(
         cfg.num_kv_heads as i64,
         cfg.head_dim as i64,
     );
+    let k = b.reshape(k, &[0, 0, kv, hd]);
     let v = b.reshape(v, &[0, 0, kv, hd]);
-    let k_new = b.transpose(k, &[0, 2, 1, 3]);
+    let k_new = b.transpose(&k, &[0, 2, 1, 3]);
     let v_new = b.transpose(&v, &[0, 2, 1, 3]);
     let key = b.concat(&[&past.key, &k_new], 2);
     let value = b.concat(&[&past.value, &v_new], 2);
 
-    let q = b.transpose(q, &[0, 2, 1, 3]);
+    let q = b.reshape(q, &[0, 0, h, hd]);
+    let q = b.transpose(&q, &[0, 2, 1, 3]);
     let q = b.reshape(&q, &[0, kv, h / kv, -1, hd]);
     let kt = b.transpose(&key, &[0, 1, 3, 2]);
     let kt = b.unsqueeze(&kt, &[2]);

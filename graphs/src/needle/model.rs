@@ -7,7 +7,7 @@
 //! ```
 
 use crate::builder::{Dim, GraphBuilder, MatMulWeights, Opset, Precision, Value};
-use crate::needle::attention::{attention, AttentionCtx, AttentionKind, CoreInputs, KvPair};
+use crate::needle::attention::{attention, AttentionCtx, AttentionKind, CoreInputs, KvPair, Rope};
 use crate::needle::block_quant::matmul_nbits;
 use crate::needle::engram::{self, EngramKv, EngramWindow};
 use crate::needle::hadamard_mlp::hadamard_mlp;
@@ -208,10 +208,23 @@ fn attention_ctx(
     let half = cfg.head_dim / 2;
     let cos = b.const_float(&[cfg.max_seq_len, half], &cos_table);
     let sin = b.const_float(&[cfg.max_seq_len, half], &sin_table);
-    let cos = b.gather(&cos, &positions, 0);
-    let sin = b.gather(&sin, &positions, 0);
-    let cos = b.unsqueeze(&cos, &[1]);
-    let sin = b.unsqueeze(&sin, &[1]);
+    let rope = if b.opset() >= Opset::V23 {
+        let row = b.unsqueeze(&positions, &[0]);
+        let batch_seq = b.shape_of(input_ids, 0, 2);
+        let position_ids = b.op1("Expand", &[&row, &batch_seq], vec![]);
+        Rope::Kernel {
+            cos_cache: cos,
+            sin_cache: sin,
+            position_ids,
+        }
+    } else {
+        let cos = b.gather(&cos, &positions, 0);
+        let sin = b.gather(&sin, &positions, 0);
+        Rope::Expanded {
+            cos: b.unsqueeze(&cos, &[1]),
+            sin: b.unsqueeze(&sin, &[1]),
+        }
+    };
     let window = effective_window(cfg);
     let core = match kind {
         AttentionKind::Fused => {
@@ -243,7 +256,7 @@ fn attention_ctx(
             CoreInputs::Reference { visible }
         }
     };
-    AttentionCtx { cos, sin, core }
+    AttentionCtx { rope, core }
 }
 
 /// The sliding window when it can bind (shorter than `max_seq_len`).
