@@ -3,9 +3,9 @@
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
 use exporter::cact::CactFile;
+use exporter::cli::{PrecisionArg, WeightsArg};
 use exporter::export::{export, ExportOptions, Source};
 use exporter::output::write_atomically;
-use graphs::builder::{MatMulWeights, Precision};
 use graphs::needle::AttentionKind;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -44,19 +44,6 @@ enum AttentionArg {
     Both,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum WeightsArg {
-    Float,
-    Int8,
-    Int4,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum PrecisionArg {
-    Fp32,
-    Fp16,
-}
-
 fn main() -> ExitCode {
     match run(Args::parse()) {
         Ok(()) => ExitCode::SUCCESS,
@@ -68,10 +55,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<()> {
-    let precision = match args.precision {
-        PrecisionArg::Fp32 => Precision::Fp32,
-        PrecisionArg::Fp16 => Precision::Fp16,
-    };
+    let precision = args.precision.into();
     let targets: Vec<(AttentionKind, PathBuf)> = match args.attention {
         AttentionArg::Fused => vec![(AttentionKind::Fused, args.out.clone())],
         AttentionArg::Reference => vec![(AttentionKind::Reference, args.out.clone())],
@@ -100,11 +84,7 @@ fn run(args: Args) -> Result<()> {
     let tokenizer_file = file_name(&tokenizer_path);
     for (kind, path) in &targets {
         let opts = ExportOptions {
-            matmul_weights: match args.weights {
-                WeightsArg::Float => MatMulWeights::Float,
-                WeightsArg::Int8 => MatMulWeights::Int8,
-                WeightsArg::Int4 => MatMulWeights::Int4,
-            },
+            matmul_weights: args.weights.into(),
             attention: *kind,
             precision,
             tokenizer_file: Some(tokenizer_file.clone()),

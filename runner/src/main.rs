@@ -3,7 +3,8 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
-use graphs::builder::{MatMulWeights, Precision};
+use exporter::cli::{PrecisionArg, WeightsArg};
+use graphs::builder::Precision;
 use graphs::needle::AttentionKind;
 use runner::generate::Sampling;
 use runner::model::{LoadOptions, ModelSource, DEMO_TOOLS};
@@ -71,19 +72,6 @@ enum AttentionArg {
     Reference,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum WeightsArg {
-    Float,
-    Int8,
-    Int4,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum PrecisionArg {
-    Fp32,
-    Fp16,
-}
-
 fn main() -> ExitCode {
     match run(Args::parse()) {
         Ok(()) => ExitCode::SUCCESS,
@@ -113,15 +101,8 @@ fn run(args: Args) -> Result<()> {
             AttentionArg::Fused => AttentionKind::Fused,
             AttentionArg::Reference => AttentionKind::Reference,
         }),
-        precision: args.precision.map(|p| match p {
-            PrecisionArg::Fp32 => Precision::Fp32,
-            PrecisionArg::Fp16 => Precision::Fp16,
-        }),
-        matmul_weights: match args.weights {
-            WeightsArg::Float => MatMulWeights::Float,
-            WeightsArg::Int8 => MatMulWeights::Int8,
-            WeightsArg::Int4 => MatMulWeights::Int4,
-        },
+        precision: args.precision.map(Precision::from),
+        matmul_weights: args.weights.into(),
         threads: args.threads,
         remove_extra_whitespaces: true,
     };
