@@ -113,8 +113,17 @@ fn run(args: Args) -> Result<()> {
             seed: args.seed,
         });
     }
-    for s in runner.skipped() {
-        eprintln!("needle-run: {} unavailable: {}", s.provider, s.reason);
+    if !runner.skipped().is_empty() {
+        let skipped: Vec<String> = runner
+            .skipped()
+            .iter()
+            .map(|s| format!("{} ({})", s.provider, s.reason))
+            .collect();
+        eprintln!(
+            "needle-run: using {}; unavailable: {}",
+            runner.provider(),
+            skipped.join("; ")
+        );
     }
     let max_new = args.max_new_tokens as usize;
     if let Some(text) = &args.raw {
