@@ -127,6 +127,7 @@ pub struct GraphBuilder {
     domains: BTreeMap<String, i64>,
     inputs: Vec<ValueInfoProto>,
     outputs: Vec<ValueInfoProto>,
+    value_infos: Vec<ValueInfoProto>,
 }
 
 impl GraphBuilder {
@@ -148,6 +149,7 @@ impl GraphBuilder {
             domains,
             inputs: Vec::new(),
             outputs: Vec::new(),
+            value_infos: Vec::new(),
         }
     }
 
@@ -178,6 +180,17 @@ impl GraphBuilder {
     pub fn input(&mut self, name: &str, elem_type: i32, dims: &[Dim]) -> Value {
         self.inputs.push(value_info(name, elem_type, dims));
         Value(Rc::from(name))
+    }
+
+    /// Records the shape of an intermediate `value` in `value_info`. ONNX shape
+    /// inference cannot add symbolic dimensions (`past_sequence + sequence`) and
+    /// invents a fresh `unk__N` symbol wherever it meets one; naming the shape at
+    /// those places keeps every later tensor on the contract's symbols, which
+    /// onnxruntime's session creation needs (thousands of fresh symbols made it
+    /// take seconds).
+    pub fn declare(&mut self, value: &Value, elem_type: i32, dims: &[Dim]) {
+        self.value_infos
+            .push(value_info(value.name(), elem_type, dims));
     }
 
     /// Declares `value` as the graph output `name` (through an Identity node).
@@ -353,7 +366,7 @@ impl GraphBuilder {
                 doc_string: String::new(),
                 input: self.inputs,
                 output: self.outputs,
-                value_info: Vec::new(),
+                value_info: self.value_infos,
             }),
             opset_import: self
                 .domains

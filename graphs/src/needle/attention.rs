@@ -9,7 +9,7 @@
 //!                                                      └▶ present_k, present_v [B,KV,T,hd]
 //! ```
 
-use crate::builder::{Attr, GraphBuilder, MatMulWeights, Precision, Value, MS_DOMAIN};
+use crate::builder::{Attr, Dim, GraphBuilder, MatMulWeights, Precision, Value, MS_DOMAIN};
 use crate::needle::block_quant::matmul_nbits;
 use crate::needle::norms::zc_rms_norm;
 use crate::needle::{Config, LayerWeights, Tensor};
@@ -238,7 +238,20 @@ fn fused_core(
     );
     let value = outs.pop().unwrap();
     let key = outs.pop().unwrap();
-    (outs.pop().unwrap(), KvPair { key, value })
+    let out = outs.pop().unwrap();
+    let float = b.precision().data_type();
+    b.declare(
+        &out,
+        float,
+        &[
+            Dim::Named("batch"),
+            Dim::Named("sequence"),
+            Dim::Fixed(cfg.num_heads * cfg.head_dim),
+        ],
+    );
+    let pair = KvPair { key, value };
+    declare_present(b, &pair, cfg);
+    (out, pair)
 }
 
 /// Plain scaled-dot-product attention with grouped KV heads (q, k, v `[B,S,N·hd]`):
@@ -265,10 +278,22 @@ fn reference_core(
     let v_new = b.transpose(&v, &[0, 2, 1, 3]);
     let key = b.concat(&[&past.key, &k_new], 2);
     let value = b.concat(&[&past.value, &v_new], 2);
+    let present = KvPair { key, value };
+    declare_present(b, &present, cfg);
+    let KvPair { key, value } = present;
 
     let q = b.reshape(q, &[0, 0, h, hd]);
     let q = b.transpose(&q, &[0, 2, 1, 3]);
     let q = b.reshape(&q, &[0, kv, h / kv, -1, hd]);
+    let float = b.precision().data_type();
+    let dims = [
+        Dim::Named("batch"),
+        Dim::Fixed(cfg.num_kv_heads),
+        Dim::Fixed(cfg.num_heads / cfg.num_kv_heads),
+        Dim::Named("sequence"),
+        Dim::Fixed(cfg.head_dim),
+    ];
+    b.declare(&q, float, &dims);
     let kt = b.transpose(&key, &[0, 1, 3, 2]);
     let kt = b.unsqueeze(&kt, &[2]);
     let scores = b.matmul(&q, &kt);
@@ -283,7 +308,27 @@ fn reference_core(
     let v5 = b.unsqueeze(&value, &[2]);
     let out = b.matmul(&probs, &v5);
     let out = b.reshape(&out, &[0, h, -1, hd]);
+    let dims = [
+        Dim::Named("batch"),
+        Dim::Fixed(cfg.num_heads),
+        Dim::Named("sequence"),
+        Dim::Fixed(cfg.head_dim),
+    ];
+    b.declare(&out, float, &dims);
     let out = b.transpose(&out, &[0, 2, 1, 3]);
     let out = b.reshape(&out, &[0, 0, h * hd]);
     (out, KvPair { key, value })
+}
+
+/// `[batch, num_kv_heads, total_sequence, head_dim]` on both present tensors.
+fn declare_present(b: &mut GraphBuilder, present: &KvPair, cfg: &Config) {
+    let float = b.precision().data_type();
+    let dims = [
+        Dim::Named("batch"),
+        Dim::Fixed(cfg.num_kv_heads),
+        Dim::Named("total_sequence"),
+        Dim::Fixed(cfg.head_dim),
+    ];
+    b.declare(&present.key, float, &dims);
+    b.declare(&present.value, float, &dims);
 }

@@ -15,10 +15,11 @@
 //! At the site's layer (`Block.__call__` with `engram_kv`):
 //! `x + σ(⟨rms_unit(x), ek⟩ / √d) · ev`.
 
-use crate::builder::{GraphBuilder, Value};
+use crate::builder::{Dim, GraphBuilder, Value};
 use crate::needle::attention::projection;
 use crate::needle::norms::rms_unit;
 use crate::needle::{Config, EngramWeights};
+use crate::onnx::data_type;
 
 const SEED: u64 = 0x9E37_79B9;
 const PRIME: i64 = 0x0100_0193;
@@ -55,7 +56,7 @@ pub fn hashed_rows(b: &mut GraphBuilder, ids: &Value, cfg: &Config) -> Value {
                 let seed = (SEED * (table as u64 + 1)) & MASK32 as u64;
                 let mut acc = b.scalar_i64(seed as i64);
                 for j in 0..order {
-                    let tok = shift_right(b, ids, 2, j);
+                    let tok = shift_right(b, ids, j, data_type::INT64, &WINDOW_DIMS);
                     let x = b.op1("BitwiseXor", &[&acc, &tok], vec![]);
                     let prime = b.scalar_i64(PRIME);
                     let m = b.mul(&x, &prime);
@@ -87,12 +88,16 @@ pub fn engram(
 ) -> EngramKv {
     let (nt, sub) = (cfg.num_engram_tables, cfg.engram_sub_dim);
     let history = history_len(cfg) as i64;
+    let float = b.precision().data_type();
+    let [batch, window_len] = WINDOW_DIMS;
+    let v_dims = [batch.clone(), window_len, Dim::Fixed(cfg.d_model)];
+    let new_dims = [batch, Dim::Named("sequence"), Dim::Fixed(cfg.d_model)];
     let tables = b.weight("embedding", &w.tables.shape, &w.tables.data);
     let fetched = b.gather(&tables, rows, 0);
     let per_table: Vec<Value> = (0..nt)
         .map(|t| {
             let order = cfg.engram_orders[t / (nt / cfg.engram_orders.len())];
-            shift_right(b, &window.valid, 2, order - 1)
+            shift_right(b, &window.valid, order - 1, float, &WINDOW_DIMS)
         })
         .collect();
     let per_table: Vec<Value> = per_table
@@ -105,6 +110,15 @@ pub fn engram(
     let e = b.reshape(&fetched, &[0, 0, (nt * sub) as i64]);
 
     let e_new = b.slice(&e, 1, history, i64::MAX);
+    b.declare(
+        &e_new,
+        float,
+        &[
+            Dim::Named("batch"),
+            Dim::Named("sequence"),
+            Dim::Fixed(nt * sub),
+        ],
+    );
     let key = projection(b, &e_new, "key_proj", &w.key_proj);
     let key_unit = rms_unit(b, &key);
 
@@ -115,8 +129,8 @@ pub fn engram(
         let tap = b.scalar_i64(j as i64);
         let tap = b.gather(&taps, &tap, 0);
         let shift = j * cfg.engram_conv_dilation;
-        let shifted = shift_right(b, &v, 3, shift);
-        let ok = shift_right(b, &window.valid, 2, shift);
+        let shifted = shift_right(b, &v, shift, float, &v_dims);
+        let ok = shift_right(b, &window.valid, shift, float, &WINDOW_DIMS);
         let ok = b.unsqueeze(&ok, &[-1]);
         let term = b.mul(&tap, &shifted);
         let term = b.mul(&term, &ok);
@@ -126,6 +140,7 @@ pub fn engram(
         });
     }
     let value = b.slice(&conv.expect("conv_taps > 0"), 1, history, i64::MAX);
+    b.declare(&value, float, &new_dims);
     EngramKv { key_unit, value }
 }
 
@@ -144,10 +159,22 @@ pub fn inject(b: &mut GraphBuilder, x: &Value, kv: &EngramKv, d_model: usize) ->
 }
 
 /// `x` shifted right by `k` along axis 1 (rank `rank`), zeros entering at the front.
-pub fn shift_right(b: &mut GraphBuilder, x: &Value, rank: usize, k: usize) -> Value {
+/// `dims`/`elem_type` are `x`'s, declared on the result so shape inference keeps them.
+pub fn shift_right(
+    b: &mut GraphBuilder,
+    x: &Value,
+    k: usize,
+    elem_type: i32,
+    dims: &[Dim],
+) -> Value {
     if k == 0 {
         return x.clone();
     }
-    let padded = b.pad_front(x, rank, 1, k as i64);
-    b.slice(&padded, 1, 0, -(k as i64))
+    let padded = b.pad_front(x, dims.len(), 1, k as i64);
+    let shifted = b.slice(&padded, 1, 0, -(k as i64));
+    b.declare(&shifted, elem_type, dims);
+    shifted
 }
+
+/// `[batch, engram_window]`: the window of `W + sequence` positions the engram reads.
+pub const WINDOW_DIMS: [Dim; 2] = [Dim::Named("batch"), Dim::Named("engram_window")];

@@ -88,6 +88,11 @@ pub fn build(
         attention_ctx(b, cfg, kind, &input_ids, &mask, &past_len)
     });
     let all_ids = b_.scope("engram_history", |b| b.concat(&[&past_ids, &input_ids], 1));
+    b_.declare(
+        &all_ids,
+        data_type::INT64,
+        &[Dim::Named("batch"), Dim::Named("total_sequence")],
+    );
     let engram_kv = engrams(b_, cfg, w, &all_ids, &mask, &past_len);
 
     let x = b_.scope("embed_tokens", |b| {
@@ -204,6 +209,7 @@ fn attention_ctx(
     let end = b.squeeze(&total_len, &[0]);
     let one = b.scalar_i64(1);
     let positions = b.op1("Range", &[&start, &end, &one], vec![]);
+    b.declare(&positions, data_type::INT64, &[Dim::Named("sequence")]);
     let (cos_table, sin_table) = rope_tables(cfg);
     let half = cfg.head_dim / 2;
     let cos = b.const_float(&[cfg.max_seq_len, half], &cos_table);
@@ -212,6 +218,11 @@ fn attention_ctx(
         let row = b.unsqueeze(&positions, &[0]);
         let batch_seq = b.shape_of(input_ids, 0, 2);
         let position_ids = b.op1("Expand", &[&row, &batch_seq], vec![]);
+        b.declare(
+            &position_ids,
+            data_type::INT64,
+            &[Dim::Named("batch"), Dim::Named("sequence")],
+        );
         Rope::Kernel {
             cos_cache: cos,
             sin_cache: sin,
@@ -241,6 +252,7 @@ fn attention_ctx(
         AttentionKind::Reference => {
             let zero = b.scalar_i64(0);
             let keys = b.op1("Range", &[&zero, &end, &one], vec![]);
+            b.declare(&keys, data_type::INT64, &[Dim::Named("total_sequence")]);
             let k_row = b.unsqueeze(&keys, &[0]);
             let q_col = b.unsqueeze(&positions, &[1]);
             let mut visible = b.op1("LessOrEqual", &[&k_row, &q_col], vec![]);
@@ -253,6 +265,14 @@ fn attention_ctx(
             let key_valid = b.cast(mask, data_type::BOOL);
             let key_valid = b.unsqueeze(&key_valid, &[1, 2, 3]);
             let visible = b.op1("And", &[&visible, &key_valid], vec![]);
+            let dims = [
+                Dim::Named("batch"),
+                Dim::Fixed(1),
+                Dim::Fixed(1),
+                Dim::Named("sequence"),
+                Dim::Named("total_sequence"),
+            ];
+            b.declare(&visible, data_type::BOOL, &dims);
             CoreInputs::Reference { visible }
         }
     };
@@ -306,6 +326,8 @@ fn engrams(
         let valid = b.pad_front(mask, 2, 1, history);
         let valid = b.slice_from(&valid, 1, past_len);
         let valid = b.cast(&valid, b.precision().data_type());
+        b.declare(&ids, data_type::INT64, &engram::WINDOW_DIMS);
+        b.declare(&valid, b.precision().data_type(), &engram::WINDOW_DIMS);
         EngramWindow { ids, valid }
     });
     let rows = engram::hashed_rows(b, &window.ids, cfg);
