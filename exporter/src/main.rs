@@ -7,6 +7,7 @@ use exporter::cli::{PrecisionArg, WeightsArg};
 use exporter::export::{export, ExportOptions, Source};
 use exporter::output::write_atomically;
 use graphs::needle::AttentionKind;
+use std::io::{stdout, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -94,11 +95,11 @@ fn run(args: Args) -> Result<()> {
             export(&cact, &source, &opts).with_context(|| format!("{}", args.model.display()))?;
         write_atomically(path, &onnx)
             .with_context(|| format!("{}: cannot write", path.display()))?;
-        println!("wrote {} ({} bytes)", path.display(), onnx.len());
+        writeln!(stdout(), "wrote {} ({} bytes)", path.display(), onnx.len())?;
     }
     write_atomically(&tokenizer_path, tokenizer.to_json().as_bytes())
         .with_context(|| format!("{}: cannot write", tokenizer_path.display()))?;
-    println!("wrote {}", tokenizer_path.display());
+    writeln!(stdout(), "wrote {}", tokenizer_path.display())?;
     Ok(())
 }
 

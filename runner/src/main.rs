@@ -11,6 +11,7 @@ use runner::model::{LoadOptions, ModelSource, DEMO_TOOLS};
 use runner::provider::Provider;
 use runner::runner::Runner;
 use serde_json::Value;
+use std::io::{stdout, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -129,14 +130,14 @@ fn run(args: Args) -> Result<()> {
     if let Some(text) = &args.raw {
         let r = runner.continue_raw(text, max_new)?;
         if args.json {
-            println!("{}", serde_json::to_string(&r)?);
+            writeln!(stdout(), "{}", serde_json::to_string(&r)?)?;
         } else {
-            println!("{}", r.text);
+            writeln!(stdout(), "{}", r.text)?;
         }
     } else {
         let query = args.query.as_deref().unwrap_or_default();
         let r = runner.complete(&tools, query, args.system.as_deref(), max_new)?;
-        println!("{}", serde_json::to_string(&r)?);
+        writeln!(stdout(), "{}", serde_json::to_string(&r)?)?;
     }
     Ok(())
 }
