@@ -22,7 +22,9 @@ use tokenizers::decoders::strip::Strip;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::normalizers::replace::ReplacePattern;
 use tokenizers::normalizers::{Prepend, Replace, Sequence};
-use tokenizers::{AddedToken, DecoderWrapper, Model, NormalizerWrapper, Tokenizer};
+use tokenizers::{
+    AddedToken, DecoderWrapper, Model, NormalizedString, Normalizer, NormalizerWrapper, Tokenizer,
+};
 
 const SPACE: char = '▁';
 const UNK_SURFACE: &str = " \u{2047} ";
@@ -78,12 +80,24 @@ impl NeedleTokenizer {
             .filter(|p| p.kind == PieceKind::UserDefined)
             .map(|p| p.text.as_str())
             .collect();
+        let normalizer = normalizer(&markers, spec.add_dummy_prefix, remove_extra_whitespaces)?;
+        // HF matches added tokens by their normalized form: one that normalizes
+        // to nothing (e.g. `▁` or "") would match the empty string, on which
+        // `tokenizers` panics ("AddedVocabulary bad split") when encoding.
+        for (id, piece) in spec.pieces.iter().enumerate() {
+            if piece.kind == PieceKind::UserDefined {
+                let mut normalized = NormalizedString::from(piece.text.as_str());
+                normalizer.normalize(&mut normalized).map_err(anyhow::Error::msg)?;
+                if normalized.get().is_empty() {
+                    bail!(
+                        "tokenizer piece {id} is a user-defined symbol ({:?}) that normalizes to nothing",
+                        piece.text
+                    );
+                }
+            }
+        }
         let mut inner = Tokenizer::new(bpe);
-        inner.with_normalizer(Some(normalizer(
-            &markers,
-            spec.add_dummy_prefix,
-            remove_extra_whitespaces,
-        )?));
+        inner.with_normalizer(Some(normalizer));
         inner.with_decoder(Some(decoder(spec.add_dummy_prefix)));
         let added: Vec<AddedToken> = markers
             .iter()
