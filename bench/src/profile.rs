@@ -1,0 +1,187 @@
+//! `needle-bench --profile`: onnxruntime's profiler on decode steps of the fused fp32
+//! graph, summarised by op type, by block and by node (layer numbers folded together).
+
+use crate::measure::{step, tokens};
+use crate::Plan;
+use anyhow::{anyhow, Context, Result};
+use exporter::cact::CactFile;
+use exporter::export::{export, ExportOptions, Source};
+use graphs::builder::{MatMulWeights, Precision};
+use graphs::needle::AttentionKind;
+use runner::provider::{session_builder, Provider};
+use runner::session::NeedleSession;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+
+/// Decode steps profiled per past length.
+const PROFILED_STEPS: usize = 16;
+
+/// For each of the plan's decode lengths: a fresh profiled session, a prefill of that
+/// length, one warm-up step and `PROFILED_STEPS` profiled steps; prints the summary
+/// tables. The raw traces stay in `dir`.
+pub fn run(model: &Path, threads: usize, plan: &Plan, dir: &Path) -> Result<()> {
+    let bytes = std::fs::read(model).with_context(|| format!("cannot read {}", model.display()))?;
+    let cact = CactFile::parse(&bytes).with_context(|| format!("{}", model.display()))?;
+    let source = Source::of(&model.file_name().unwrap_or_default().to_string_lossy(), &bytes);
+    let opts = ExportOptions {
+        attention: AttentionKind::Fused,
+        precision: Precision::Fp32,
+        matmul_weights: MatMulWeights::Float,
+        tokenizer_file: None,
+        remove_extra_whitespaces: true,
+    };
+    let onnx = export(&cact, &source, &opts)?;
+    drop((cact, bytes));
+    std::fs::create_dir_all(dir)?;
+    let env = runner::ort_env::init()?;
+    for &past in &plan.decode_past {
+        let prefix = dir.join(format!("decode-{threads}t-{past}"));
+        let mut registered = session_builder(env, Provider::Cpu, false, threads)?;
+        registered.builder = registered.builder.with_profiling(&prefix).map_err(|e| anyhow!("{e}"))?;
+        let mut session = NeedleSession::from_memory(&onnx, registered)?;
+        let vocab = session.config.vocab;
+        let out = session.forward(&tokens(past, vocab, 7), 1, session.empty_cache(1)?)?;
+        let mut out = step(&mut session, out, vocab)?;
+        for _ in 0..PROFILED_STEPS {
+            out = step(&mut session, out, vocab)?;
+        }
+        drop(out);
+        drop(session);
+        let trace = newest_trace(dir, &prefix)?;
+        let events: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&trace)?)
+            .with_context(|| format!("{}: not a JSON trace", trace.display()))?;
+        print!("{}", summarise(&events, PROFILED_STEPS, past, threads, &trace));
+    }
+    Ok(())
+}
+
+fn newest_trace(dir: &Path, prefix: &Path) -> Result<PathBuf> {
+    let stem = format!("{}_", prefix.file_name().unwrap_or_default().to_string_lossy());
+    std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.starts_with(&stem) && name.ends_with(".json")
+        })
+        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
+        .map(|e| e.path())
+        .ok_or_else(|| anyhow!("onnxruntime wrote no profile under {}", dir.display()))
+}
+
+#[derive(Default, Clone, Copy)]
+struct Tally {
+    micros: f64,
+    count: usize,
+}
+
+/// The markdown summary of the last `steps` `model_run`s in `events`.
+fn summarise(events: &[Value], steps: usize, past: usize, threads: usize, trace: &Path) -> String {
+    let field = |e: &Value, k: &str| e.get(k).and_then(Value::as_f64).unwrap_or(0.0);
+    let text = |e: &Value, k: &str| e.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+    let mut runs: Vec<(f64, f64)> = events
+        .iter()
+        .filter(|e| text(e, "cat") == "Session" && text(e, "name") == "model_run")
+        .map(|e| (field(e, "ts"), field(e, "dur")))
+        .collect();
+    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let runs = &runs[runs.len().saturating_sub(steps)..];
+    let run_micros: f64 = runs.iter().map(|r| r.1).sum();
+    let inside = |ts: f64| runs.iter().any(|&(start, dur)| ts >= start && ts <= start + dur);
+
+    let (mut by_op, mut by_block, mut by_node) = (HashMap::new(), HashMap::new(), HashMap::new());
+    let mut kernel_micros = 0.0;
+    for e in events {
+        let name = text(e, "name");
+        if text(e, "cat") != "Node" || !name.ends_with("_kernel_time") || !inside(field(e, "ts")) {
+            continue;
+        }
+        let node = name.trim_end_matches("_kernel_time");
+        let op = e.pointer("/args/op_name").and_then(Value::as_str).unwrap_or("?").to_string();
+        let dur = field(e, "dur");
+        kernel_micros += dur;
+        for (map, key) in [(&mut by_op, op.clone()), (&mut by_block, block_of(node)), (&mut by_node, format!("{} ({op})", fold_layers(node)))] {
+            let t: &mut Tally = map.entry(key).or_default();
+            t.micros += dur;
+            t.count += 1;
+        }
+    }
+
+    let n = runs.len().max(1) as f64;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "### Decode profile: fused fp32 graph, {threads} thread(s), {} one-token steps after {past} past tokens \
+         (trace: {}).\n\nPer step: {:.0} µs in `Run`, {:.0} µs inside kernels ({:.0}%), {:.0} kernel calls.\n",
+        runs.len(),
+        trace.display(),
+        run_micros / n,
+        kernel_micros / n,
+        100.0 * kernel_micros / run_micros.max(1e-9),
+        by_op.values().map(|t: &Tally| t.count).sum::<usize>() as f64 / n,
+    );
+    table(&mut s, "op type", &by_op, kernel_micros, n, 15);
+    table(&mut s, "block", &by_block, kernel_micros, n, 15);
+    table(&mut s, "node (all layers)", &by_node, kernel_micros, n, 15);
+    s
+}
+
+fn table(s: &mut String, what: &str, map: &HashMap<String, Tally>, total: f64, runs: f64, top: usize) {
+    let mut rows: Vec<(&String, &Tally)> = map.iter().collect();
+    rows.sort_by(|a, b| b.1.micros.total_cmp(&a.1.micros));
+    let _ = writeln!(s, "| {what} | µs / step | share | calls / step |\n|---|---:|---:|---:|");
+    for (key, t) in rows.iter().take(top) {
+        let _ = writeln!(s, "| `{key}` | {:.0} | {:.1}% | {:.0} |", t.micros / runs, 100.0 * t.micros / total.max(1e-9), t.count as f64 / runs);
+    }
+    if rows.len() > top {
+        let rest: f64 = rows[top..].iter().map(|r| r.1.micros).sum();
+        let calls: usize = rows[top..].iter().map(|r| r.1.count).sum();
+        let _ = writeln!(s, "| {} others | {:.0} | {:.1}% | {:.0} |", rows.len() - top, rest / runs, 100.0 * rest / total.max(1e-9), calls as f64 / runs);
+    }
+    s.push('\n');
+}
+
+/// The block a node belongs to: `layers.N/<scope>` → `<scope>`; nodes directly in a
+/// layer's scope are the hyper-connections; outside the layers, the top scope; nodes
+/// onnxruntime named itself, as they are.
+fn block_of(node: &str) -> String {
+    let Some(path) = node.strip_prefix("/model/") else {
+        return format!("(onnxruntime) {}", fold_layers(node));
+    };
+    let parts: Vec<&str> = path.split('/').collect();
+    match parts.as_slice() {
+        [layer, scope, _, ..] if layer.starts_with("layers.") => fold_digits(scope),
+        [layer, ..] if layer.starts_with("layers.") => "hyper_connections (layer scope)".to_string(),
+        [top, _, ..] => fold_digits(top),
+        _ => "(unscoped)".to_string(),
+    }
+}
+
+/// `/model/layers.12/sinkhorn/Sub_7` → `/model/layers.*/sinkhorn/Sub_*`: layers and
+/// repeats within a scope folded together.
+fn fold_layers(node: &str) -> String {
+    let parts: Vec<&str> = node.split('/').collect();
+    let last = parts.len() - 1;
+    let folded: Vec<String> = parts
+        .iter()
+        .enumerate()
+        .map(|(i, part)| match (part.strip_prefix("layers."), part.rsplit_once('_')) {
+            (Some(n), _) if is_number(n) => "layers.*".to_string(),
+            (_, Some((op, n))) if i == last && is_number(n) => format!("{op}_*"),
+            _ => part.to_string(),
+        })
+        .collect();
+    folded.join("/")
+}
+
+fn is_number(s: &str) -> bool {
+    !s.is_empty() && s.chars().all(|c| c.is_ascii_digit())
+}
+
+fn fold_digits(scope: &str) -> String {
+    match scope.split_once('.') {
+        Some((head, n)) if is_number(n) => format!("{head}.*"),
+        _ => scope.to_string(),
+    }
+}
