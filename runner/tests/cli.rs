@@ -176,3 +176,22 @@ fn bad_input_is_a_clear_error() {
     let long = "word ".repeat(600);
     fails_with(&run(&["--provider", "cpu", "--raw", &long]), "max_seq_len");
 }
+
+#[test]
+fn an_onnx_that_needle_export_did_not_write_is_a_clear_error() {
+    use graphs::builder::{Dim, GraphBuilder, MatMulWeights, Opset, Precision};
+    use graphs::onnx::data_type;
+    use prost::Message;
+    let mut b = GraphBuilder::new(Opset::V21, Precision::Fp32, MatMulWeights::Float);
+    let x = b.input("x", data_type::FLOAT, &[Dim::Fixed(1)]);
+    b.output(&x, "y", data_type::FLOAT, &[Dim::Fixed(1)]);
+    let dir = std::env::temp_dir().join(format!("needle-run-foreign-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("identity.onnx");
+    std::fs::write(&path, b.finish("identity", Vec::new()).encode_to_vec()).unwrap();
+    let p = path.display().to_string();
+    fails_with(
+        &run(&["--model", &p, "--provider", "cpu", "--query", "hi"]),
+        "not a needle-export graph",
+    );
+}
