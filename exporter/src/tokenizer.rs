@@ -87,7 +87,9 @@ impl NeedleTokenizer {
         for (id, piece) in spec.pieces.iter().enumerate() {
             if piece.kind == PieceKind::UserDefined {
                 let mut normalized = NormalizedString::from(piece.text.as_str());
-                normalizer.normalize(&mut normalized).map_err(anyhow::Error::msg)?;
+                normalizer
+                    .normalize(&mut normalized)
+                    .map_err(anyhow::Error::msg)?;
                 if normalized.get().is_empty() {
                     bail!(
                         "tokenizer piece {id} is a user-defined symbol ({:?}) that normalizes to nothing",

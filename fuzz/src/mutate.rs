@@ -38,10 +38,53 @@ impl Rng {
 /// normalizers rewrite or drop), regex metacharacters (markers become regex
 /// alternatives), multi-byte and odd Unicode, byte-piece spellings.
 const ATOMS: &[&str] = &[
-    "", " ", "  ", "\u{2581}", "\u{2581}\u{2581}", "a", "b", "ab", "<", ">", "|", "<|im_start|>",
-    "<|im_end|>", "\\", "(", ")", "[", "]", "{", "}", "?", "*", "+", ".", "^", "$", "#", "-",
-    "\n", "\t", "\r", "\u{0}", "\u{f6}", "\u{65e5}", "\u{1F600}", "\u{301}", "\u{FEFF}",
-    "\u{2047}", "\u{FFFD}", "<0x41>", "<0x0A>", "<0xC3>", "<unk>", "<s>", "</s>", "(?", "\\z",
+    "",
+    " ",
+    "  ",
+    "\u{2581}",
+    "\u{2581}\u{2581}",
+    "a",
+    "b",
+    "ab",
+    "<",
+    ">",
+    "|",
+    "<|im_start|>",
+    "<|im_end|>",
+    "\\",
+    "(",
+    ")",
+    "[",
+    "]",
+    "{",
+    "}",
+    "?",
+    "*",
+    "+",
+    ".",
+    "^",
+    "$",
+    "#",
+    "-",
+    "\n",
+    "\t",
+    "\r",
+    "\u{0}",
+    "\u{f6}",
+    "\u{65e5}",
+    "\u{1F600}",
+    "\u{301}",
+    "\u{FEFF}",
+    "\u{2047}",
+    "\u{FFFD}",
+    "<0x41>",
+    "<0x0A>",
+    "<0xC3>",
+    "<unk>",
+    "<s>",
+    "</s>",
+    "(?",
+    "\\z",
     "\\A",
 ];
 
@@ -190,7 +233,12 @@ fn get_u64(b: &[u8], at: usize) -> Option<u64> {
 fn interesting(rng: &mut Rng, current: u64, file_len: usize) -> u64 {
     match rng.below(8) {
         0 => *rng.pick(&[0, 1, 2, 3, 4, 5, 7, 8, 16, 64, 128, 256, 1024, 2048]),
-        1 => *rng.pick(&[u32::MAX as u64, u32::MAX as u64 - 1, 1 << 31, u16::MAX as u64 + 1]),
+        1 => *rng.pick(&[
+            u32::MAX as u64,
+            u32::MAX as u64 - 1,
+            1 << 31,
+            u16::MAX as u64 + 1,
+        ]),
         2 => *rng.pick(&[u64::MAX, u64::MAX - 63, 1 << 63, 1 << 32]),
         3 => file_len as u64 - rng.below(2) as u64,
         4 => current.wrapping_add(1),
@@ -244,7 +292,8 @@ pub fn mutate_cact(file: &[u8], rng: &mut Rng) -> Option<Vec<u8>> {
         _ => {
             let at = 4 * (1 + rng.below(28));
             let value = interesting(rng, get_u32(file, at)? as u64, file.len()) as u32;
-            out.get_mut(at..at + 4)?.copy_from_slice(&value.to_le_bytes());
+            out.get_mut(at..at + 4)?
+                .copy_from_slice(&value.to_le_bytes());
         }
     }
     Some(out)
