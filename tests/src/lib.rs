@@ -3,7 +3,7 @@
 
 use exporter::cact::CactFile;
 use exporter::export::{export, ExportOptions, Source};
-use graphs::builder::Precision;
+use graphs::builder::{MatMulWeights, Precision};
 use graphs::needle::AttentionKind;
 use runner::provider::Provider;
 use runner::session::NeedleSession;
@@ -94,18 +94,34 @@ pub fn row_error(got: &[f32], reference: &[f32], len: usize, vocab: usize) -> f3
 /// The contract's tolerance on that error.
 pub const TOLERANCE: f32 = 1e-4;
 
-/// Exports `model` in memory and loads it on the CPU with one thread.
-pub fn session(model: &str, attention: AttentionKind) -> NeedleSession {
-    let path = fixture(&format!("{model}.cact"));
-    let bytes = std::fs::read(&path).unwrap();
-    let cact = CactFile::parse(&bytes).unwrap();
-    let opts = ExportOptions {
-        matmul_weights: graphs::builder::MatMulWeights::Float,
+/// The export options of a plain in-memory export with the given variant.
+pub fn options(
+    attention: AttentionKind,
+    precision: Precision,
+    matmul_weights: MatMulWeights,
+) -> ExportOptions {
+    ExportOptions {
         attention,
-        precision: Precision::Fp32,
+        precision,
+        matmul_weights,
         tokenizer_file: None,
         remove_extra_whitespaces: true,
-    };
-    let onnx = export(&cact, &Source::of(&format!("{model}.cact"), &bytes), &opts).unwrap();
-    NeedleSession::create(&onnx, Provider::Cpu, false, 1).unwrap()
+    }
+}
+
+/// Exports `.cact` bytes with `opts` in memory and loads the graph on `provider` with one thread.
+pub fn session_of(cact: &[u8], opts: &ExportOptions, provider: Provider) -> NeedleSession {
+    let parsed = CactFile::parse(cact).unwrap();
+    let onnx = export(&parsed, &Source::of("model.cact", cact), opts).unwrap();
+    NeedleSession::create(&onnx, provider, false, 1).unwrap()
+}
+
+/// Exports fixture `model` (fp32, dense weights) and loads it on the CPU with one thread.
+pub fn session(model: &str, attention: AttentionKind) -> NeedleSession {
+    let bytes = std::fs::read(fixture(&format!("{model}.cact"))).unwrap();
+    session_of(
+        &bytes,
+        &options(attention, Precision::Fp32, MatMulWeights::Float),
+        Provider::Cpu,
+    )
 }

@@ -3,10 +3,9 @@
 //! set (the exact model's own greedy answers), and the logit error on upstream case D.
 
 use exporter::cact::CactFile;
-use exporter::export::{export, ExportOptions, Source};
 use graphs::builder::{MatMulWeights, Precision};
 use graphs::needle::AttentionKind;
-use needle_tests::{cases, fixture, repo_root, row_error};
+use needle_tests::{cases, fixture, options, repo_root, row_error, session_of};
 use runner::generate::{argmax, generate, GenerateOptions, Sampling};
 use runner::prompt::render_prompt;
 use runner::provider::Provider;
@@ -15,21 +14,11 @@ use runner::tokenizer::NeedleTokenizer;
 use serde_json::Value;
 
 fn session(bytes: &[u8], weights: MatMulWeights) -> NeedleSession {
-    let cact = CactFile::parse(bytes).unwrap();
-    let opts = ExportOptions {
-        matmul_weights: weights,
-        attention: AttentionKind::Fused,
-        precision: Precision::Fp32,
-        tokenizer_file: None,
-        remove_extra_whitespaces: true,
-    };
-    NeedleSession::create(
-        &export(&cact, &Source::of("m", bytes), &opts).unwrap(),
+    session_of(
+        bytes,
+        &options(AttentionKind::Fused, Precision::Fp32, weights),
         Provider::Cpu,
-        false,
-        1,
     )
-    .unwrap()
 }
 
 /// Fraction of the exact model's greedy tokens that `weights` also picks, given the same prefix.

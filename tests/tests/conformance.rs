@@ -99,25 +99,14 @@ fn fused_and_reference_variants_agree() {
 /// checks it stays a faithful rounding of the model (relative error and argmax).
 #[test]
 fn fp16_graphs_stay_close_to_upstream() {
-    use exporter::{
-        cact::CactFile,
-        export::{export, ExportOptions, Source},
-    };
-    use graphs::builder::Precision;
-    use runner::{provider::Provider, session::NeedleSession};
+    use graphs::builder::{MatMulWeights, Precision};
+    use needle_tests::{fixture, options, session_of};
+    use runner::provider::Provider;
     for model in ["m48", "m64", "m96"] {
-        let bytes = std::fs::read(needle_tests::fixture(&format!("{model}.cact"))).unwrap();
-        let cact = CactFile::parse(&bytes).unwrap();
+        let bytes = std::fs::read(fixture(&format!("{model}.cact"))).unwrap();
         for kind in [Fused, Reference] {
-            let opts = ExportOptions {
-                matmul_weights: graphs::builder::MatMulWeights::Float,
-                attention: kind,
-                precision: Precision::Fp16,
-                tokenizer_file: None,
-                remove_extra_whitespaces: true,
-            };
-            let onnx = export(&cact, &Source::of(model, &bytes), &opts).unwrap();
-            let mut s = NeedleSession::create(&onnx, Provider::Cpu, false, 1).unwrap();
+            let opts = options(kind, Precision::Fp16, MatMulWeights::Float);
+            let mut s = session_of(&bytes, &opts, Provider::Cpu);
             let case = cases(model).into_iter().find(|c| c.name == "D").unwrap();
             let vocab = s.config.vocab;
             let got = s

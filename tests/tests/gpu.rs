@@ -7,27 +7,19 @@
 //!     cargo test -p needle-tests --test gpu -- --ignored --nocapture
 //! ```
 
-use exporter::cact::CactFile;
-use exporter::export::{export, ExportOptions, Source};
-use graphs::builder::Precision;
+use graphs::builder::{MatMulWeights, Precision};
 use graphs::needle::AttentionKind;
-use needle_tests::{cases, fixture, row_error};
+use needle_tests::{cases, fixture, options, row_error, session_of};
 use runner::provider::Provider;
-use runner::session::NeedleSession;
 
 fn check(provider: Provider, attention: AttentionKind, precision: Precision, bound: f32) {
     for model in ["m48", "m64", "m96"] {
         let bytes = std::fs::read(fixture(&format!("{model}.cact"))).unwrap();
-        let cact = CactFile::parse(&bytes).unwrap();
-        let opts = ExportOptions {
-            matmul_weights: graphs::builder::MatMulWeights::Float,
-            attention,
-            precision,
-            tokenizer_file: None,
-            remove_extra_whitespaces: true,
-        };
-        let onnx = export(&cact, &Source::of(model, &bytes), &opts).unwrap();
-        let mut s = NeedleSession::create(&onnx, provider, false, 1).unwrap();
+        let mut s = session_of(
+            &bytes,
+            &options(attention, precision, MatMulWeights::Float),
+            provider,
+        );
         assert_eq!(s.provider, provider);
         for case in cases(model) {
             let got = s

@@ -3,24 +3,18 @@
 //! initializer used, the contract's interface, and the domains per variant.
 
 use exporter::cact::CactFile;
-use exporter::export::{export, ExportOptions, Source};
+use exporter::export::{export, Source};
 use graphs::builder::{MatMulWeights, Precision};
 use graphs::needle::AttentionKind;
 use graphs::onnx::{DimensionValue, ModelProto, ValueInfoProto};
-use needle_tests::fixture;
+use needle_tests::{fixture, options};
 use prost::Message;
 use std::collections::HashSet;
 
 fn model(name: &str, attention: AttentionKind, matmul_weights: MatMulWeights) -> ModelProto {
     let bytes = std::fs::read(fixture(&format!("{name}.cact"))).unwrap();
     let cact = CactFile::parse(&bytes).unwrap();
-    let opts = ExportOptions {
-        attention,
-        precision: Precision::Fp32,
-        matmul_weights,
-        tokenizer_file: None,
-        remove_extra_whitespaces: true,
-    };
+    let opts = options(attention, Precision::Fp32, matmul_weights);
     ModelProto::decode(
         export(&cact, &Source::of(name, &bytes), &opts)
             .unwrap()
