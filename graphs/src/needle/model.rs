@@ -49,13 +49,12 @@ pub fn build(
     };
     let mut b = GraphBuilder::new(opset, precision, matmul_weights);
     let float = precision.data_type();
-    let b_ = &mut b;
-    let input_ids = b_.input(
+    let input_ids = b.input(
         "input_ids",
         data_type::INT64,
         &[Dim::Named("batch"), Dim::Named("sequence")],
     );
-    let mask = b_.input(
+    let mask = b.input(
         "attention_mask",
         data_type::INT64,
         &[Dim::Named("batch"), Dim::Named("total_sequence")],
@@ -72,30 +71,30 @@ pub fn build(
         .map(|i| {
             let [k, v, _, _] = kv_names(i);
             KvPair {
-                key: b_.input(&k, float, &cache_dims("past_sequence")),
-                value: b_.input(&v, float, &cache_dims("past_sequence")),
+                key: b.input(&k, float, &cache_dims("past_sequence")),
+                value: b.input(&v, float, &cache_dims("past_sequence")),
             }
         })
         .collect();
-    let past_ids = b_.input(
+    let past_ids = b.input(
         PAST_INPUT_IDS,
         data_type::INT64,
         &[Dim::Named("batch"), Dim::Named("past_sequence")],
     );
 
-    let past_len = b_.shape_of(&pasts[0].key, 2, 3);
-    let ctx = b_.scope("attn_ctx", |b| {
+    let past_len = b.shape_of(&pasts[0].key, 2, 3);
+    let ctx = b.scope("attn_ctx", |b| {
         attention_ctx(b, cfg, kind, &input_ids, &mask, &past_len)
     });
-    let all_ids = b_.scope("engram_history", |b| b.concat(&[&past_ids, &input_ids], 1));
-    b_.declare(
+    let all_ids = b.scope("engram_history", |b| b.concat(&[&past_ids, &input_ids], 1));
+    b.declare(
         &all_ids,
         data_type::INT64,
         &[Dim::Named("batch"), Dim::Named("total_sequence")],
     );
-    let engram_kv = engrams(b_, cfg, w, &all_ids, &mask, &past_len);
+    let engram_kv = engrams(&mut b, cfg, w, &all_ids, &mask, &past_len);
 
-    let x = b_.scope("embed_tokens", |b| {
+    let x = b.scope("embed_tokens", |b| {
         let emb = b.weight("embedding", &w.embedding.shape, &w.embedding.data);
         let x = b.gather(&emb, &input_ids, 0);
         let scale = b.scalar_float((cfg.d_model as f64).sqrt() as f32);
@@ -108,7 +107,7 @@ pub fn build(
 
     let mut presents = Vec::new();
     for (i, lw) in w.layers.iter().enumerate() {
-        b_.scope(format!("layers.{i}"), |b| {
+        b.scope(format!("layers.{i}"), |b| {
             let (u, mix) = hc_pre(b, &x, &w.mhc, i, cfg);
             let site = cfg.engram_sites.iter().position(|&s| s == i);
             let bx = match site {
@@ -124,7 +123,7 @@ pub fn build(
         });
     }
 
-    let logits = b_.scope("lm_head", |b| {
+    let logits = b.scope("lm_head", |b| {
         let x = b.reduce_mean(&x, &[2]);
         let x = b.squeeze(&x, &[2]);
         let x = zc_rms_norm(b, &x, "final_norm", &w.final_norm.data);
@@ -143,7 +142,7 @@ pub fn build(
         }
     });
 
-    b_.output(
+    b.output(
         &logits,
         "logits",
         data_type::FLOAT,
@@ -155,10 +154,10 @@ pub fn build(
     );
     for (i, p) in presents.iter().enumerate() {
         let [_, _, k, v] = kv_names(i);
-        b_.output(&p.key, &k, float, &cache_dims("total_sequence"));
-        b_.output(&p.value, &v, float, &cache_dims("total_sequence"));
+        b.output(&p.key, &k, float, &cache_dims("total_sequence"));
+        b.output(&p.value, &v, float, &cache_dims("total_sequence"));
     }
-    b_.output(
+    b.output(
         &all_ids,
         PRESENT_INPUT_IDS,
         data_type::INT64,
