@@ -45,7 +45,7 @@ struct Args {
     /// Graphs to measure: `fused` or `reference`, optionally with `-int8`/`-int4` MatMul weights.
     #[arg(long, value_delimiter = ',', default_value = "fused,reference")]
     variants: Vec<String>,
-    /// Profile decode steps of the fused fp32 graph instead (with --threads' first value).
+    /// Profile decode steps of the fused fp32 graph instead (for each --threads value).
     #[arg(long)]
     profile: bool,
     /// Child mode: measure one configuration and print it as JSON.
@@ -65,7 +65,11 @@ impl Variant {
     pub fn name(self) -> String {
         match self.weights {
             MatMulWeights::Float => attention_name(self.attention).to_string(),
-            w => format!("{}-{}", attention_name(self.attention), matmul_weights_name(w)),
+            w => format!(
+                "{}-{}",
+                attention_name(self.attention),
+                matmul_weights_name(w)
+            ),
         }
     }
 
@@ -103,9 +107,23 @@ pub struct Plan {
 impl Plan {
     fn new(quick: bool) -> Plan {
         if quick {
-            Plan { prefill: vec![8, 32], decode_past: vec![8, 32], steps: 2, reps: 1, copy_bytes: 64 << 20, copy_reps: 1 }
+            Plan {
+                prefill: vec![8, 32],
+                decode_past: vec![8, 32],
+                steps: 2,
+                reps: 1,
+                copy_bytes: 64 << 20,
+                copy_reps: 1,
+            }
         } else {
-            Plan { prefill: vec![32, 256, 1024], decode_past: vec![64, 1024], steps: 32, reps: 3, copy_bytes: 1 << 30, copy_reps: 5 }
+            Plan {
+                prefill: vec![32, 256, 1024],
+                decode_past: vec![64, 1024],
+                steps: 32,
+                reps: 3,
+                copy_bytes: 1 << 30,
+                copy_reps: 5,
+            }
         }
     }
 }
@@ -128,10 +146,16 @@ fn run(args: Args) -> Result<()> {
         None if args.quick => root.join("tests/fixtures/m64.cact"),
         None => root.join("target/bench/needle-base.cact"),
     };
-    let variants = args.variants.iter().map(|v| Variant::parse(v)).collect::<Result<Vec<_>>>()?;
+    let variants = args
+        .variants
+        .iter()
+        .map(|v| Variant::parse(v))
+        .collect::<Result<Vec<_>>>()?;
     if let Some(one) = &args.one {
         let variant = Variant::parse(&one[0])?;
-        let threads: usize = one[1].parse().with_context(|| format!("thread count {:?}", one[1]))?;
+        let threads: usize = one[1]
+            .parse()
+            .with_context(|| format!("thread count {:?}", one[1]))?;
         let m = measure::one_config(&model, variant, threads, &plan)?;
         println!("{}", serde_json::to_string(&m)?);
         return Ok(());
@@ -140,8 +164,10 @@ fn run(args: Args) -> Result<()> {
         make_full_model(&root, &model)?;
     }
     if args.profile {
-        let threads = args.threads.first().copied().unwrap_or(1);
-        return profile::run(&model, threads, &plan, &root.join("target/bench/profile"));
+        for &threads in &args.threads {
+            profile::run(&model, threads, &plan, &root.join("target/bench/profile"))?;
+        }
+        return Ok(());
     }
 
     let load_before = loadavg();
@@ -149,21 +175,39 @@ fn run(args: Args) -> Result<()> {
     for &threads in &args.threads {
         for &variant in &variants {
             eprintln!("needle-bench: {} with {threads} thread(s)", variant.name());
-            ours.push(child_config(&model, variant, threads, args.quick)?);
+            let cpu = measure::CpuShare::start();
+            let mut m = child_config(&model, variant, threads, args.quick)?;
+            m.others_cores = cpu.others_cores();
+            ours.push(m);
         }
     }
+    eprintln!("needle-bench: memory bandwidth");
+    let weight_bytes = ours
+        .iter()
+        .map(|m| m.weight_bytes_per_token)
+        .max()
+        .unwrap_or(0);
+    let bandwidth: Vec<measure::Bandwidth> = args
+        .threads
+        .iter()
+        .map(|&t| {
+            let cpu = measure::CpuShare::start();
+            let mut b = measure::bandwidth(t, &plan, weight_bytes);
+            b.others_cores = cpu.others_cores();
+            b
+        })
+        .collect();
     let run_jax = !args.no_jax && (!args.quick || args.jax);
     let mut jax = Vec::new();
     if run_jax {
         for &threads in &args.threads {
             eprintln!("needle-bench: upstream JAX with {threads} thread(s)");
-            jax.push(measure::jax(&root, &model, threads, &plan)?);
+            let cpu = measure::CpuShare::start();
+            let mut j = measure::jax(&root, &model, threads, &plan)?;
+            j.others_cores = cpu.others_cores();
+            jax.push(j);
         }
     }
-    eprintln!("needle-bench: memory bandwidth");
-    let weight_bytes = ours.iter().map(|m| m.weight_bytes_per_token).max().unwrap_or(0);
-    let bandwidth: Vec<measure::Bandwidth> =
-        args.threads.iter().map(|&t| measure::bandwidth(t, &plan, weight_bytes)).collect();
     let load_after = loadavg();
 
     let report = table::Report {
@@ -182,16 +226,28 @@ fn run(args: Args) -> Result<()> {
 }
 
 /// Runs `needle-bench --one` in a child process and reads its JSON line.
-fn child_config(model: &Path, variant: Variant, threads: usize, quick: bool) -> Result<measure::Config> {
+fn child_config(
+    model: &Path,
+    variant: Variant,
+    threads: usize,
+    quick: bool,
+) -> Result<measure::Config> {
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
-    cmd.arg("--model").arg(model).arg("--one").arg(variant.name()).arg(threads.to_string());
+    cmd.arg("--model")
+        .arg(model)
+        .arg("--one")
+        .arg(variant.name())
+        .arg(threads.to_string());
     if quick {
         cmd.arg("--quick");
     }
     let out = cmd.output().context("cannot start needle-bench --one")?;
     if !out.status.success() {
-        bail!("needle-bench --one failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "needle-bench --one failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     let text = String::from_utf8(out.stdout)?;
     let line = text.lines().last().unwrap_or_default();
@@ -200,7 +256,10 @@ fn child_config(model: &Path, variant: Variant, threads: usize, quick: bool) -> 
 
 /// Writes the full-size model with the upstream package (`bench/make_full_model.py`).
 fn make_full_model(root: &Path, model: &Path) -> Result<()> {
-    eprintln!("needle-bench: writing {} with upstream write_export", model.display());
+    eprintln!(
+        "needle-bench: writing {} with upstream write_export",
+        model.display()
+    );
     let status = Command::new(root.join(".venv/bin/python"))
         .arg(root.join("bench/make_full_model.py"))
         .arg(model)
@@ -214,7 +273,10 @@ fn make_full_model(root: &Path, model: &Path) -> Result<()> {
 }
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("bench/ is inside the workspace").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("bench/ is inside the workspace")
+        .to_path_buf()
 }
 
 /// `/proc/loadavg`'s 1-minute load, or NaN where there is none.

@@ -39,6 +39,9 @@ pub struct Config {
     pub peak_rss_session: u64,
     /// VmHWM during prefill and decode (reset after session creation).
     pub peak_rss_run: u64,
+    /// CPU cores other processes used meanwhile (set by the parent, see [`CpuShare`]).
+    #[serde(default)]
+    pub others_cores: f64,
 }
 
 /// Measures one configuration in this process (the `--one` child).
@@ -46,7 +49,10 @@ pub fn one_config(model: &Path, variant: Variant, threads: usize, plan: &Plan) -
     let bytes = std::fs::read(model).with_context(|| format!("cannot read {}", model.display()))?;
     let start = Instant::now();
     let cact = CactFile::parse(&bytes).with_context(|| format!("{}", model.display()))?;
-    let source = Source::of(&model.file_name().unwrap_or_default().to_string_lossy(), &bytes);
+    let source = Source::of(
+        &model.file_name().unwrap_or_default().to_string_lossy(),
+        &bytes,
+    );
     let opts = ExportOptions {
         attention: variant.attention,
         precision: Precision::Fp32,
@@ -107,6 +113,7 @@ pub fn one_config(model: &Path, variant: Variant, threads: usize, plan: &Plan) -
         peak_rss_export,
         peak_rss_session,
         peak_rss_run: vm_hwm(),
+        others_cores: 0.0,
     })
 }
 
@@ -134,9 +141,16 @@ pub fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<i64> {
 /// engram taps) is left out, since a step touches only a few of its rows; the tied
 /// embedding counts once, for the logits projection.
 pub fn weight_bytes_per_token(onnx: &[u8]) -> Result<usize> {
-    let model = ModelProto::decode(onnx).map_err(|e| anyhow!("cannot decode the exported graph: {e}"))?;
-    let graph = model.graph.ok_or_else(|| anyhow!("the exported model has no graph"))?;
-    let sizes: HashMap<&str, usize> = graph.initializer.iter().map(|t| (t.name.as_str(), tensor_bytes(t))).collect();
+    let model =
+        ModelProto::decode(onnx).map_err(|e| anyhow!("cannot decode the exported graph: {e}"))?;
+    let graph = model
+        .graph
+        .ok_or_else(|| anyhow!("the exported model has no graph"))?;
+    let sizes: HashMap<&str, usize> = graph
+        .initializer
+        .iter()
+        .map(|t| (t.name.as_str(), tensor_bytes(t)))
+        .collect();
     let mut read_whole: HashMap<&str, bool> = HashMap::new();
     for node in &graph.node {
         for (i, input) in node.input.iter().enumerate() {
@@ -146,7 +160,11 @@ pub fn weight_bytes_per_token(onnx: &[u8]) -> Result<usize> {
             }
         }
     }
-    Ok(read_whole.iter().filter(|(_, &whole)| whole).map(|(name, _)| sizes[name]).sum())
+    Ok(read_whole
+        .iter()
+        .filter(|(_, &whole)| whole)
+        .map(|(name, _)| sizes[name])
+        .sum())
 }
 
 fn tensor_bytes(t: &graphs::onnx::TensorProto) -> usize {
@@ -191,6 +209,9 @@ pub struct Jax {
     pub compiled: HashMap<String, bool>,
     pub peak_rss_bytes: u64,
     pub peak_rss_run_bytes: u64,
+    /// CPU cores other processes used meanwhile (set by the parent, see [`CpuShare`]).
+    #[serde(default)]
+    pub others_cores: f64,
 }
 
 /// One JAX rate (`prefill` or `decode` entry of `jax_bench.py`).
@@ -204,12 +225,25 @@ pub fn jax(root: &Path, model: &Path, threads: usize, plan: &Plan) -> Result<Jax
     let mut cmd = Command::new(root.join(".venv/bin/python"));
     cmd.arg(root.join("bench/jax_bench.py")).arg(model);
     cmd.args(plan.prefill.iter().map(|t| t.to_string()));
-    cmd.arg("--decode-past").args(plan.decode_past.iter().map(|t| t.to_string()));
-    cmd.args(["--threads", &threads.to_string(), "--steps", &plan.steps.to_string(), "--reps", &plan.reps.to_string()]);
+    cmd.arg("--decode-past")
+        .args(plan.decode_past.iter().map(|t| t.to_string()));
+    cmd.args([
+        "--threads",
+        &threads.to_string(),
+        "--steps",
+        &plan.steps.to_string(),
+        "--reps",
+        &plan.reps.to_string(),
+    ]);
     cmd.env("NEEDLE_TELEMETRY", "0");
-    let out = cmd.output().context("cannot run .venv/bin/python bench/jax_bench.py (run scripts/setup)")?;
+    let out = cmd
+        .output()
+        .context("cannot run .venv/bin/python bench/jax_bench.py (run scripts/setup)")?;
     if !out.status.success() {
-        bail!("bench/jax_bench.py failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "bench/jax_bench.py failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     let text = String::from_utf8(out.stdout)?;
     let line = text.lines().last().unwrap_or_default();
@@ -227,6 +261,8 @@ pub struct Bandwidth {
     /// Summing a buffer the size of the decode weights, repeatedly: what a cache that
     /// holds the weights (if one does) delivers.
     pub read_weights: f64,
+    /// CPU cores other processes used meanwhile (set by the caller, see [`CpuShare`]).
+    pub others_cores: f64,
 }
 
 /// Best-of-`plan.copy_reps` copy and read bandwidth with `threads` threads.
@@ -253,7 +289,13 @@ pub fn bandwidth(threads: usize, plan: &Plan, weight_bytes: usize) -> Bandwidth 
     let w = vec![3u64; weight_bytes.max(1 << 20) / 8];
     let passes = (plan.copy_bytes / (w.len() * 8)).max(1);
     let read_weights = read_bandwidth(&w, threads, plan.copy_reps.max(3), passes);
-    Bandwidth { threads, copy, read, read_weights }
+    Bandwidth {
+        threads,
+        copy,
+        read,
+        read_weights,
+        others_cores: 0.0,
+    }
 }
 
 /// Best-of-`reps` bandwidth of `threads` threads each summing its share of `buf`
@@ -285,6 +327,74 @@ fn sum_words(words: &[u64]) -> u64 {
             *a = a.wrapping_add(w);
         }
     }
-    let tail = blocks.remainder().iter().fold(0u64, |s, &w| s.wrapping_add(w));
+    let tail = blocks
+        .remainder()
+        .iter()
+        .fold(0u64, |s, &w| s.wrapping_add(w));
     acc.iter().fold(tail, |s, &a| s.wrapping_add(a))
+}
+
+/// How busy the machine was with other work while one measurement ran: system-wide busy
+/// time (`/proc/stat`, steal included) minus this process's own and its waited-for
+/// children's (`/proc/self/stat` utime + stime + cutime + cstime), per second of wall time.
+pub struct CpuShare {
+    start: Instant,
+    busy: u64,
+    own: u64,
+}
+
+/// `USER_HZ`, the unit of `/proc/stat` and `/proc/self/stat` times on Linux.
+const TICKS_PER_SECOND: f64 = 100.0;
+
+impl CpuShare {
+    /// Takes the first snapshot.
+    pub fn start() -> CpuShare {
+        CpuShare {
+            start: Instant::now(),
+            busy: system_busy_ticks(),
+            own: own_ticks(),
+        }
+    }
+
+    /// Cores' worth of CPU used by other processes since [`CpuShare::start`]; NaN without `/proc`.
+    pub fn others_cores(&self) -> f64 {
+        let wall = self.start.elapsed().as_secs_f64();
+        let busy = system_busy_ticks().saturating_sub(self.busy) as f64;
+        let ours = own_ticks().saturating_sub(self.own) as f64;
+        if self.busy == 0 || wall <= 0.0 {
+            return f64::NAN;
+        }
+        ((busy - ours) / TICKS_PER_SECOND / wall).max(0.0)
+    }
+}
+
+/// user + nice + system + irq + softirq + steal of the `cpu` line of `/proc/stat`.
+fn system_busy_ticks() -> u64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/stat") else {
+        return 0;
+    };
+    let Some(line) = stat.lines().next() else {
+        return 0;
+    };
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    [0, 1, 2, 5, 6, 7].iter().filter_map(|&i| v.get(i)).sum()
+}
+
+/// utime + stime + cutime + cstime of `/proc/self/stat` (fields 14 to 17).
+fn own_ticks() -> u64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0;
+    };
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0;
+    };
+    let v: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    (11..15).filter_map(|i| v.get(i)).sum()
 }

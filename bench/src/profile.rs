@@ -24,7 +24,10 @@ const PROFILED_STEPS: usize = 16;
 pub fn run(model: &Path, threads: usize, plan: &Plan, dir: &Path) -> Result<()> {
     let bytes = std::fs::read(model).with_context(|| format!("cannot read {}", model.display()))?;
     let cact = CactFile::parse(&bytes).with_context(|| format!("{}", model.display()))?;
-    let source = Source::of(&model.file_name().unwrap_or_default().to_string_lossy(), &bytes);
+    let source = Source::of(
+        &model.file_name().unwrap_or_default().to_string_lossy(),
+        &bytes,
+    );
     let opts = ExportOptions {
         attention: AttentionKind::Fused,
         precision: Precision::Fp32,
@@ -39,7 +42,10 @@ pub fn run(model: &Path, threads: usize, plan: &Plan, dir: &Path) -> Result<()> 
     for &past in &plan.decode_past {
         let prefix = dir.join(format!("decode-{threads}t-{past}"));
         let mut registered = session_builder(env, Provider::Cpu, false, threads)?;
-        registered.builder = registered.builder.with_profiling(&prefix).map_err(|e| anyhow!("{e}"))?;
+        registered.builder = registered
+            .builder
+            .with_profiling(&prefix)
+            .map_err(|e| anyhow!("{e}"))?;
         let mut session = NeedleSession::from_memory(&onnx, registered)?;
         let vocab = session.config.vocab;
         let out = session.forward(&tokens(past, vocab, 7), 1, session.empty_cache(1)?)?;
@@ -52,13 +58,19 @@ pub fn run(model: &Path, threads: usize, plan: &Plan, dir: &Path) -> Result<()> 
         let trace = newest_trace(dir, &prefix)?;
         let events: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&trace)?)
             .with_context(|| format!("{}: not a JSON trace", trace.display()))?;
-        print!("{}", summarise(&events, PROFILED_STEPS, past, threads, &trace));
+        print!(
+            "{}",
+            summarise(&events, PROFILED_STEPS, past, threads, &trace)
+        );
     }
     Ok(())
 }
 
 fn newest_trace(dir: &Path, prefix: &Path) -> Result<PathBuf> {
-    let stem = format!("{}_", prefix.file_name().unwrap_or_default().to_string_lossy());
+    let stem = format!(
+        "{}_",
+        prefix.file_name().unwrap_or_default().to_string_lossy()
+    );
     std::fs::read_dir(dir)?
         .filter_map(|e| e.ok())
         .filter(|e| {
@@ -88,7 +100,10 @@ fn summarise(events: &[Value], steps: usize, past: usize, threads: usize, trace:
     runs.sort_by(|a, b| a.0.total_cmp(&b.0));
     let runs = &runs[runs.len().saturating_sub(steps)..];
     let run_micros: f64 = runs.iter().map(|r| r.1).sum();
-    let inside = |ts: f64| runs.iter().any(|&(start, dur)| ts >= start && ts <= start + dur);
+    let inside = |ts: f64| {
+        runs.iter()
+            .any(|&(start, dur)| ts >= start && ts <= start + dur)
+    };
 
     let (mut by_op, mut by_block, mut by_node) = (HashMap::new(), HashMap::new(), HashMap::new());
     let mut kernel_micros = 0.0;
@@ -98,10 +113,18 @@ fn summarise(events: &[Value], steps: usize, past: usize, threads: usize, trace:
             continue;
         }
         let node = name.trim_end_matches("_kernel_time");
-        let op = e.pointer("/args/op_name").and_then(Value::as_str).unwrap_or("?").to_string();
+        let op = e
+            .pointer("/args/op_name")
+            .and_then(Value::as_str)
+            .unwrap_or("?")
+            .to_string();
         let dur = field(e, "dur");
         kernel_micros += dur;
-        for (map, key) in [(&mut by_op, op.clone()), (&mut by_block, block_of(node)), (&mut by_node, format!("{} ({op})", fold_layers(node)))] {
+        for (map, key) in [
+            (&mut by_op, op.clone()),
+            (&mut by_block, block_of(node)),
+            (&mut by_node, format!("{} ({op})", fold_layers(node))),
+        ] {
             let t: &mut Tally = map.entry(key).or_default();
             t.micros += dur;
             t.count += 1;
@@ -127,17 +150,40 @@ fn summarise(events: &[Value], steps: usize, past: usize, threads: usize, trace:
     s
 }
 
-fn table(s: &mut String, what: &str, map: &HashMap<String, Tally>, total: f64, runs: f64, top: usize) {
+fn table(
+    s: &mut String,
+    what: &str,
+    map: &HashMap<String, Tally>,
+    total: f64,
+    runs: f64,
+    top: usize,
+) {
     let mut rows: Vec<(&String, &Tally)> = map.iter().collect();
     rows.sort_by(|a, b| b.1.micros.total_cmp(&a.1.micros));
-    let _ = writeln!(s, "| {what} | µs / step | share | calls / step |\n|---|---:|---:|---:|");
+    let _ = writeln!(
+        s,
+        "| {what} | µs / step | share | calls / step |\n|---|---:|---:|---:|"
+    );
     for (key, t) in rows.iter().take(top) {
-        let _ = writeln!(s, "| `{key}` | {:.0} | {:.1}% | {:.0} |", t.micros / runs, 100.0 * t.micros / total.max(1e-9), t.count as f64 / runs);
+        let _ = writeln!(
+            s,
+            "| `{key}` | {:.0} | {:.1}% | {:.0} |",
+            t.micros / runs,
+            100.0 * t.micros / total.max(1e-9),
+            t.count as f64 / runs
+        );
     }
     if rows.len() > top {
         let rest: f64 = rows[top..].iter().map(|r| r.1.micros).sum();
         let calls: usize = rows[top..].iter().map(|r| r.1.count).sum();
-        let _ = writeln!(s, "| {} others | {:.0} | {:.1}% | {:.0} |", rows.len() - top, rest / runs, 100.0 * rest / total.max(1e-9), calls as f64 / runs);
+        let _ = writeln!(
+            s,
+            "| {} others | {:.0} | {:.1}% | {:.0} |",
+            rows.len() - top,
+            rest / runs,
+            100.0 * rest / total.max(1e-9),
+            calls as f64 / runs
+        );
     }
     s.push('\n');
 }
@@ -152,7 +198,9 @@ fn block_of(node: &str) -> String {
     let parts: Vec<&str> = path.split('/').collect();
     match parts.as_slice() {
         [layer, scope, _, ..] if layer.starts_with("layers.") => fold_digits(scope),
-        [layer, ..] if layer.starts_with("layers.") => "hyper_connections (layer scope)".to_string(),
+        [layer, ..] if layer.starts_with("layers.") => {
+            "hyper_connections (layer scope)".to_string()
+        }
         [top, _, ..] => fold_digits(top),
         _ => "(unscoped)".to_string(),
     }
@@ -166,11 +214,13 @@ fn fold_layers(node: &str) -> String {
     let folded: Vec<String> = parts
         .iter()
         .enumerate()
-        .map(|(i, part)| match (part.strip_prefix("layers."), part.rsplit_once('_')) {
-            (Some(n), _) if is_number(n) => "layers.*".to_string(),
-            (_, Some((op, n))) if i == last && is_number(n) => format!("{op}_*"),
-            _ => part.to_string(),
-        })
+        .map(
+            |(i, part)| match (part.strip_prefix("layers."), part.rsplit_once('_')) {
+                (Some(n), _) if is_number(n) => "layers.*".to_string(),
+                (_, Some((op, n))) if i == last && is_number(n) => format!("{op}_*"),
+                _ => part.to_string(),
+            },
+        )
         .collect();
     folded.join("/")
 }

@@ -29,6 +29,8 @@ struct Row<'r> {
     ours: Figure<'r, Config>,
     jax: Figure<'r, Jax>,
     fmt: fn(f64) -> String,
+    /// Whether ours ÷ JAX means anything for this row.
+    ratio: bool,
 }
 
 impl Report<'_> {
@@ -74,7 +76,7 @@ impl Report<'_> {
                         _ => None,
                     };
                     let ratio = match (o, j) {
-                        (Some(o), Some(j)) if j > 0.0 => Some(o / j),
+                        (Some(o), Some(j)) if j > 0.0 && row.ratio => Some(o / j),
                         _ => None,
                     };
                     let _ = write!(s, " {} | {} |", show(o, row.fmt), show(ratio, ratio_fmt));
@@ -94,6 +96,7 @@ impl Report<'_> {
                 ours: Box::new(|c, _| Some(c.export_s)),
                 jax: Box::new(|j, _| Some(j.load_seconds)),
                 fmt: secs,
+                ratio: true,
             },
             Row {
                 label: "session creation, s ²".into(),
@@ -103,14 +106,18 @@ impl Report<'_> {
                     j.compile_seconds.get(&key).copied()
                 }),
                 fmt: secs,
+                ratio: true,
             },
         ];
         for &t in &self.plan.prefill {
             rows.push(Row {
                 label: format!("prefill {t} tokens, tok/s"),
-                ours: Box::new(move |c, _| c.prefill.iter().find(|p| p.0 == t).map(|p| t as f64 / p.1)),
+                ours: Box::new(move |c, _| {
+                    c.prefill.iter().find(|p| p.0 == t).map(|p| t as f64 / p.1)
+                }),
                 jax: Box::new(move |j, _| j.prefill.get(&t.to_string()).map(|p| p.tokens_per_s)),
                 fmt: rate,
+                ratio: true,
             });
         }
         for &p in &self.plan.decode_past {
@@ -119,6 +126,7 @@ impl Report<'_> {
                 ours: Box::new(move |c, _| decode_rate(c, p)),
                 jax: Box::new(move |j, _| j.decode.get(&p.to_string()).map(|d| d.tokens_per_s)),
                 fmt: rate,
+                ratio: true,
             });
         }
         for &p in &self.plan.decode_past {
@@ -126,33 +134,54 @@ impl Report<'_> {
             rows.push(Row {
                 label: format!("decode after {p}, % of memcpy bound ³"),
                 ours: Box::new(move |c, bw| {
-                    decode_rate(c, p).map(|r| 100.0 * r * c.weight_bytes_per_token as f64 / (bw.copy * 1e9))
+                    decode_rate(c, p)
+                        .map(|r| 100.0 * r * c.weight_bytes_per_token as f64 / (bw.copy * 1e9))
                 }),
                 jax: Box::new(move |j, bw| {
-                    j.decode.get(&p.to_string()).map(|d| 100.0 * d.tokens_per_s * weights / (bw.copy * 1e9))
+                    j.decode
+                        .get(&p.to_string())
+                        .map(|d| 100.0 * d.tokens_per_s * weights / (bw.copy * 1e9))
                 }),
                 fmt: percent,
+                ratio: true,
             });
         }
         let cact = self.cact_bytes as f64;
         rows.extend([
             Row {
                 label: "peak RSS, whole process, MiB ⁴".into(),
-                ours: Box::new(|c, _| Some(c.peak_rss_export.max(c.peak_rss_session).max(c.peak_rss_run) as f64 / MIB)),
+                ours: Box::new(|c, _| {
+                    Some(
+                        c.peak_rss_export
+                            .max(c.peak_rss_session)
+                            .max(c.peak_rss_run) as f64
+                            / MIB,
+                    )
+                }),
                 jax: Box::new(|j, _| Some(j.peak_rss_bytes as f64 / MIB)),
                 fmt: mib,
+                ratio: true,
             },
             Row {
                 label: "peak RSS while running, MiB ⁴".into(),
                 ours: Box::new(|c, _| Some(c.peak_rss_run as f64 / MIB)),
                 jax: Box::new(|j, _| Some(j.peak_rss_run_bytes as f64 / MIB)),
                 fmt: mib,
+                ratio: true,
             },
             Row {
                 label: "model file, MB ⁵".into(),
                 ours: Box::new(|c, _| Some(c.onnx_bytes as f64 / 1e6)),
                 jax: Box::new(move |_, _| Some(cact / 1e6)),
                 fmt: mb,
+                ratio: true,
+            },
+            Row {
+                label: "other processes' CPU meanwhile, cores ⁶".into(),
+                ours: Box::new(|c, _| Some(c.others_cores)),
+                jax: Box::new(|j, _| Some(j.others_cores)),
+                fmt: cores,
+                ratio: false,
             },
         ]);
         rows
@@ -175,14 +204,23 @@ impl Report<'_> {
         if let Some(j) = self.jax.first() {
             let _ = writeln!(s, "Upstream: cactus-needle 2.0.15 `decode.forward_cached`, jax {}, float32 dequantized weights, XLA CPU.", j.jax);
         }
-        let _ = writeln!(s, "¹ JAX: `read_export` + rebuild of the flax tree + transfer to JAX arrays.");
-        let first_decode = format!("decode_{}", self.plan.decode_past.first().copied().unwrap_or(0));
+        let _ = writeln!(
+            s,
+            "¹ JAX: `read_export` + rebuild of the flax tree + transfer to JAX arrays."
+        );
+        let first_decode = format!(
+            "decode_{}",
+            self.plan.decode_past.first().copied().unwrap_or(0)
+        );
         let how: Vec<String> = self
             .jax
             .iter()
             .map(|j| match j.compiled.get(&first_decode) {
                 Some(true) => format!("{}t compiled", j.threads),
-                Some(false) => format!("{}t loaded from JAX's persistent compilation cache", j.threads),
+                Some(false) => format!(
+                    "{}t loaded from JAX's persistent compilation cache",
+                    j.threads
+                ),
                 None => format!("{}t unknown", j.threads),
             })
             .collect();
@@ -194,7 +232,10 @@ impl Report<'_> {
         let mut per_variant: Vec<String> = Vec::new();
         for v in self.variants {
             if let Some(c) = self.ours.iter().find(|c| &c.variant == v) {
-                per_variant.push(format!("{v} {:.1} MB", c.weight_bytes_per_token as f64 / 1e6));
+                per_variant.push(format!(
+                    "{v} {:.1} MB",
+                    c.weight_bytes_per_token as f64 / 1e6
+                ));
             }
         }
         let _ = writeln!(
@@ -206,7 +247,7 @@ impl Report<'_> {
             let bound = b.copy * 1e9 / weights.max(1) as f64;
             let _ = writeln!(
                 s,
-                "  {}t: memcpy {:.1} GB/s ({} MiB copied, best of {}) → float bound {:.0} tok/s; read-only sum over the same size {:.1} GB/s; summing a {:.0} MB buffer (the weights' size) again and again, which a cache that held the weights would speed up, {:.1} GB/s → {:.0} tok/s.",
+                "  {}t: memcpy {:.1} GB/s ({} MiB copied, best of {}) → float bound {:.0} tok/s; read-only sum over the same size {:.1} GB/s; summing a {:.0} MB buffer (the weights' size) again and again, which a cache that held the weights would speed up, {:.1} GB/s → {:.0} tok/s (other processes meanwhile: {:.2} cores).",
                 b.threads,
                 b.copy,
                 self.plan.copy_bytes >> 20,
@@ -216,10 +257,15 @@ impl Report<'_> {
                 weights as f64 / 1e6,
                 b.read_weights,
                 b.read_weights * 1e9 / weights.max(1) as f64,
+                b.others_cores,
             );
         }
         let _ = writeln!(s, "⁴ VmHWM of the configuration's own process. Whole process: ours includes export and session creation, JAX includes loading and jit compilation (or the persistent-cache load). While running: reset before the timed prefill/decode, so it is what a ready session (ours) or compiled function (JAX) needs to run.");
-        let _ = writeln!(s, "⁵ Ours: the exported ONNX graph (fp32 activations); JAX column: the `.cact` it loads.");
+        let _ = writeln!(
+            s,
+            "⁵ Ours: the exported ONNX graph (fp32 activations); JAX column: the `.cact` it loads."
+        );
+        let _ = writeln!(s, "⁶ Contention: system-wide busy CPU time (steal included) minus this configuration's own, per second of its wall time; with 2 cores, anything near 1 disturbs the 2-thread figures.");
         s
     }
 }
@@ -227,7 +273,10 @@ impl Report<'_> {
 const MIB: f64 = 1024.0 * 1024.0;
 
 fn decode_rate(c: &Config, past: usize) -> Option<f64> {
-    c.decode.iter().find(|d| d.0 == past).map(|d| d.1 as f64 / d.2)
+    c.decode
+        .iter()
+        .find(|d| d.0 == past)
+        .map(|d| d.1 as f64 / d.2)
 }
 
 fn show(v: Option<f64>, fmt: fn(f64) -> String) -> String {
@@ -235,11 +284,19 @@ fn show(v: Option<f64>, fmt: fn(f64) -> String) -> String {
 }
 
 fn secs(v: f64) -> String {
-    if v < 10.0 { format!("{v:.2}") } else { format!("{v:.0}") }
+    if v < 10.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.0}")
+    }
 }
 
 fn rate(v: f64) -> String {
-    if v < 100.0 { format!("{v:.1}") } else { format!("{v:.0}") }
+    if v < 100.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.0}")
+    }
 }
 
 fn percent(v: f64) -> String {
@@ -250,18 +307,31 @@ fn mib(v: f64) -> String {
     format!("{v:.0}")
 }
 
+fn cores(v: f64) -> String {
+    format!("{v:.2}")
+}
+
 fn mb(v: f64) -> String {
     format!("{v:.1}")
 }
 
 fn ratio_fmt(v: f64) -> String {
-    if v < 10.0 { format!("{v:.2}×") } else { format!("{v:.0}×") }
+    if v < 10.0 {
+        format!("{v:.2}×")
+    } else {
+        format!("{v:.0}×")
+    }
 }
 
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())))
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+            })
+        })
         .unwrap_or_else(|| "unknown CPU".to_string())
 }
 
