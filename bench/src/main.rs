@@ -113,7 +113,7 @@ impl Plan {
                 steps: 2,
                 reps: 1,
                 copy_bytes: 64 << 20,
-                copy_reps: 1,
+                copy_reps: 3,
             }
         } else {
             Plan {

@@ -1,7 +1,7 @@
 //! `needle-bench --profile`: onnxruntime's profiler on decode steps of the fused fp32
 //! graph, summarised by op type, by block and by node (layer numbers folded together).
 
-use crate::measure::{step, tokens};
+use crate::measure::{step, tokens, CpuShare};
 use crate::Plan;
 use anyhow::{anyhow, Context, Result};
 use exporter::cact::CactFile;
@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 const PROFILED_STEPS: usize = 16;
 
 /// For each of the plan's decode lengths: a fresh profiled session, a prefill of that
-/// length, one warm-up step and `PROFILED_STEPS` profiled steps; prints the summary
-/// tables. The raw traces stay in `dir`.
+/// length, one warm-up step and `PROFILED_STEPS` profiled steps. Prints the decode
+/// summary of each, and the summary of the longest prefill. The raw traces stay in `dir`.
 pub fn run(model: &Path, threads: usize, plan: &Plan, dir: &Path) -> Result<()> {
     let bytes = std::fs::read(model).with_context(|| format!("cannot read {}", model.display()))?;
     let cact = CactFile::parse(&bytes).with_context(|| format!("{}", model.display()))?;
@@ -39,6 +39,7 @@ pub fn run(model: &Path, threads: usize, plan: &Plan, dir: &Path) -> Result<()> 
     drop((cact, bytes));
     std::fs::create_dir_all(dir)?;
     let env = runner::ort_env::init()?;
+    let mut prefill = String::new();
     for &past in &plan.decode_past {
         let prefix = dir.join(format!("decode-{threads}t-{past}"));
         let mut registered = session_builder(env, Provider::Cpu, false, threads)?;
@@ -47,6 +48,7 @@ pub fn run(model: &Path, threads: usize, plan: &Plan, dir: &Path) -> Result<()> 
             .with_profiling(&prefix)
             .map_err(|e| anyhow!("{e}"))?;
         let mut session = NeedleSession::from_memory(&onnx, registered)?;
+        let cpu = CpuShare::start();
         let vocab = session.config.vocab;
         let out = session.forward(&tokens(past, vocab, 7), 1, session.empty_cache(1)?)?;
         let mut out = step(&mut session, out, vocab)?;
@@ -54,16 +56,54 @@ pub fn run(model: &Path, threads: usize, plan: &Plan, dir: &Path) -> Result<()> 
             out = step(&mut session, out, vocab)?;
         }
         drop(out);
+        let others = cpu.others_cores();
         drop(session);
+
         let trace = newest_trace(dir, &prefix)?;
         let events: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&trace)?)
             .with_context(|| format!("{}: not a JSON trace", trace.display()))?;
+        let runs = model_runs(&events);
+        let title = format!(
+            "Decode: fused fp32 graph, {threads} thread(s), {PROFILED_STEPS} one-token steps after {past} past tokens \
+             (other processes meanwhile: {others:.2} cores; trace {})",
+            trace.display()
+        );
         print!(
             "{}",
-            summarise(&events, PROFILED_STEPS, past, threads, &trace)
+            summarise(
+                &events,
+                &runs[runs.len().saturating_sub(PROFILED_STEPS)..],
+                &title,
+                "step"
+            )
         );
+        let title = format!(
+            "Prefill of {past} tokens: fused fp32 graph, {threads} thread(s), first run of the session \
+             (other processes meanwhile: {others:.2} cores)"
+        );
+        prefill = summarise(&events, &runs[..runs.len().min(1)], &title, "run");
     }
+    print!("{prefill}");
     Ok(())
+}
+
+/// `(start, duration)` of every `model_run`, in µs, in order.
+fn model_runs(events: &[Value]) -> Vec<(f64, f64)> {
+    let mut runs: Vec<(f64, f64)> = events
+        .iter()
+        .filter(|e| text(e, "cat") == "Session" && text(e, "name") == "model_run")
+        .map(|e| (number(e, "ts"), number(e, "dur")))
+        .collect();
+    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    runs
+}
+
+fn text(e: &Value, key: &str) -> String {
+    e.get(key).and_then(Value::as_str).unwrap_or("").to_string()
+}
+
+fn number(e: &Value, key: &str) -> f64 {
+    e.get(key).and_then(Value::as_f64).unwrap_or(0.0)
 }
 
 fn newest_trace(dir: &Path, prefix: &Path) -> Result<PathBuf> {
@@ -88,28 +128,18 @@ struct Tally {
     count: usize,
 }
 
-/// The markdown summary of the last `steps` `model_run`s in `events`.
-fn summarise(events: &[Value], steps: usize, past: usize, threads: usize, trace: &Path) -> String {
-    let field = |e: &Value, k: &str| e.get(k).and_then(Value::as_f64).unwrap_or(0.0);
-    let text = |e: &Value, k: &str| e.get(k).and_then(Value::as_str).unwrap_or("").to_string();
-    let mut runs: Vec<(f64, f64)> = events
-        .iter()
-        .filter(|e| text(e, "cat") == "Session" && text(e, "name") == "model_run")
-        .map(|e| (field(e, "ts"), field(e, "dur")))
-        .collect();
-    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let runs = &runs[runs.len().saturating_sub(steps)..];
+/// The markdown summary of the kernels that ran inside `runs`; `unit` names one run.
+fn summarise(events: &[Value], runs: &[(f64, f64)], title: &str, unit: &str) -> String {
     let run_micros: f64 = runs.iter().map(|r| r.1).sum();
     let inside = |ts: f64| {
         runs.iter()
             .any(|&(start, dur)| ts >= start && ts <= start + dur)
     };
-
     let (mut by_op, mut by_block, mut by_node) = (HashMap::new(), HashMap::new(), HashMap::new());
     let mut kernel_micros = 0.0;
     for e in events {
         let name = text(e, "name");
-        if text(e, "cat") != "Node" || !name.ends_with("_kernel_time") || !inside(field(e, "ts")) {
+        if text(e, "cat") != "Node" || !name.ends_with("_kernel_time") || !inside(number(e, "ts")) {
             continue;
         }
         let node = name.trim_end_matches("_kernel_time");
@@ -118,7 +148,7 @@ fn summarise(events: &[Value], steps: usize, past: usize, threads: usize, trace:
             .and_then(Value::as_str)
             .unwrap_or("?")
             .to_string();
-        let dur = field(e, "dur");
+        let dur = number(e, "dur");
         kernel_micros += dur;
         for (map, key) in [
             (&mut by_op, op.clone()),
@@ -132,27 +162,33 @@ fn summarise(events: &[Value], steps: usize, past: usize, threads: usize, trace:
     }
 
     let n = runs.len().max(1) as f64;
+    let calls = by_op.values().map(|t: &Tally| t.count).sum::<usize>() as f64 / n;
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "### Decode profile: fused fp32 graph, {threads} thread(s), {} one-token steps after {past} past tokens \
-         (trace: {}).\n\nPer step: {:.0} µs in `Run`, {:.0} µs inside kernels ({:.0}%), {:.0} kernel calls.\n",
-        runs.len(),
-        trace.display(),
+        "### {title}\n\nPer {unit}: {:.0} µs in `Run`, {:.0} µs inside kernels ({:.0}%), {calls:.0} kernel calls.\n",
         run_micros / n,
         kernel_micros / n,
         100.0 * kernel_micros / run_micros.max(1e-9),
-        by_op.values().map(|t: &Tally| t.count).sum::<usize>() as f64 / n,
     );
-    table(&mut s, "op type", &by_op, kernel_micros, n, 15);
-    table(&mut s, "block", &by_block, kernel_micros, n, 15);
-    table(&mut s, "node (all layers)", &by_node, kernel_micros, n, 15);
+    table(&mut s, "op type", unit, &by_op, kernel_micros, n, 12);
+    table(&mut s, "block", unit, &by_block, kernel_micros, n, 10);
+    table(
+        &mut s,
+        "node (all layers)",
+        unit,
+        &by_node,
+        kernel_micros,
+        n,
+        12,
+    );
     s
 }
 
 fn table(
     s: &mut String,
     what: &str,
+    unit: &str,
     map: &HashMap<String, Tally>,
     total: f64,
     runs: f64,
@@ -162,7 +198,7 @@ fn table(
     rows.sort_by(|a, b| b.1.micros.total_cmp(&a.1.micros));
     let _ = writeln!(
         s,
-        "| {what} | µs / step | share | calls / step |\n|---|---:|---:|---:|"
+        "| {what} | µs / {unit} | share | calls / {unit} |\n|---|---:|---:|---:|"
     );
     for (key, t) in rows.iter().take(top) {
         let _ = writeln!(
