@@ -7,7 +7,7 @@ use crate::onnx::{
     NodeProto, OperatorSetIdProto, StringStringEntryProto, TensorProto, TensorShapeProto,
     TensorTypeProto, TypeProto, ValueInfoProto,
 };
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Display;
 use std::rc::Rc;
 
@@ -48,11 +48,6 @@ impl Value {
     pub fn name(&self) -> &str {
         &self.0
     }
-
-    /// The empty name ONNX uses for an omitted optional input.
-    pub fn none() -> Value {
-        Value(Rc::from(""))
-    }
 }
 
 /// One operator attribute value.
@@ -61,7 +56,6 @@ pub enum Attr {
     Int(i64),
     Float(f32),
     Ints(Vec<i64>),
-    Tensor(TensorProto),
 }
 
 /// Attributes of one node, by name.
@@ -121,7 +115,7 @@ pub struct GraphBuilder {
     scopes: Vec<String>,
     nodes: Vec<NodeProto>,
     initializers: Vec<TensorProto>,
-    initializer_names: HashMap<String, ()>,
+    initializer_names: HashSet<String>,
     node_name_uses: HashMap<String, usize>,
     constants: HashMap<(i32, Vec<i64>, Vec<u8>), Value>,
     domains: BTreeMap<String, i64>,
@@ -143,7 +137,7 @@ impl GraphBuilder {
             scopes: Vec::new(),
             nodes: Vec::new(),
             initializers: Vec::new(),
-            initializer_names: HashMap::new(),
+            initializer_names: HashSet::new(),
             node_name_uses: HashMap::new(),
             constants: HashMap::new(),
             domains,
@@ -223,7 +217,7 @@ impl GraphBuilder {
 
     fn initializer(&mut self, name: String, dtype: i32, shape: &[usize], raw: Vec<u8>) -> Value {
         assert!(
-            self.initializer_names.insert(name.clone(), ()).is_none(),
+            self.initializer_names.insert(name.clone()),
             "duplicate initializer {name}"
         );
         self.initializers.push(TensorProto {
@@ -390,7 +384,6 @@ fn attribute(name: &str, a: Attr) -> AttributeProto {
         Attr::Int(i) => (p.i, p.r#type) = (i, attribute_type::INT),
         Attr::Float(f) => (p.f, p.r#type) = (f, attribute_type::FLOAT),
         Attr::Ints(v) => (p.ints, p.r#type) = (v, attribute_type::INTS),
-        Attr::Tensor(t) => (p.t, p.r#type) = (Some(t), attribute_type::TENSOR),
     }
     p
 }

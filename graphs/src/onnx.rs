@@ -82,8 +82,6 @@ pub struct NodeProto {
 pub mod attribute_type {
     pub const FLOAT: i32 = 1;
     pub const INT: i32 = 2;
-    pub const STRING: i32 = 3;
-    pub const TENSOR: i32 = 4;
     pub const INTS: i32 = 7;
 }
 
@@ -96,10 +94,6 @@ pub struct AttributeProto {
     pub f: f32,
     #[prost(int64, tag = "3")]
     pub i: i64,
-    #[prost(bytes = "vec", tag = "4")]
-    pub s: Vec<u8>,
-    #[prost(message, optional, tag = "5")]
-    pub t: Option<TensorProto>,
     #[prost(int64, repeated, tag = "8")]
     pub ints: Vec<i64>,
     #[prost(int32, tag = "20")]
