@@ -242,16 +242,7 @@ fn child_config(
     if quick {
         cmd.arg("--quick");
     }
-    let out = cmd.output().context("cannot start needle-bench --one")?;
-    if !out.status.success() {
-        bail!(
-            "needle-bench --one failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    let text = String::from_utf8(out.stdout)?;
-    let line = text.lines().last().unwrap_or_default();
-    serde_json::from_str(line).with_context(|| format!("needle-bench --one printed {line:?}"))
+    measure::last_json_line(&mut cmd, "needle-bench --one")
 }
 
 /// Writes the full-size model with the upstream package (`bench/make_full_model.py`).

@@ -236,18 +236,21 @@ pub fn jax(root: &Path, model: &Path, threads: usize, plan: &Plan) -> Result<Jax
         &plan.reps.to_string(),
     ]);
     cmd.env("NEEDLE_TELEMETRY", "0");
-    let out = cmd
-        .output()
-        .context("cannot run .venv/bin/python bench/jax_bench.py (run scripts/setup)")?;
+    last_json_line(&mut cmd, "bench/jax_bench.py (run scripts/setup)")
+}
+
+/// Runs `cmd` and parses the last line it prints as JSON; `what` names it in errors.
+pub fn last_json_line<T: serde::de::DeserializeOwned>(cmd: &mut Command, what: &str) -> Result<T> {
+    let out = cmd.output().with_context(|| format!("cannot run {what}"))?;
     if !out.status.success() {
         bail!(
-            "bench/jax_bench.py failed: {}",
+            "{what} failed: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
     let text = String::from_utf8(out.stdout)?;
     let line = text.lines().last().unwrap_or_default();
-    serde_json::from_str(line).with_context(|| format!("bench/jax_bench.py printed {line:?}"))
+    serde_json::from_str(line).with_context(|| format!("{what} printed {line:?}"))
 }
 
 /// Memory bandwidth with `threads` threads, in GB/s (10⁹ bytes).
