@@ -3,7 +3,7 @@
 
 use crate::provider::{self, Provider, Registered};
 use anyhow::{anyhow, bail, Context, Result};
-use exporter::export::keys;
+use exporter::export::{attention_name, keys, precision_name};
 use graphs::builder::Precision;
 use graphs::needle::model::{kv_names, PAST_INPUT_IDS, PRESENT_INPUT_IDS};
 use graphs::needle::{AttentionKind, Config};
@@ -81,22 +81,19 @@ impl NeedleSession {
         let get = |k: &str| meta.custom(k);
         let config =
             Config::from_metadata(get).map_err(|e| anyhow!("not a needle-export graph: {e}"))?;
-        let attention = match get(keys::ATTENTION).as_deref() {
-            Some("fused") => AttentionKind::Fused,
-            Some("reference") => AttentionKind::Reference,
-            other => bail!(
-                "not a needle-export graph: metadata {} is {other:?}",
-                keys::ATTENTION
-            ),
+        let named = |key: &str, value: Option<String>| {
+            anyhow!("not a needle-export graph: metadata {key} is {value:?}")
         };
-        let precision = match get(keys::PRECISION).as_deref() {
-            Some("fp32") => Precision::Fp32,
-            Some("fp16") => Precision::Fp16,
-            other => bail!(
-                "not a needle-export graph: metadata {} is {other:?}",
-                keys::PRECISION
-            ),
-        };
+        let attention = get(keys::ATTENTION);
+        let attention = [AttentionKind::Fused, AttentionKind::Reference]
+            .into_iter()
+            .find(|k| attention.as_deref() == Some(attention_name(*k)))
+            .ok_or_else(|| named(keys::ATTENTION, attention.clone()))?;
+        let precision = get(keys::PRECISION);
+        let precision = [Precision::Fp32, Precision::Fp16]
+            .into_iter()
+            .find(|p| precision.as_deref() == Some(precision_name(*p)))
+            .ok_or_else(|| named(keys::PRECISION, precision.clone()))?;
         let metadata = meta
             .custom_keys()
             .map_err(|e| anyhow!("{e}"))?
