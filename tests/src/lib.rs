@@ -78,6 +78,43 @@ pub fn cases(model: &str) -> Vec<Case> {
         .collect()
 }
 
+/// One upstream greedy generation (`<model>.generate.json`): prompt ids with BOS, 32 new
+/// tokens or fewer when EOS came first.
+pub struct Generation {
+    pub prompt_ids: Vec<u32>,
+    pub generated_ids: Vec<u32>,
+    pub stopped_on_eos: bool,
+}
+
+/// Every upstream generation of `model`.
+pub fn generations(model: &str) -> Vec<Generation> {
+    let text = std::fs::read_to_string(fixture(&format!("{model}.generate.json"))).unwrap();
+    let refs: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()
+    };
+    refs.iter()
+        .map(|r| Generation {
+            prompt_ids: ids(&r["prompt_ids"]),
+            generated_ids: ids(&r["generated_ids"]),
+            stopped_on_eos: r["stopped_on_eos"].as_bool().unwrap(),
+        })
+        .collect()
+}
+
+/// The options upstream's fixtures were generated with: greedy, 32 tokens, EOS (id 1) stops.
+pub fn fixture_generate_options() -> runner::generate::GenerateOptions {
+    runner::generate::GenerateOptions {
+        max_new_tokens: 32,
+        stop_ids: vec![1],
+        sampling: runner::generate::Sampling::Greedy,
+    }
+}
+
 /// The contract's rule for one row: `max |got − ref| / max(1, max |ref|)` over the
 /// first `len` positions. `got`, `reference`: `[seq, vocab]` of that row.
 pub fn row_error(got: &[f32], reference: &[f32], len: usize, vocab: usize) -> f32 {

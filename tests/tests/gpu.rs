@@ -9,7 +9,10 @@
 
 use graphs::builder::{MatMulWeights, Precision};
 use graphs::needle::AttentionKind;
-use needle_tests::{cases, fixture, options, row_error, session_of};
+use needle_tests::{
+    cases, fixture, fixture_generate_options, generations, options, row_error, session_of,
+};
+use runner::generate::generate;
 use runner::provider::Provider;
 
 fn check(provider: Provider, attention: AttentionKind, precision: Precision, bound: f32) {
@@ -71,4 +74,47 @@ fn tensorrt_reference_fp32_matches_upstream() {
         Precision::Fp32,
         1e-3,
     );
+}
+
+/// Greedy generation on CUDA against upstream's: returns (tokens equal before the first
+/// divergence, tokens upstream generated) over every prompt, and checks the first token always.
+fn generation_agreement(attention: AttentionKind, precision: Precision) -> (usize, usize) {
+    let (mut agreed, mut total) = (0, 0);
+    for model in ["m48", "m64", "m96"] {
+        let bytes = std::fs::read(fixture(&format!("{model}.cact"))).unwrap();
+        let opts = options(attention, precision, MatMulWeights::Float);
+        let mut s = session_of(&bytes, &opts, Provider::Cuda);
+        for r in generations(model) {
+            let got = generate(&mut s, &r.prompt_ids, &fixture_generate_options()).unwrap();
+            let same = got
+                .generated_ids
+                .iter()
+                .zip(&r.generated_ids)
+                .take_while(|(a, b)| a == b)
+                .count();
+            println!(
+                "{model} cuda {attention:?} {precision:?}: {same}/{} tokens as upstream",
+                r.generated_ids.len()
+            );
+            assert!(same > 0, "{model}: first token differs from upstream");
+            agreed += same;
+            total += r.generated_ids.len();
+        }
+    }
+    (agreed, total)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU and onnxruntime with the CUDA provider (see the module docs)"]
+fn cuda_reference_fp32_generates_upstream_tokens_exactly() {
+    let (agreed, total) = generation_agreement(AttentionKind::Reference, Precision::Fp32);
+    assert_eq!(agreed, total);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU and onnxruntime with the CUDA provider (see the module docs)"]
+fn cuda_fused_fp16_generation_follows_upstream() {
+    let (agreed, total) = generation_agreement(AttentionKind::Fused, Precision::Fp16);
+    println!("cuda fused fp16: {agreed}/{total} generated tokens before any divergence");
+    assert!(agreed * 10 >= total * 9, "{agreed}/{total}");
 }
