@@ -152,3 +152,32 @@ fn graphs_are_well_formed_and_follow_the_contract() {
         }
     }
 }
+
+/// onnxruntime's CUDA `RMSNormalization` reads as many scale values as the normalized axis
+/// is wide whatever the scale's shape; a broadcast scalar scale gave garbage logits on an
+/// H200 (0.64 relative error) while the CPU kernel broadcast it correctly.
+#[test]
+fn rms_normalization_scales_are_as_wide_as_their_axis() {
+    let bytes = std::fs::read(fixture("m48.cact")).unwrap();
+    let cfg = CactFile::parse(&bytes).unwrap().config();
+    // q/k norms span a head, the block norms d_model, the hyper-connections' all lanes.
+    let widths = [cfg.head_dim, cfg.d_model, cfg.mhc_lanes * cfg.d_model].map(|w| w as i64);
+    let m = model("m48", AttentionKind::Fused, MatMulWeights::Float);
+    let g = m.graph.as_ref().unwrap();
+    let mut seen = 0;
+    for n in g.node.iter().filter(|n| n.op_type == "RMSNormalization") {
+        let scale = g
+            .initializer
+            .iter()
+            .find(|t| t.name == n.input[1])
+            .unwrap_or_else(|| panic!("{}: scale is not an initializer", n.name));
+        assert!(
+            scale.dims.len() == 1 && widths.contains(&scale.dims[0]),
+            "{}: scale dims {:?}, want one of {widths:?}",
+            n.name,
+            scale.dims
+        );
+        seen += 1;
+    }
+    assert!(seen > 0, "the fused graph has no RMSNormalization");
+}

@@ -120,7 +120,7 @@ pub fn engram(
         ],
     );
     let key = projection(b, &e_new, "key_proj", &w.key_proj);
-    let key_unit = rms_unit(b, &key);
+    let key_unit = rms_unit(b, &key, cfg.d_model);
 
     let v = projection(b, &e, "value_proj", &w.value_proj);
     let taps = b.weight("taps", &w.taps.shape, &w.taps.data);
@@ -147,7 +147,7 @@ pub fn engram(
 /// `x + σ(Σ_d rms_unit(x)·ek / √d) · ev` at an engram site's layer.
 pub fn inject(b: &mut GraphBuilder, x: &Value, kv: &EngramKv, d_model: usize) -> Value {
     b.scope("engram_gate", |b| {
-        let xu = rms_unit(b, x);
+        let xu = rms_unit(b, x, d_model);
         let dot = b.mul(&xu, &kv.key_unit);
         let dot = b.reduce_sum(&dot, &[-1], true);
         let scale = b.scalar_float((d_model as f64).sqrt() as f32);

@@ -31,7 +31,7 @@ pub fn hc_pre(
 ) -> (Value, LaneMix) {
     let (n, c) = (cfg.mhc_lanes, cfg.d_model);
     let flat = b.reshape(x, &[0, 0, (n * c) as i64]);
-    let nx = rms_unit(b, &flat);
+    let nx = rms_unit(b, &flat, n * c);
     let (phi, bias) = folded_projection(w, layer, n, c);
     let phi = b.weight("mhc_phi", &[n * c, 2 * n + n * n], &phi);
     let bias = b.weight("mhc_bias", &[2 * n + n * n], &bias);

@@ -22,12 +22,15 @@ pub fn zc_rms_norm(b: &mut GraphBuilder, x: &Value, name: &str, scale: &[f32]) -
     })
 }
 
-/// Needle `_rms_unit`: `x * rsqrt(mean(x²) + 1e-6)` over the last axis.
-pub fn rms_unit(b: &mut GraphBuilder, x: &Value) -> Value {
+/// Needle `_rms_unit`: `x * rsqrt(mean(x²) + 1e-6)` over the last axis, `width` wide.
+pub fn rms_unit(b: &mut GraphBuilder, x: &Value, width: usize) -> Value {
     b.scope("rms_unit", |b| {
         if b.opset() >= Opset::V23 {
-            let one = b.scalar_float(1.0);
-            return rms_normalization(b, x, &one);
+            // A scale as wide as the axis, not a broadcast scalar: onnxruntime's CUDA
+            // kernel reads `width` scale values whatever the scale's shape (a scalar
+            // gave garbage on an H200), and the CPU kernel is faster with it too.
+            let ones = b.const_float(&[width], &vec![1.0; width]);
+            return rms_normalization(b, x, &ones);
         }
         let rms = root_mean_square(b, x);
         let one = b.scalar_float(1.0);
