@@ -13,7 +13,11 @@ fn greedy_generation_matches_upstream_for_every_prompt() {
             for r in generations(model) {
                 let got = generate(&mut s, &r.prompt_ids, &fixture_generate_options()).unwrap();
                 assert_eq!(got.generated_ids, r.generated_ids, "{model} {kind:?}");
-                assert_eq!(got.stopped_on.is_some(), r.stopped_on_eos, "{model} {kind:?}");
+                assert_eq!(
+                    got.stopped_on.is_some(),
+                    r.stopped_on_eos,
+                    "{model} {kind:?}"
+                );
             }
         }
     }
