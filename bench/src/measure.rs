@@ -92,7 +92,9 @@ pub fn one_config(model: &Path, variant: Variant, threads: usize, plan: &Plan) -
     let mut decode = Vec::new();
     for &past in &plan.decode_past {
         let ids = tokens(past, vocab, 1000 + past as u64);
-        let out = session.forward(&ids, 1, session.empty_cache(1)?)?;
+        // As `runner::generate` does: room for the prompt and every step.
+        let cache = session.preallocated_cache(1, past + plan.steps + 1)?;
+        let out = session.forward(&ids, 1, cache)?;
         let mut out = step(&mut session, out, vocab)?;
         let start = Instant::now();
         for _ in 0..plan.steps {

@@ -50,7 +50,8 @@ pub fn run(model: &Path, threads: usize, plan: &Plan, dir: &Path) -> Result<()> 
         let mut session = NeedleSession::from_memory(&onnx, registered)?;
         let cpu = CpuShare::start();
         let vocab = session.config.vocab;
-        let out = session.forward(&tokens(past, vocab, 7), 1, session.empty_cache(1)?)?;
+        let cache = session.preallocated_cache(1, past + PROFILED_STEPS + 1)?;
+        let out = session.forward(&tokens(past, vocab, 7), 1, cache)?;
         let mut out = step(&mut session, out, vocab)?;
         for _ in 0..PROFILED_STEPS {
             out = step(&mut session, out, vocab)?;

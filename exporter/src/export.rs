@@ -16,6 +16,7 @@ pub mod keys {
     pub const SOURCE_FILE: &str = "needle.source_file";
     pub const SOURCE_SHA256: &str = "needle.source_sha256";
     pub const STATE_INPUTS: &str = "needle.state_inputs";
+    pub const PAST_PRESENT_SHARE_BUFFER: &str = "needle.past_present_share_buffer";
     pub const TOKENIZER: &str = "needle.tokenizer";
     pub const ADD_DUMMY_PREFIX: &str = "needle.add_dummy_prefix";
     pub const REMOVE_EXTRA_WHITESPACES: &str = "needle.remove_extra_whitespaces";
@@ -96,6 +97,13 @@ pub fn export(
     add(keys::ATTENTION, attention_name(opts.attention).into());
     if opts.attention == AttentionKind::Fused {
         add(keys::FUSED_OP, "com.microsoft.GroupQueryAttention".into());
+        add(
+            keys::PAST_PRESENT_SHARE_BUFFER,
+            "true: past_key_values.* may be buffers longer than past_sequence (the attention_mask \
+             gives the length); bind the same buffer as present.* and attention writes only the \
+             new positions, as onnxruntime-genai does"
+                .into(),
+        );
     }
     add(keys::PRECISION, precision_name(opts.precision).into());
     add(

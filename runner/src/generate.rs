@@ -75,7 +75,8 @@ pub fn generate(
     let mut sampler = Sampler::new(opts.sampling);
     let ids: Vec<i64> = prompt_ids.iter().map(|&t| t as i64).collect();
     let start = Instant::now();
-    let mut step = session.forward(&ids, 1, session.empty_cache(1)?)?;
+    let capacity = prompt_ids.len() + opts.max_new_tokens;
+    let mut step = session.forward(&ids, 1, session.preallocated_cache(1, capacity)?)?;
     let prefill_secs = start.elapsed().as_secs_f64();
 
     let vocab = session.config.vocab;

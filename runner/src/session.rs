@@ -15,12 +15,21 @@ use ort::value::{DynTensor, DynValue, Tensor};
 pub struct Cache {
     values: Vec<(String, DynValue)>,
     len: usize,
+    /// `Some(tokens)`: the key/value tensors are buffers of that many positions, bound as
+    /// both `past_*` and `present.*` so attention appends in place (see
+    /// [`NeedleSession::preallocated_cache`]); `None`: exact-length tensors, replaced each step.
+    capacity: Option<usize>,
 }
 
 impl Cache {
     /// Number of tokens already seen (`past_sequence`).
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// The preallocated positions, when the session updates the cache in place.
+    pub fn capacity(&self) -> Option<usize> {
+        self.capacity
     }
 
     /// True before the first token.
@@ -150,7 +159,44 @@ impl NeedleSession {
         }
         let ids = Tensor::<i64>::from_array(([batch, 0usize], Vec::<i64>::new()))?;
         values.push((PAST_INPUT_IDS.to_string(), ids.into_dyn()));
-        Ok(Cache { values, len: 0 })
+        Ok(Cache {
+            values,
+            len: 0,
+            capacity: None,
+        })
+    }
+
+    /// An empty state whose key/value tensors are preallocated for `capacity` tokens, when
+    /// this session can update them in place: a fused graph on the CPU whose metadata says
+    /// it takes such buffers (older exports read the past length off the cache's shape). onnxruntime's
+    /// `GroupQueryAttention` then writes only the new positions (it shares the buffers when
+    /// `past` and `present` are the same memory) instead of copying the whole cache into a
+    /// new `present` every step — most of a step's time after a thousand tokens. Other
+    /// sessions get [`Self::empty_cache`].
+    pub fn preallocated_cache(&self, batch: usize, capacity: usize) -> Result<Cache> {
+        let mut cache = self.empty_cache(batch)?;
+        let shares = self
+            .metadata
+            .get(keys::PAST_PRESENT_SHARE_BUFFER)
+            .is_some_and(|v| v.starts_with("true"));
+        if !shares || self.attention != AttentionKind::Fused || self.provider != Provider::Cpu {
+            return Ok(cache);
+        }
+        let c = &self.config;
+        let capacity = capacity.min(c.max_seq_len);
+        let float = match self.precision {
+            Precision::Fp32 => TensorElementType::Float32,
+            Precision::Fp16 => TensorElementType::Float16,
+        };
+        let alloc = self.session.allocator();
+        for (name, value) in cache.values.iter_mut() {
+            if name != PAST_INPUT_IDS {
+                let shape = [batch, c.num_kv_heads, capacity, c.head_dim];
+                *value = DynTensor::new(alloc, float, shape)?.into_dyn();
+            }
+        }
+        cache.capacity = Some(capacity);
+        Ok(cache)
     }
 
     /// Runs `input_ids` (`[batch, sequence]`, row-major) after `cache`; every token is real
@@ -164,16 +210,17 @@ impl NeedleSession {
         }
         let seq = input_ids.len() / batch;
         let total = cache.len + seq;
-        if total > self.config.max_seq_len {
-            bail!(
-                "sequence of {total} tokens exceeds the model's max_seq_len {}",
-                self.config.max_seq_len
-            );
+        let limit = cache.capacity.unwrap_or(self.config.max_seq_len);
+        if total > limit {
+            bail!("sequence of {total} tokens exceeds the cache's {limit} positions");
+        }
+        let ids = Tensor::<i64>::from_array(([batch, seq], input_ids.to_vec()))?;
+        let mask = Tensor::<i64>::from_array(([batch, total], vec![1i64; batch * total]))?;
+        if cache.capacity.is_some() {
+            return self.forward_in_place(ids, mask, cache, total);
         }
         let mut inputs: Vec<(String, SessionInputValue)> =
             Vec::with_capacity(cache.values.len() + 2);
-        let ids = Tensor::<i64>::from_array(([batch, seq], input_ids.to_vec()))?;
-        let mask = Tensor::<i64>::from_array(([batch, total], vec![1i64; batch * total]))?;
         inputs.push(("input_ids".into(), ids.into()));
         inputs.push(("attention_mask".into(), mask.into()));
         for (name, value) in cache.values {
@@ -194,8 +241,52 @@ impl NeedleSession {
         ));
         Ok(StepOutput {
             logits,
-            cache: Cache { values, len: total },
+            cache: Cache {
+                values,
+                len: total,
+                capacity: None,
+            },
         })
+    }
+
+    /// [`Self::forward`] with a preallocated cache: each key/value buffer is bound as its
+    /// layer's `past_*` input and `present.*` output at once.
+    fn forward_in_place(
+        &mut self,
+        ids: Tensor<i64>,
+        mask: Tensor<i64>,
+        mut cache: Cache,
+        total: usize,
+    ) -> Result<StepOutput> {
+        let mut binding = self.session.create_binding()?;
+        binding.bind_input("input_ids", &ids)?;
+        binding.bind_input("attention_mask", &mask)?;
+        for (name, value) in cache.values.iter_mut() {
+            binding.bind_input(name.as_str(), &*value)?;
+            if name != PAST_INPUT_IDS {
+                let present = name.replacen("past_key_values.", "present.", 1);
+                binding.bind_output(present, &mut *value)?;
+            }
+        }
+        let host = self.session.allocator().memory_info();
+        binding.bind_output_to_device("logits", host)?;
+        binding.bind_output_to_device(PRESENT_INPUT_IDS, host)?;
+        let mut outputs = self
+            .session
+            .run_binding(&binding)
+            .context("onnxruntime run failed")?;
+        let (_, logits) = outputs["logits"].try_extract_tensor::<f32>()?;
+        let logits = logits.to_vec();
+        let history = take(&mut outputs, PRESENT_INPUT_IDS)?;
+        drop(outputs);
+        for (name, value) in cache.values.iter_mut() {
+            if name == PAST_INPUT_IDS {
+                *value = history;
+                break;
+            }
+        }
+        cache.len = total;
+        Ok(StepOutput { logits, cache })
     }
 }
 

@@ -50,14 +50,18 @@ fn prefill_then_one_token_steps_equals_the_full_forward() {
     for model in MODELS {
         let case = cases(model).into_iter().max_by_key(|c| c.seq).unwrap();
         let ids = &case.input_ids[..case.seq.min(64)];
-        for kind in [Fused, Reference] {
+        // A preallocated cache (longer than needed) is updated in place by the fused graph.
+        for (kind, preallocated) in [(Fused, false), (Fused, true), (Reference, false)] {
             let full = full_forward(model, kind, ids, 1);
             let mut s = session(model, kind);
             let vocab = s.config.vocab;
             let prefill = ids.len() / 2;
-            let mut step = s
-                .forward(&ids[..prefill], 1, s.empty_cache(1).unwrap())
-                .unwrap();
+            let cache = match preallocated {
+                true => s.preallocated_cache(1, ids.len() + 7).unwrap(),
+                false => s.empty_cache(1).unwrap(),
+            };
+            assert_eq!(cache.capacity().is_some(), preallocated);
+            let mut step = s.forward(&ids[..prefill], 1, cache).unwrap();
             let mut got = step.logits.clone();
             for &t in &ids[prefill..] {
                 step = s.forward(&[t], 1, step.cache).unwrap();
@@ -66,12 +70,12 @@ fn prefill_then_one_token_steps_equals_the_full_forward() {
             let err = row_error(&got, &full, ids.len(), vocab);
             assert!(
                 err <= TOLERANCE,
-                "{model} {kind:?}: cached path differs by {err}"
+                "{model} {kind:?} (preallocated: {preallocated}): cached path differs by {err}"
             );
             let upstream = row_error(&got, &case.logits[..ids.len() * vocab], ids.len(), vocab);
             assert!(
                 upstream <= TOLERANCE,
-                "{model} {kind:?}: cached path vs upstream {upstream}"
+                "{model} {kind:?} (preallocated: {preallocated}): cached path vs upstream {upstream}"
             );
         }
     }

@@ -82,7 +82,14 @@ pub fn build(
         &[Dim::Named("batch"), Dim::Named("past_sequence")],
     );
 
-    let past_len = b.shape_of(&pasts[0].key, 2, 3);
+    // The mask, not the cache, says how many tokens came before: a caller may pass a
+    // preallocated cache longer than that which the fused graph's attention updates in
+    // place (`past_present_share_buffer`).
+    let past_len = b.scope("past_len", |b| {
+        let total = b.shape_of(&mask, 1, 2);
+        let seq = b.shape_of(&input_ids, 1, 2);
+        b.sub(&total, &seq)
+    });
     let ctx = b.scope("attn_ctx", |b| {
         attention_ctx(b, cfg, kind, &input_ids, &mask, &past_len)
     });
