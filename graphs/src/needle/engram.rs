@@ -17,6 +17,7 @@
 
 use crate::builder::{Dim, GraphBuilder, Value};
 use crate::needle::attention::projection;
+use crate::needle::block_quant::gather_table;
 use crate::needle::norms::rms_unit;
 use crate::needle::{Config, EngramWeights};
 use crate::onnx::data_type;
@@ -92,8 +93,7 @@ pub fn engram(
     let [batch, window_len] = WINDOW_DIMS;
     let v_dims = [batch.clone(), window_len, Dim::Fixed(cfg.d_model)];
     let new_dims = [batch, Dim::Named("sequence"), Dim::Fixed(cfg.d_model)];
-    let tables = b.weight("embedding", &w.tables.shape, &w.tables.data);
-    let fetched = b.gather(&tables, rows, 0);
+    let fetched = gather_table(b, "embedding", &w.tables, rows);
     let per_table: Vec<Value> = (0..nt)
         .map(|t| {
             let order = cfg.engram_orders[t / (nt / cfg.engram_orders.len())];

@@ -8,7 +8,7 @@
 
 use crate::builder::{Dim, GraphBuilder, MatMulWeights, Opset, Precision, Value};
 use crate::needle::attention::{attention, AttentionCtx, AttentionKind, CoreInputs, KvPair, Rope};
-use crate::needle::block_quant::matmul_nbits;
+use crate::needle::block_quant::{gather_table, matmul_nbits};
 use crate::needle::engram::{self, EngramKv, EngramWindow};
 use crate::needle::hadamard_mlp::hadamard_mlp;
 use crate::needle::hyper_connections::{hc_post, hc_pre};
@@ -102,8 +102,14 @@ pub fn build(
     let engram_kv = engrams(&mut b, cfg, w, &all_ids, &mask, &past_len);
 
     let x = b.scope("embed_tokens", |b| {
-        let emb = b.weight("embedding", &w.embedding.shape, &w.embedding.data);
-        let x = b.gather(&emb, &input_ids, 0);
+        // The float table is shared with the lm_head (tied); compact weights quantize
+        // each use in its own layout.
+        let emb = matches!(b.matmul_weights(), MatMulWeights::Float)
+            .then(|| b.weight("embedding", &w.embedding.shape, &w.embedding.data));
+        let x = match &emb {
+            Some(emb) => b.gather(emb, &input_ids, 0),
+            None => gather_table(b, "embedding", &w.embedding, &input_ids),
+        };
         let scale = b.scalar_float((cfg.d_model as f64).sqrt() as f32);
         let x = b.mul(&x, &scale);
         let x = b.unsqueeze(&x, &[2]);
@@ -134,12 +140,12 @@ pub fn build(
         let x = b.reduce_mean(&x, &[2]);
         let x = b.squeeze(&x, &[2]);
         let x = zc_rms_norm(b, &x, "final_norm", &w.final_norm.data);
-        let logits = match b.matmul_weights() {
-            MatMulWeights::Float => {
-                let et = b.transpose(&embedding, &[1, 0]);
+        let logits = match &embedding {
+            Some(embedding) => {
+                let et = b.transpose(embedding, &[1, 0]);
                 b.matmul(&x, &et)
             }
-            _ => b.scope("embedding", |b| {
+            None => b.scope("embedding", |b| {
                 matmul_nbits(b, &x, &w.embedding.data, cfg.vocab, cfg.d_model)
             }),
         };
