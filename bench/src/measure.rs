@@ -157,7 +157,14 @@ pub fn weight_bytes_per_token(onnx: &[u8]) -> Result<usize> {
     for node in &graph.node {
         for (i, input) in node.input.iter().enumerate() {
             if sizes.contains_key(input.as_str()) {
-                let whole = !(node.op_type == "Gather" && i == 0);
+                // Gathers read only the rows they fetch: the table of a Gather, the
+                // codes (0) and scales (2) of a GatherBlockQuantized.
+                let gathered = match node.op_type.as_str() {
+                    "Gather" => i == 0,
+                    "GatherBlockQuantized" => i == 0 || i == 2,
+                    _ => false,
+                };
+                let whole = !gathered;
                 *read_whole.entry(input.as_str()).or_default() |= whole;
             }
         }
