@@ -98,9 +98,7 @@ impl CactFile {
     /// Every weight of the logits graph, dequantized to float32 in the file
     /// layout (matrices `[out, in]`). Fails on a NaN or infinite value.
     pub fn weights(&self) -> Result<Weights, CactError> {
-        let layers = (0..self.header().num_layers as usize)
-            .map(|i| self.layer(i))
-            .collect::<Result<_, _>>()?;
+        let layers = self.layers_in_parallel()?;
         let engrams = (0..self.header().engram_sites.len())
             .map(|s| {
                 let t = |name| self.tensor(&engram_name(s, name));
@@ -130,6 +128,34 @@ impl CactFile {
             engrams,
             final_norm: self.tensor("final_norm")?,
         })
+    }
+
+    /// Every layer's weights, decoded on all cores (dequantization is most of an export's
+    /// time); the result does not depend on the thread count.
+    fn layers_in_parallel(&self) -> Result<Vec<LayerWeights>, CactError> {
+        let count = self.header().num_layers as usize;
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let per_worker = count.div_ceil(workers.max(1)).max(1);
+        let chunks: Vec<Vec<Result<LayerWeights, CactError>>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..count)
+                .step_by(per_worker)
+                .map(|start| {
+                    s.spawn(move || {
+                        (start..(start + per_worker).min(count))
+                            .map(|i| self.layer(i))
+                            .collect()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                })
+                .collect()
+        });
+        chunks.into_iter().flatten().collect()
     }
 
     fn layer(&self, i: usize) -> Result<LayerWeights, CactError> {
