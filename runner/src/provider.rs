@@ -8,7 +8,6 @@
 use std::fmt;
 
 use clap::ValueEnum;
-use graphs::builder::Precision;
 use graphs::needle::AttentionKind;
 use ort::{
     environment::Environment,
@@ -55,17 +54,6 @@ impl Provider {
         match self {
             Provider::Auto | Provider::Cpu | Provider::Cuda => AttentionKind::Fused,
             Provider::TensorRt | Provider::CoreMl => AttentionKind::Reference,
-        }
-    }
-
-    /// The precision this provider runs best: fp16 for CUDA, fp32 elsewhere. `Auto` answers
-    /// like `Cpu`; ask the provider [`session_builder`] registered.
-    pub fn precision(self) -> Precision {
-        match self {
-            Provider::Cuda => Precision::Fp16,
-            Provider::Auto | Provider::Cpu | Provider::TensorRt | Provider::CoreMl => {
-                Precision::Fp32
-            }
         }
     }
 }

@@ -188,13 +188,11 @@ fn auto_reports_what_it_got() {
 
 #[test]
 fn provider_preferences() {
-    use graphs::builder::Precision::*;
     use graphs::needle::AttentionKind::*;
-    let pick = |p: Provider| (p.attention(), p.precision());
-    assert_eq!(pick(Provider::Cuda), (Fused, Fp16));
-    assert_eq!(pick(Provider::Cpu), (Fused, Fp32));
-    assert_eq!(pick(Provider::TensorRt), (Reference, Fp32));
-    assert_eq!(pick(Provider::CoreMl), (Reference, Fp32));
+    assert_eq!(Provider::Cuda.attention(), Fused);
+    assert_eq!(Provider::Cpu.attention(), Fused);
+    assert_eq!(Provider::TensorRt.attention(), Reference);
+    assert_eq!(Provider::CoreMl.attention(), Reference);
 }
 
 #[test]
