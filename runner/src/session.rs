@@ -5,7 +5,7 @@ use crate::provider::{self, Provider, Registered};
 use anyhow::{anyhow, bail, Context, Result};
 use exporter::export::{attention_name, keys, precision_name};
 use graphs::builder::Precision;
-use graphs::needle::model::{kv_names, PAST_INPUT_IDS, PRESENT_INPUT_IDS};
+use graphs::needle::model::{kv_names, present_name, PAST_INPUT_IDS, PRESENT_INPUT_IDS};
 use graphs::needle::{AttentionKind, Config};
 use ort::session::{Session, SessionInputValue};
 use ort::value::TensorElementType;
@@ -190,7 +190,7 @@ impl NeedleSession {
         };
         let alloc = self.session.allocator();
         for (name, value) in cache.values.iter_mut() {
-            if name != PAST_INPUT_IDS {
+            if present_name(name).is_some() {
                 let shape = [batch, c.num_kv_heads, capacity, c.head_dim];
                 *value = DynTensor::new(alloc, float, shape)?.into_dyn();
             }
@@ -263,8 +263,7 @@ impl NeedleSession {
         binding.bind_input("attention_mask", &mask)?;
         for (name, value) in cache.values.iter_mut() {
             binding.bind_input(name.as_str(), &*value)?;
-            if name != PAST_INPUT_IDS {
-                let present = name.replacen("past_key_values.", "present.", 1);
+            if let Some(present) = present_name(name) {
                 binding.bind_output(present, &mut *value)?;
             }
         }

@@ -31,6 +31,13 @@ pub fn kv_names(i: usize) -> [String; 4] {
     ]
 }
 
+/// The `present.*` output that carries a `past_key_values.*` input forward; `None` for
+/// other inputs.
+pub fn present_name(past: &str) -> Option<String> {
+    past.strip_prefix("past_key_values.")
+        .map(|rest| format!("present.{rest}"))
+}
+
 /// Builds the whole model graph. `metadata` goes into `metadata_props` as given.
 /// The fused variant is onnxruntime's fast path (opset 23 `RMSNormalization`,
 /// `GroupQueryAttention`); the reference variant stays on opset 21 primitives so
