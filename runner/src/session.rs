@@ -210,9 +210,15 @@ impl NeedleSession {
         }
         let seq = input_ids.len() / batch;
         let total = cache.len + seq;
-        let limit = cache.capacity.unwrap_or(self.config.max_seq_len);
-        if total > limit {
-            bail!("sequence of {total} tokens exceeds the cache's {limit} positions");
+        match cache.capacity {
+            Some(capacity) if total > capacity => {
+                bail!("sequence of {total} tokens exceeds the preallocated cache's {capacity}")
+            }
+            _ if total > self.config.max_seq_len => bail!(
+                "sequence of {total} tokens exceeds the model's max_seq_len {}",
+                self.config.max_seq_len
+            ),
+            _ => {}
         }
         let ids = Tensor::<i64>::from_array(([batch, seq], input_ids.to_vec()))?;
         let mask = Tensor::<i64>::from_array(([batch, total], vec![1i64; batch * total]))?;
