@@ -138,3 +138,12 @@ fn fp16_graphs_stay_close_to_upstream() {
         }
     }
 }
+
+#[test]
+fn a_preallocated_cache_refuses_tokens_past_its_capacity() {
+    let mut s = session("m64", Fused);
+    let cache = s.preallocated_cache(1, 4).unwrap();
+    assert_eq!(cache.capacity(), Some(4));
+    let err = s.forward(&[5, 6, 7, 8, 9], 1, cache).err().unwrap();
+    assert!(err.to_string().contains("preallocated cache's 4"), "{err}");
+}
