@@ -23,34 +23,46 @@ fn bits(b: &GraphBuilder) -> usize {
 
 /// `W` `[n, k]` row-major quantized per row in blocks of `block` along `k`: the packed
 /// codes `[n, blocks, block·bits/8]` (4-bit: low nibble first; a short last block is
-/// padded with the zero point) and one scale per block `[n, blocks]`.
+/// padded with the zero point) and one scale per block `[n, blocks]`. Rows are split
+/// over all cores (the scale search is most of a compact export); the result does not
+/// depend on the split.
 fn quantize_rows(w: &[f32], n: usize, k: usize, bits: usize, block: usize) -> (Vec<u8>, Vec<f32>) {
     let blocks = k.div_ceil(block);
     let blob = block * bits / 8;
     let qmax = ((1 << (bits - 1)) - 1) as f32;
     let zero = 1u8 << (bits - 1);
     let mut packed = vec![0u8; n * blocks * blob];
-    let mut scales = Vec::with_capacity(n * blocks);
-    for row in 0..n {
-        for blk in 0..blocks {
-            let start = blk * block;
-            let vals = &w[row * k + start..row * k + k.min(start + block)];
-            let scale = best_scale(vals, qmax);
-            scales.push(scale);
-            let out = &mut packed[(row * blocks + blk) * blob..][..blob];
-            let codes = vals
-                .iter()
-                .map(|v| (quantize(*v, scale, qmax) as i32 + zero as i32) as u8)
-                .chain(std::iter::repeat(zero))
-                .take(block);
-            for (i, q) in codes.enumerate() {
-                match bits {
-                    8 => out[i] = q,
-                    _ => out[i / 2] |= q << (4 * (i % 2)),
+    let mut scales = vec![0f32; n * blocks];
+    let workers = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let rows_per_worker = n.div_ceil(workers).max(1);
+    std::thread::scope(|s| {
+        let parts = packed
+            .chunks_mut(rows_per_worker * blocks * blob)
+            .zip(scales.chunks_mut(rows_per_worker * blocks));
+        for (part, (codes_out, scales_out)) in parts.enumerate() {
+            s.spawn(move || {
+                let first = part * rows_per_worker * blocks;
+                let slots = codes_out.chunks_mut(blob).zip(scales_out.iter_mut());
+                for (i, (out, scale_out)) in slots.enumerate() {
+                    let (row, start) = ((first + i) / blocks, (first + i) % blocks * block);
+                    let vals = &w[row * k + start..row * k + k.min(start + block)];
+                    let scale = best_scale(vals, qmax);
+                    *scale_out = scale;
+                    let codes = vals
+                        .iter()
+                        .map(|v| (quantize(*v, scale, qmax) as i32 + zero as i32) as u8)
+                        .chain(std::iter::repeat(zero))
+                        .take(block);
+                    for (j, q) in codes.enumerate() {
+                        match bits {
+                            8 => out[j] = q,
+                            _ => out[j / 2] |= q << (4 * (j % 2)),
+                        }
+                    }
                 }
-            }
+            });
         }
-    }
+    });
     (packed, scales)
 }
 
