@@ -8,7 +8,7 @@ use exporter::export::{export, ExportOptions, Source};
 use graphs::builder::Precision;
 use graphs::onnx::{data_type, ModelProto};
 use prost::Message;
-use runner::generate::argmax;
+use runner::generate::{self, argmax};
 use runner::provider::Provider;
 use runner::session::{NeedleSession, StepOutput};
 use serde::{Deserialize, Serialize};
@@ -79,11 +79,11 @@ pub fn one_config(model: &Path, variant: Variant, threads: usize, plan: &Plan) -
     let mut prefill = Vec::new();
     for &t in &plan.prefill {
         let ids = tokens(t, vocab, t as u64);
-        session.forward(&ids, 1, session.empty_cache(1)?)?;
+        generate::prefill(&mut session, &ids, t)?;
         let mut best = f64::INFINITY;
         for _ in 0..plan.reps {
             let start = Instant::now();
-            session.forward(&ids, 1, session.empty_cache(1)?)?;
+            generate::prefill(&mut session, &ids, t)?;
             best = best.min(start.elapsed().as_secs_f64());
         }
         prefill.push((t, best));
@@ -93,8 +93,7 @@ pub fn one_config(model: &Path, variant: Variant, threads: usize, plan: &Plan) -
     for &past in &plan.decode_past {
         let ids = tokens(past, vocab, 1000 + past as u64);
         // As `runner::generate` does: room for the prompt and every step.
-        let cache = session.preallocated_cache(1, past + plan.steps + 1)?;
-        let out = session.forward(&ids, 1, cache)?;
+        let out = generate::prefill(&mut session, &ids, past + plan.steps + 1)?;
         let mut out = step(&mut session, out, vocab)?;
         let start = Instant::now();
         for _ in 0..plan.steps {

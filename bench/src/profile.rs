@@ -8,6 +8,7 @@ use exporter::cact::CactFile;
 use exporter::export::{export, ExportOptions, Source};
 use graphs::builder::{MatMulWeights, Precision};
 use graphs::needle::AttentionKind;
+use runner::generate;
 use runner::provider::{session_builder, Provider};
 use runner::session::NeedleSession;
 use serde_json::Value;
@@ -50,8 +51,11 @@ pub fn run(model: &Path, threads: usize, plan: &Plan, dir: &Path) -> Result<()> 
         let mut session = NeedleSession::from_memory(&onnx, registered)?;
         let cpu = CpuShare::start();
         let vocab = session.config.vocab;
-        let cache = session.preallocated_cache(1, past + PROFILED_STEPS + 1)?;
-        let out = session.forward(&tokens(past, vocab, 7), 1, cache)?;
+        let out = generate::prefill(
+            &mut session,
+            &tokens(past, vocab, 7),
+            past + PROFILED_STEPS + 1,
+        )?;
         let mut out = step(&mut session, out, vocab)?;
         for _ in 0..PROFILED_STEPS {
             out = step(&mut session, out, vocab)?;

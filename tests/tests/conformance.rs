@@ -147,3 +147,22 @@ fn a_preallocated_cache_refuses_tokens_past_its_capacity() {
     let err = s.forward(&[5, 6, 7, 8, 9], 1, cache).err().unwrap();
     assert!(err.to_string().contains("preallocated cache's 4"), "{err}");
 }
+
+/// A prompt longer than `CPU_PREFILL_CHUNK` goes through the cache in pieces; the last
+/// position's logits are the full forward's (itself checked against upstream above), with
+/// the sliding window (m64: 256) spanning several pieces.
+#[test]
+fn chunked_prefill_equals_the_full_forward() {
+    use runner::generate::{prefill, CPU_PREFILL_CHUNK};
+    let len = 2 * CPU_PREFILL_CHUNK - 9;
+    let ids: Vec<i64> = (0..len as i64).map(|i| 4 + (i * 7919) % 250).collect();
+    for kind in [Fused, Reference] {
+        let full = full_forward("m64", kind, &ids, 1);
+        let mut s = session("m64", kind);
+        let vocab = s.config.vocab;
+        let got = prefill(&mut s, &ids, len + 1).unwrap().logits;
+        let last = &full[(len - 1) * vocab..];
+        let err = row_error(&got[got.len() - vocab..], last, 1, vocab);
+        assert!(err <= 1e-5, "{kind:?}: chunked prefill differs by {err}");
+    }
+}
