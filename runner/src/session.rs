@@ -143,18 +143,41 @@ impl NeedleSession {
 
     /// The empty state for `batch` rows (`past_sequence = 0`).
     pub fn empty_cache(&self, batch: usize) -> Result<Cache> {
+        self.new_cache(batch, None)
+    }
+
+    /// An empty state whose key/value tensors are preallocated for `capacity` tokens, when
+    /// this session can update them in place: a fused graph on the CPU whose metadata says
+    /// it takes such buffers (older exports read the past length off the cache's shape).
+    /// onnxruntime's `GroupQueryAttention` then writes only the new positions (it shares
+    /// the buffers when `past` and `present` are the same memory) instead of copying the
+    /// whole cache into a new `present` every step — most of a step's time after a
+    /// thousand tokens. Other sessions get [`Self::empty_cache`].
+    pub fn preallocated_cache(&self, batch: usize, capacity: usize) -> Result<Cache> {
+        let shares = self
+            .metadata
+            .get(keys::PAST_PRESENT_SHARE_BUFFER)
+            .is_some_and(|v| v.starts_with("true"));
+        if !shares || self.attention != AttentionKind::Fused || self.provider != Provider::Cpu {
+            return self.empty_cache(batch);
+        }
+        self.new_cache(batch, Some(capacity.min(self.config.max_seq_len)))
+    }
+
+    /// No tokens seen yet; key/value tensors of `capacity` positions, or of none.
+    fn new_cache(&self, batch: usize, capacity: Option<usize>) -> Result<Cache> {
         let c = &self.config;
         let float = match self.precision {
             Precision::Fp32 => TensorElementType::Float32,
             Precision::Fp16 => TensorElementType::Float16,
         };
+        let shape = [batch, c.num_kv_heads, capacity.unwrap_or(0), c.head_dim];
         let alloc = self.session.allocator();
         let mut values = Vec::new();
         for i in 0..c.num_layers {
             let [k, v, _, _] = kv_names(i);
             for name in [k, v] {
-                let t = DynTensor::new(alloc, float, [batch, c.num_kv_heads, 0, c.head_dim])?;
-                values.push((name, t.into_dyn()));
+                values.push((name, DynTensor::new(alloc, float, shape)?.into_dyn()));
             }
         }
         let ids = Tensor::<i64>::from_array(([batch, 0usize], Vec::<i64>::new()))?;
@@ -162,41 +185,8 @@ impl NeedleSession {
         Ok(Cache {
             values,
             len: 0,
-            capacity: None,
+            capacity,
         })
-    }
-
-    /// An empty state whose key/value tensors are preallocated for `capacity` tokens, when
-    /// this session can update them in place: a fused graph on the CPU whose metadata says
-    /// it takes such buffers (older exports read the past length off the cache's shape). onnxruntime's
-    /// `GroupQueryAttention` then writes only the new positions (it shares the buffers when
-    /// `past` and `present` are the same memory) instead of copying the whole cache into a
-    /// new `present` every step — most of a step's time after a thousand tokens. Other
-    /// sessions get [`Self::empty_cache`].
-    pub fn preallocated_cache(&self, batch: usize, capacity: usize) -> Result<Cache> {
-        let mut cache = self.empty_cache(batch)?;
-        let shares = self
-            .metadata
-            .get(keys::PAST_PRESENT_SHARE_BUFFER)
-            .is_some_and(|v| v.starts_with("true"));
-        if !shares || self.attention != AttentionKind::Fused || self.provider != Provider::Cpu {
-            return Ok(cache);
-        }
-        let c = &self.config;
-        let capacity = capacity.min(c.max_seq_len);
-        let float = match self.precision {
-            Precision::Fp32 => TensorElementType::Float32,
-            Precision::Fp16 => TensorElementType::Float16,
-        };
-        let alloc = self.session.allocator();
-        for (name, value) in cache.values.iter_mut() {
-            if present_name(name).is_some() {
-                let shape = [batch, c.num_kv_heads, capacity, c.head_dim];
-                *value = DynTensor::new(alloc, float, shape)?.into_dyn();
-            }
-        }
-        cache.capacity = Some(capacity);
-        Ok(cache)
     }
 
     /// Runs `input_ids` (`[batch, sequence]`, row-major) after `cache`; every token is real

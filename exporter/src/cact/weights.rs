@@ -135,7 +135,7 @@ impl CactFile {
     fn layers_in_parallel(&self) -> Result<Vec<LayerWeights>, CactError> {
         let count = self.header().num_layers as usize;
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let per_worker = count.div_ceil(workers.max(1)).max(1);
+        let per_worker = count.div_ceil(workers).max(1);
         let chunks: Vec<Vec<Result<LayerWeights, CactError>>> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..count)
                 .step_by(per_worker)

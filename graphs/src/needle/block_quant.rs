@@ -98,7 +98,7 @@ pub fn matmul_nbits(b: &mut GraphBuilder, x: &Value, w: &[f32], n: usize, k: usi
 /// [`matmul_nbits`]'s weights, as one `GatherBlockQuantized` node (the float embedding
 /// tables were 2/3 of an int4 file). `None` when `cols` is not a multiple of a block size
 /// the op takes (32, or 16 for narrow tables): then a float Gather is needed.
-pub fn gather_nbits(
+fn gather_nbits(
     b: &mut GraphBuilder,
     table: &[f32],
     rows: usize,
