@@ -14,11 +14,9 @@ mod measure;
 mod profile;
 mod table;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
-use exporter::export::{attention_name, matmul_weights_name};
-use graphs::builder::MatMulWeights;
-use graphs::needle::AttentionKind;
+use graphs::contract::{parse_spelled, AttentionKind, MatMulWeights, Precision};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -53,7 +51,8 @@ struct Args {
     one: Option<Vec<String>>,
 }
 
-/// One exported graph: the attention core and how the large MatMuls store their weights.
+/// One measured graph: the attention core and how the large MatMuls store their weights
+/// (always fp32).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Variant {
     pub attention: AttentionKind,
@@ -61,32 +60,29 @@ pub struct Variant {
 }
 
 impl Variant {
-    /// `fused`, `reference`, `fused-int4`, …
+    /// `fused`, `reference`, `fused-int4`, … (the contract's spellings).
     pub fn name(self) -> String {
         match self.weights {
-            MatMulWeights::Float => attention_name(self.attention).to_string(),
-            w => format!(
-                "{}-{}",
-                attention_name(self.attention),
-                matmul_weights_name(w)
-            ),
+            MatMulWeights::Float => self.attention.to_string(),
+            w => format!("{}-{w}", self.attention),
         }
     }
 
     fn parse(s: &str) -> Result<Variant> {
         let (attention, weights) = s.split_once('-').unwrap_or((s, "float"));
-        let attention = match attention {
-            "fused" => AttentionKind::Fused,
-            "reference" => AttentionKind::Reference,
-            other => bail!("unknown attention variant {other:?} (fused or reference)"),
-        };
-        let weights = match weights {
-            "float" => MatMulWeights::Float,
-            "int8" => MatMulWeights::Int8,
-            "int4" => MatMulWeights::Int4,
-            other => bail!("unknown MatMul weights {other:?} (float, int8 or int4)"),
-        };
-        Ok(Variant { attention, weights })
+        Ok(Variant {
+            attention: parse_spelled(attention).map_err(|e| anyhow!("{e}"))?,
+            weights: parse_spelled(weights).map_err(|e| anyhow!("{e}"))?,
+        })
+    }
+
+    /// The graph variant exported for it.
+    pub fn graph(self) -> graphs::contract::Variant {
+        graphs::contract::Variant {
+            attention: self.attention,
+            precision: Precision::Fp32,
+            matmul_weights: self.weights,
+        }
     }
 }
 

@@ -3,9 +3,8 @@
 
 use crate::{Plan, Variant};
 use anyhow::{anyhow, bail, Context, Result};
-use exporter::cact::CactFile;
-use exporter::export::{export, ExportOptions, Source};
-use graphs::builder::Precision;
+use exporter::export::ExportOptions;
+use exporter::model::NeedleModel;
 use graphs::onnx::{data_type, ModelProto};
 use prost::Message;
 use runner::generate::{self, argmax};
@@ -48,22 +47,13 @@ pub struct Config {
 pub fn one_config(model: &Path, variant: Variant, threads: usize, plan: &Plan) -> Result<Config> {
     let bytes = std::fs::read(model).with_context(|| format!("cannot read {}", model.display()))?;
     let start = Instant::now();
-    let cact = CactFile::parse(&bytes).with_context(|| format!("{}", model.display()))?;
-    let source = Source::of(
-        &model.file_name().unwrap_or_default().to_string_lossy(),
-        &bytes,
-    );
-    let opts = ExportOptions {
-        attention: variant.attention,
-        precision: Precision::Fp32,
-        matmul_weights: variant.weights,
-        tokenizer_file: None,
-        remove_extra_whitespaces: true,
-    };
-    let onnx = export(&cact, &source, &opts).with_context(|| format!("{}", model.display()))?;
+    let name = model.file_name().unwrap_or_default().to_string_lossy();
+    let parsed =
+        NeedleModel::from_bytes(&name, &bytes).with_context(|| format!("{}", model.display()))?;
+    let onnx = parsed.export(&ExportOptions::in_memory(variant.graph()));
     let export_s = start.elapsed().as_secs_f64();
     let peak_rss_export = vm_hwm();
-    drop((cact, bytes));
+    drop((parsed, bytes));
     let weight_bytes = weight_bytes_per_token(&onnx)?;
     reset_hwm();
 
@@ -74,7 +64,7 @@ pub fn one_config(model: &Path, variant: Variant, threads: usize, plan: &Plan) -
     drop(onnx);
     let peak_rss_session = vm_hwm();
     reset_hwm();
-    let vocab = session.config.vocab;
+    let vocab = session.config().vocab;
 
     let mut prefill = Vec::new();
     for &t in &plan.prefill {

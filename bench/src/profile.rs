@@ -4,10 +4,9 @@
 use crate::measure::{step, tokens, CpuShare};
 use crate::Plan;
 use anyhow::{anyhow, Context, Result};
-use exporter::cact::CactFile;
-use exporter::export::{export, ExportOptions, Source};
-use graphs::builder::{MatMulWeights, Precision};
-use graphs::needle::AttentionKind;
+use exporter::export::ExportOptions;
+use exporter::model::NeedleModel;
+use graphs::contract::{AttentionKind, MatMulWeights, Precision, Variant};
 use runner::generate;
 use runner::provider::{session_builder, Provider};
 use runner::session::NeedleSession;
@@ -24,20 +23,15 @@ const PROFILED_STEPS: usize = 16;
 /// summary of each, and the summary of the longest prefill. The raw traces stay in `dir`.
 pub fn run(model: &Path, threads: usize, plan: &Plan, dir: &Path) -> Result<()> {
     let bytes = std::fs::read(model).with_context(|| format!("cannot read {}", model.display()))?;
-    let cact = CactFile::parse(&bytes).with_context(|| format!("{}", model.display()))?;
-    let source = Source::of(
-        &model.file_name().unwrap_or_default().to_string_lossy(),
-        &bytes,
-    );
-    let opts = ExportOptions {
-        attention: AttentionKind::Fused,
+    let name = model.file_name().unwrap_or_default().to_string_lossy();
+    let parsed =
+        NeedleModel::from_bytes(&name, &bytes).with_context(|| format!("{}", model.display()))?;
+    let onnx = parsed.export(&ExportOptions::in_memory(Variant {
+        attention: AttentionKind::FUSED,
         precision: Precision::Fp32,
         matmul_weights: MatMulWeights::Float,
-        tokenizer_file: None,
-        remove_extra_whitespaces: true,
-    };
-    let onnx = export(&cact, &source, &opts)?;
-    drop((cact, bytes));
+    }));
+    drop((parsed, bytes));
     std::fs::create_dir_all(dir)?;
     let env = runner::ort_env::init()?;
     let mut prefill = String::new();
@@ -50,7 +44,7 @@ pub fn run(model: &Path, threads: usize, plan: &Plan, dir: &Path) -> Result<()> 
             .map_err(|e| anyhow!("{e}"))?;
         let mut session = NeedleSession::from_memory(&onnx, registered)?;
         let cpu = CpuShare::start();
-        let vocab = session.config.vocab;
+        let vocab = session.config().vocab;
         let out = generate::prefill(
             &mut session,
             &tokens(past, vocab, 7),

@@ -1,39 +1,11 @@
-//! Command-line values shared by `needle-export` and `needle-run`.
+//! Command-line parsing of the contract's enums, shared by `needle-export` and `needle-run`:
+//! the accepted words are the enums' one spelling (`graphs::contract::Spelled`).
 
-use clap::ValueEnum;
-use graphs::builder::{MatMulWeights, Precision};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use graphs::contract::{parse_spelled, Spelled};
 
-/// `--precision`: float precision of weights and activations (logits stay float32).
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum PrecisionArg {
-    Fp32,
-    Fp16,
-}
-
-impl From<PrecisionArg> for Precision {
-    fn from(p: PrecisionArg) -> Self {
-        match p {
-            PrecisionArg::Fp32 => Precision::Fp32,
-            PrecisionArg::Fp16 => Precision::Fp16,
-        }
-    }
-}
-
-/// `--weights`: `float` is the exact model; `int8`/`int4` re-quantize the large
-/// MatMuls into `com.microsoft.MatMulNBits` blocks (smaller, faster, approximate).
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum WeightsArg {
-    Float,
-    Int8,
-    Int4,
-}
-
-impl From<WeightsArg> for MatMulWeights {
-    fn from(w: WeightsArg) -> Self {
-        match w {
-            WeightsArg::Float => MatMulWeights::Float,
-            WeightsArg::Int8 => MatMulWeights::Int8,
-            WeightsArg::Int4 => MatMulWeights::Int4,
-        }
-    }
+/// A clap value parser accepting exactly `T`'s spellings (listed in `--help`).
+pub fn spelled<T: Spelled + Send + Sync + Clone>() -> impl TypedValueParser<Value = T> {
+    PossibleValuesParser::new(T::ALL.iter().map(|v| v.name()))
+        .map(|name| parse_spelled::<T>(&name).expect("clap checked it is one of T's names"))
 }

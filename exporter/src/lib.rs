@@ -1,7 +1,8 @@
-//! Reads Needle 2 `.cact` files into the typed, dequantized weights of the
-//! `graphs` crate and exports them as ONNX (`needle-export`).
+//! Reads Needle `.cact` files into the typed, dequantized weights of the `graphs`
+//! crate and exports them as ONNX (`needle-export`).
 pub mod cact;
 pub mod cli;
 pub mod export;
+pub mod model;
 pub mod output;
 pub mod tokenizer;

@@ -1,14 +1,15 @@
 //! `needle-export MODEL.cact OUT.onnx [--attention fused|reference|both] [--precision fp32|fp16]`
 
-use anyhow::{bail, Context, Result};
-use clap::{Parser, ValueEnum};
-use exporter::cact::CactFile;
-use exporter::cli::{PrecisionArg, WeightsArg};
-use exporter::export::{export, ExportOptions, Source};
-use exporter::output::write_atomically;
-use graphs::needle::AttentionKind;
+use anyhow::{Context, Result};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::Parser;
+use exporter::cli::spelled;
+use exporter::model::NeedleModel;
+use exporter::output::{file_name, ExportFiles};
+use exporter::tokenizer::NeedleTokenizer;
+use graphs::contract::{parse_spelled, AttentionKind, MatMulWeights, Precision, Spelled};
 use std::io::{stdout, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// Converts a Needle 2 `.cact` model into ONNX graphs for onnxruntime.
@@ -20,15 +21,15 @@ struct Args {
     /// The graph to write; `--attention both` also writes `OUT.reference.onnx`.
     out: PathBuf,
     /// Attention core: onnxruntime's fused kernel, a plain ai.onnx subgraph, or both files.
-    #[arg(long, value_enum, default_value = "fused")]
-    attention: AttentionArg,
+    #[arg(long, value_parser = attention_targets(), default_value = "fused")]
+    attention: Targets,
     /// Float precision of weights and activations (logits stay float32).
-    #[arg(long, value_enum, default_value = "fp32")]
-    precision: PrecisionArg,
+    #[arg(long, value_parser = spelled::<Precision>(), default_value = "fp32")]
+    precision: Precision,
     /// Weights of the large MatMuls: `float` is the exact model; `int8`/`int4`
     /// re-quantize them into `com.microsoft.MatMulNBits` blocks (smaller, faster, approximate).
-    #[arg(long, value_enum, default_value = "float")]
-    weights: WeightsArg,
+    #[arg(long, value_parser = spelled::<MatMulWeights>(), default_value = "float")]
+    weights: MatMulWeights,
     /// SentencePiece's `remove_extra_whitespaces` for the tokenizer (the `.cact` does not
     /// record it; sentencepiece's default is true): drop leading, trailing and repeated spaces.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -38,11 +39,22 @@ struct Args {
     force: bool,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum AttentionArg {
-    Fused,
-    Reference,
+/// `--attention`: one variant into `OUT.onnx`, or `both` (the reference one into
+/// `OUT.reference.onnx`).
+#[derive(Clone, Copy)]
+enum Targets {
+    One(AttentionKind),
     Both,
+}
+
+const BOTH: &str = "both";
+
+fn attention_targets() -> impl TypedValueParser<Value = Targets> {
+    let names = AttentionKind::ALL.iter().map(|k| k.name()).chain([BOTH]);
+    PossibleValuesParser::new(names).map(|name| match name.as_str() {
+        BOTH => Targets::Both,
+        one => Targets::One(parse_spelled(one).expect("clap checked the name")),
+    })
 }
 
 fn main() -> ExitCode {
@@ -56,71 +68,20 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<()> {
-    let precision = args.precision.into();
-    let targets: Vec<(AttentionKind, PathBuf)> = match args.attention {
-        AttentionArg::Fused => vec![(AttentionKind::Fused, args.out.clone())],
-        AttentionArg::Reference => vec![(AttentionKind::Reference, args.out.clone())],
-        AttentionArg::Both => vec![
-            (AttentionKind::Fused, args.out.clone()),
-            (
-                AttentionKind::Reference,
-                args.out.with_extension("reference.onnx"),
-            ),
-        ],
+    let attentions = match args.attention {
+        Targets::One(kind) => vec![kind],
+        Targets::Both => vec![AttentionKind::FUSED, AttentionKind::Reference],
     };
-    let tokenizer_path = args.out.with_extension("tokenizer.json");
-    for path in targets.iter().map(|(_, p)| p).chain([&tokenizer_path]) {
-        check_destination(&args.model, path, args.force)?;
-    }
-
+    let files = ExportFiles::beside(&args.out, &attentions);
+    files.check(&args.model, args.force)?;
     let bytes = std::fs::read(&args.model)
         .with_context(|| format!("cannot read {}", args.model.display()))?;
-    let cact = CactFile::parse(&bytes).with_context(|| format!("{}", args.model.display()))?;
-    let source = Source::of(&file_name(&args.model), &bytes);
-    let tokenizer = exporter::tokenizer::NeedleTokenizer::from_spec(
-        cact.tokenizer(),
-        args.remove_extra_whitespaces,
-    )
-    .with_context(|| format!("{}: tokenizer", args.model.display()))?;
-    let tokenizer_file = file_name(&tokenizer_path);
-    for (kind, path) in &targets {
-        let opts = ExportOptions {
-            matmul_weights: args.weights.into(),
-            attention: *kind,
-            precision,
-            tokenizer_file: Some(tokenizer_file.clone()),
-            remove_extra_whitespaces: args.remove_extra_whitespaces,
-        };
-        let onnx =
-            export(&cact, &source, &opts).with_context(|| format!("{}", args.model.display()))?;
-        write_atomically(path, &onnx)
-            .with_context(|| format!("{}: cannot write", path.display()))?;
-        writeln!(stdout(), "wrote {} ({} bytes)", path.display(), onnx.len())?;
-    }
-    write_atomically(&tokenizer_path, tokenizer.to_json().as_bytes())
-        .with_context(|| format!("{}: cannot write", tokenizer_path.display()))?;
-    writeln!(stdout(), "wrote {}", tokenizer_path.display())?;
-    Ok(())
-}
-
-fn file_name(p: &Path) -> String {
-    p.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
-}
-
-/// Refuses to write over the input, and over an existing file without `--force`.
-fn check_destination(input: &Path, out: &Path, force: bool) -> Result<()> {
-    if let (Ok(a), Ok(b)) = (input.canonicalize(), out.canonicalize()) {
-        if a == b {
-            bail!("{}: refusing to write over the input model", out.display());
-        }
-    }
-    if out.exists() && !force {
-        bail!(
-            "{}: already exists (use --force to replace it)",
-            out.display()
-        );
+    let model = NeedleModel::from_bytes(&file_name(&args.model), &bytes)
+        .with_context(|| format!("{}", args.model.display()))?;
+    let tokenizer = NeedleTokenizer::from_spec(&model.tokenizer, args.remove_extra_whitespaces)
+        .with_context(|| format!("{}: tokenizer", args.model.display()))?;
+    for (path, bytes) in files.write(&model, &tokenizer, args.precision, args.weights)? {
+        writeln!(stdout(), "wrote {} ({bytes} bytes)", path.display())?;
     }
     Ok(())
 }

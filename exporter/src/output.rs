@@ -1,7 +1,104 @@
-//! Atomic file output: a temporary file in the destination directory, renamed into place.
+//! The files of one export (each graph and the `tokenizer.json` beside them), checked
+//! before anything is read and written atomically: a temporary file in the destination
+//! directory, renamed into place.
 
+use crate::export::ExportOptions;
+use crate::model::NeedleModel;
+use crate::tokenizer::NeedleTokenizer;
+use anyhow::{bail, Context, Result};
+use graphs::contract::{AttentionKind, MatMulWeights, Precision, Variant};
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// Where one export goes: `OUT.onnx` for the first graph, `OUT.reference.onnx` for a
+/// reference graph beside a fused one, `OUT.tokenizer.json` for the tokenizer.
+#[derive(Clone, Debug)]
+pub struct ExportFiles {
+    pub graphs: Vec<(AttentionKind, PathBuf)>,
+    pub tokenizer: PathBuf,
+}
+
+impl ExportFiles {
+    /// The files for `attentions` (one, or fused then reference) named after `out`.
+    pub fn beside(out: &Path, attentions: &[AttentionKind]) -> Self {
+        let graphs = attentions
+            .iter()
+            .enumerate()
+            .map(|(i, &kind)| match i {
+                0 => (kind, out.to_path_buf()),
+                _ => (kind, out.with_extension(format!("{kind}.onnx"))),
+            })
+            .collect();
+        ExportFiles {
+            graphs,
+            tokenizer: out.with_extension("tokenizer.json"),
+        }
+    }
+
+    fn paths(&self) -> impl Iterator<Item = &Path> {
+        let graphs = self.graphs.iter().map(|(_, p)| p.as_path());
+        graphs.chain([self.tokenizer.as_path()])
+    }
+
+    /// Refuses to write over `input`, and over an existing file unless `force`.
+    pub fn check(&self, input: &Path, force: bool) -> Result<()> {
+        for out in self.paths() {
+            if let (Ok(a), Ok(b)) = (input.canonicalize(), out.canonicalize()) {
+                if a == b {
+                    bail!("{}: refusing to write over the input model", out.display());
+                }
+            }
+            if out.exists() && !force {
+                bail!(
+                    "{}: already exists (use --force to replace it)",
+                    out.display()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Exports `model` into these files with `precision` and `matmul_weights`, beside
+    /// `tokenizer` (built from the model's, with the whitespace rule the graphs record).
+    /// Returns each path written and its size.
+    pub fn write(
+        &self,
+        model: &NeedleModel,
+        tokenizer: &NeedleTokenizer,
+        precision: Precision,
+        matmul_weights: MatMulWeights,
+    ) -> Result<Vec<(PathBuf, usize)>> {
+        let tokenizer_file = file_name(&self.tokenizer);
+        let mut written = Vec::new();
+        for (attention, path) in &self.graphs {
+            let opts = ExportOptions {
+                variant: Variant {
+                    attention: *attention,
+                    precision,
+                    matmul_weights,
+                },
+                tokenizer_file: Some(tokenizer_file.clone()),
+                remove_extra_whitespaces: tokenizer.remove_extra_whitespaces(),
+            };
+            let onnx = model.export(&opts);
+            write_atomically(path, &onnx)
+                .with_context(|| format!("{}: cannot write", path.display()))?;
+            written.push((path.clone(), onnx.len()));
+        }
+        let json = tokenizer.to_json();
+        write_atomically(&self.tokenizer, json.as_bytes())
+            .with_context(|| format!("{}: cannot write", self.tokenizer.display()))?;
+        written.push((self.tokenizer.clone(), json.len()));
+        Ok(written)
+    }
+}
+
+/// The last component of `p`, or "" when it has none.
+pub fn file_name(p: &Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
 
 /// Writes `bytes` to `path` so that readers see either the old file or the whole new
 /// one; on failure the temporary file is removed and `path` is untouched.

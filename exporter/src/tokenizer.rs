@@ -260,6 +260,10 @@ impl NeedleTokenizer {
     }
 
     /// `<pad>`.
+    pub fn remove_extra_whitespaces(&self) -> bool {
+        self.remove_extra_whitespaces
+    }
+
     pub fn pad_id(&self) -> u32 {
         self.pad_id
     }

@@ -2,38 +2,15 @@
 //! and reproduce the upstream fixtures in stock Python onnxruntime; bad input and
 //! unsafe destinations are refused with one line and no output.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn fixture(name: &str) -> PathBuf {
-    root().join("tests/fixtures").join(name)
-}
-
-fn scratch(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("needle-export-{test}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+use test_support::{fixture, python, repo_root, scratch};
 
 fn export(args: &[&Path]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_needle-export"))
         .args(args)
         .output()
         .unwrap()
-}
-
-fn python() -> PathBuf {
-    let p = root().join(".venv/bin/python");
-    assert!(p.exists(), "{} is missing: run scripts/setup", p.display());
-    p
 }
 
 #[test]
@@ -52,8 +29,8 @@ fn both_variants_pass_the_onnx_checker_and_match_upstream_in_python_onnxruntime(
             ("fused", out.clone()),
             ("reference", dir.join(format!("{model}.reference.onnx"))),
         ] {
-            let check = Command::new(python())
-                .arg(root().join("tests/python/check_onnx.py"))
+            let check = python()
+                .arg(repo_root().join("tests/python/check_onnx.py"))
                 .arg(&path)
                 .arg(fixture(&format!("{model}.cases.safetensors")))
                 .output()

@@ -2,17 +2,10 @@
 //! upstream `read_export` (tests/fixtures/<model>.dequant.safetensors, written
 //! by tests/fixtures/make_dequant_reference.py).
 
-use std::path::PathBuf;
-
 use exporter::cact::{CactFile, Codebooks, Encoding, HeadKind, PieceKind};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures")
-        .join(name)
-}
+use test_support::fixture;
 
 fn f32s(st: &SafeTensors, name: &str) -> (Vec<usize>, Vec<f32>) {
     let view = st.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));

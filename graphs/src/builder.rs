@@ -2,6 +2,7 @@
 //! (`/model/layers.0/self_attn/MatMul`), outputs `{node}/output_{i}`, constants
 //! shared by value, initializers as little-endian `raw_data`.
 
+use crate::contract::Precision;
 use crate::onnx::{
     attribute_type, data_type, AttributeProto, Dimension, DimensionValue, GraphProto, ModelProto,
     NodeProto, OperatorSetIdProto, StringStringEntryProto, TensorProto, TensorShapeProto,
@@ -11,13 +12,12 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Display;
 use std::rc::Rc;
 
-/// ai.onnx opset the graphs are written against.
 /// The ai.onnx opset a graph is written against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Opset {
     /// Opset 21 (IR 10, ONNX 1.16): the widest runtime and execution-provider support.
     V21,
-    /// Opset 23 (IR 11, ONNX 1.18): adds `RMSNormalization` as one kernel.
+    /// Opset 23 (IR 11, ONNX 1.18): adds `RMSNormalization` and `RotaryEmbedding` as kernels.
     V23,
 }
 
@@ -61,13 +61,6 @@ pub enum Attr {
 /// Attributes of one node, by name.
 pub type Attrs = Vec<(&'static str, Attr)>;
 
-/// Floating-point element type of the model's weights and activations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Precision {
-    Fp32,
-    Fp16,
-}
-
 impl Precision {
     /// The ONNX `TensorProto.DataType` of this precision.
     pub fn data_type(self) -> i32 {
@@ -89,17 +82,6 @@ impl Precision {
     }
 }
 
-/// How the weights of the large MatMuls (projections, logits) are stored.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MatMulWeights {
-    /// Dense, in the graph's precision: the exact model.
-    Float,
-    /// `com.microsoft.MatMulNBits`, symmetric 8-bit blocks of 32 along K.
-    Int8,
-    /// `com.microsoft.MatMulNBits`, symmetric 4-bit blocks of 32 along K.
-    Int4,
-}
-
 /// A dimension of a graph input or output.
 #[derive(Clone, Debug)]
 pub enum Dim {
@@ -111,7 +93,6 @@ pub enum Dim {
 pub struct GraphBuilder {
     opset: Opset,
     precision: Precision,
-    matmul_weights: MatMulWeights,
     scopes: Vec<String>,
     nodes: Vec<NodeProto>,
     initializers: Vec<TensorProto>,
@@ -125,15 +106,13 @@ pub struct GraphBuilder {
 }
 
 impl GraphBuilder {
-    /// An empty `opset` graph whose float weights and constants are stored in `precision`,
-    /// and the weights of its large MatMuls as `matmul_weights`.
-    pub fn new(opset: Opset, precision: Precision, matmul_weights: MatMulWeights) -> Self {
+    /// An empty `opset` graph whose float weights and constants are stored in `precision`.
+    pub fn new(opset: Opset, precision: Precision) -> Self {
         let mut domains = BTreeMap::new();
         domains.insert(String::new(), opset.version());
         GraphBuilder {
             opset,
             precision,
-            matmul_weights,
             scopes: Vec::new(),
             nodes: Vec::new(),
             initializers: Vec::new(),
@@ -145,16 +124,6 @@ impl GraphBuilder {
             outputs: Vec::new(),
             value_infos: Vec::new(),
         }
-    }
-
-    /// The ai.onnx opset of this graph.
-    pub fn opset(&self) -> Opset {
-        self.opset
-    }
-
-    /// How the large MatMul weights are stored.
-    pub fn matmul_weights(&self) -> MatMulWeights {
-        self.matmul_weights
     }
 
     /// The float precision of this graph.

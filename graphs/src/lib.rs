@@ -1,4 +1,5 @@
 pub mod builder;
+pub mod contract;
 pub mod needle;
 pub mod onnx;
 mod ops;

@@ -1,7 +1,6 @@
 //! Prefill once, then one token per step through the KV cache; greedy or
 //! temperature sampling; stop tokens; throughput of both phases.
 
-use crate::provider::Provider;
 use crate::session::{NeedleSession, StepOutput};
 use anyhow::{bail, Result};
 use std::time::Instant;
@@ -63,7 +62,7 @@ pub fn generate(
     prompt_ids: &[u32],
     opts: &GenerateOptions,
 ) -> Result<Generation> {
-    let max_len = session.config.max_seq_len;
+    let max_len = session.config().max_seq_len;
     if prompt_ids.is_empty() {
         bail!("the prompt is empty");
     }
@@ -79,7 +78,7 @@ pub fn generate(
     let mut step = prefill(session, &ids, prompt_ids.len() + opts.max_new_tokens)?;
     let prefill_secs = start.elapsed().as_secs_f64();
 
-    let vocab = session.config.vocab;
+    let vocab = session.config().vocab;
     let mut generated = Vec::new();
     let mut stopped_on = None;
     let mut decode_tokens = 0;
@@ -108,23 +107,14 @@ pub fn generate(
     })
 }
 
-/// Prompt tokens per forward call of a CPU prefill. onnxruntime's CPU attention scores
-/// every cached key for every new query and masks afterwards, so a long prompt costs less
-/// fed through the cache in pieces: 1024 tokens of the full-size model prefilled at
-/// 311–415 tok/s in one call and 627–668 tok/s in 128-token chunks (1 thread; 256: 524–627).
-pub const CPU_PREFILL_CHUNK: usize = 128;
-
-/// Runs the prompt `ids` (batch 1) from an empty cache with room for `capacity` tokens:
-/// in [`CPU_PREFILL_CHUNK`]-token pieces on the CPU, in one call elsewhere (a GPU scores
-/// a whole prompt at once). The logits are those of the last piece.
+/// Runs the prompt `ids` (batch 1) from an empty cache with room for `capacity` tokens,
+/// in the pieces the run plan says ([`crate::plan::RunPlan::prefill_chunk`]). The logits
+/// are those of the last piece.
 pub fn prefill(session: &mut NeedleSession, ids: &[i64], capacity: usize) -> Result<StepOutput> {
     if ids.is_empty() {
         bail!("the prompt is empty");
     }
-    let chunk = match session.provider {
-        Provider::Cpu => CPU_PREFILL_CHUNK,
-        _ => ids.len(),
-    };
+    let chunk = session.plan.prefill_chunk.unwrap_or(ids.len());
     let mut pieces = ids.chunks(chunk);
     let first = pieces.next().expect("a non-empty prompt");
     let mut step = session.forward(first, 1, session.preallocated_cache(1, capacity)?)?;

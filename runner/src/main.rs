@@ -2,14 +2,13 @@
 //! model through onnxruntime, on the execution provider chosen at startup.
 
 use anyhow::{bail, Context, Result};
-use clap::{Parser, ValueEnum};
-use exporter::cli::{PrecisionArg, WeightsArg};
-use graphs::builder::Precision;
-use graphs::needle::AttentionKind;
+use clap::Parser;
+use exporter::cli::spelled;
+use graphs::contract::{AttentionKind, MatMulWeights, Precision};
+use runner::answer::Runner;
 use runner::generate::Sampling;
-use runner::model::{LoadOptions, ModelSource, DEMO_TOOLS};
+use runner::load::{LoadOptions, ModelSource, DEMO_TOOLS};
 use runner::provider::Provider;
-use runner::runner::Runner;
 use serde_json::Value;
 use std::io::{stdout, Write};
 use std::path::PathBuf;
@@ -30,14 +29,14 @@ struct Args {
     #[arg(long)]
     fallback: bool,
     /// Attention variant of the graph (default: the provider's choice; `.cact` only).
-    #[arg(long, value_enum)]
-    attention: Option<AttentionArg>,
+    #[arg(long, value_parser = spelled::<AttentionKind>())]
+    attention: Option<AttentionKind>,
     /// Precision of the graph (default: the provider's choice; `.cact` only).
-    #[arg(long, value_enum)]
-    precision: Option<PrecisionArg>,
+    #[arg(long, value_parser = spelled::<Precision>())]
+    precision: Option<Precision>,
     /// MatMul weights: `float` (exact) or re-quantized `int8`/`int4` MatMulNBits (`.cact` only).
-    #[arg(long, value_enum, default_value = "float")]
-    weights: WeightsArg,
+    #[arg(long, value_parser = spelled::<MatMulWeights>(), default_value = "float")]
+    weights: MatMulWeights,
     /// onnxruntime intra-op threads (0: onnxruntime decides).
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -67,12 +66,6 @@ struct Args {
     seed: u64,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum AttentionArg {
-    Fused,
-    Reference,
-}
-
 fn main() -> ExitCode {
     match run(Args::parse()) {
         Ok(()) => ExitCode::SUCCESS,
@@ -98,12 +91,9 @@ fn run(args: Args) -> Result<()> {
     let options = LoadOptions {
         provider: args.provider,
         fallback: args.fallback,
-        attention: args.attention.map(|a| match a {
-            AttentionArg::Fused => AttentionKind::Fused,
-            AttentionArg::Reference => AttentionKind::Reference,
-        }),
-        precision: args.precision.map(Precision::from),
-        matmul_weights: args.weights.into(),
+        attention: args.attention,
+        precision: args.precision,
+        matmul_weights: args.weights,
         threads: args.threads,
         remove_extra_whitespaces: true,
     };

@@ -1,5 +1,5 @@
 //! Execution provider selection: `--provider` to a session builder with exactly that provider
-//! registered, plus the graph variant each provider prefers.
+//! registered (what each provider prefers to run is in `plan`).
 //!
 //! Every provider is registered with `error_on_failure`, so a provider that cannot be used is
 //! an error, never a silent CPU run. Each attempt gets a fresh builder, so a failed
@@ -8,7 +8,6 @@
 use std::fmt;
 
 use clap::ValueEnum;
-use graphs::needle::AttentionKind;
 use ort::{
     environment::Environment,
     ep,
@@ -44,16 +43,6 @@ impl Provider {
             Provider::Cuda => "cuda",
             Provider::TensorRt => "tensorrt",
             Provider::CoreMl => "coreml",
-        }
-    }
-
-    /// The attention core this provider runs best: fused for CUDA and CPU, reference for
-    /// TensorRT and CoreML. `Auto` has no preference of its own and answers like `Cpu`;
-    /// ask the provider [`session_builder`] registered.
-    pub fn attention(self) -> AttentionKind {
-        match self {
-            Provider::Auto | Provider::Cpu | Provider::Cuda => AttentionKind::Fused,
-            Provider::TensorRt | Provider::CoreMl => AttentionKind::Reference,
         }
     }
 }
@@ -118,6 +107,8 @@ pub struct Registered {
     pub provider: Provider,
     /// Providers tried before it, in order, and why each failed.
     pub skipped: Vec<Unavailable>,
+    /// The intra-op thread count the builder was given (0: onnxruntime's choice).
+    pub threads: usize,
 }
 
 /// Configures a session builder for `requested`, with [`tuned_builder`]'s threads and
@@ -155,6 +146,7 @@ pub fn session_builder(
                     builder,
                     provider,
                     skipped,
+                    threads,
                 })
             }
             Err(ProviderError::Unavailable(unavailable)) => skipped.push(unavailable),
@@ -165,6 +157,7 @@ pub fn session_builder(
         builder: attempt(last_try)?,
         provider: last_try,
         skipped,
+        threads,
     })
 }
 

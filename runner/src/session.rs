@@ -1,23 +1,33 @@
-//! One Needle graph loaded in onnxruntime: geometry from its metadata, and a
-//! `forward` that threads the `past_*` state through the graph's `present_*` outputs.
+//! One Needle graph loaded in onnxruntime: what its metadata says about it, its run
+//! plan, and a `forward` that threads the typed [`Cache`] through the graph's
+//! `present_*` outputs.
 
+use crate::plan::RunPlan;
 use crate::provider::{self, Provider, Registered};
 use anyhow::{anyhow, bail, Context, Result};
-use exporter::export::{attention_name, keys, precision_name};
-use graphs::builder::Precision;
-use graphs::needle::model::{kv_names, present_name, PAST_INPUT_IDS, PRESENT_INPUT_IDS};
-use graphs::needle::{AttentionKind, Config};
-use ort::session::{Session, SessionInputValue};
+use graphs::contract::names::{self, layer_cache, LayerCache};
+use graphs::contract::{ExportDescription, Precision};
+use graphs::needle::Config;
+use ort::session::{Session, SessionInputValue, SessionOutputs};
 use ort::value::TensorElementType;
 use ort::value::{DynTensor, DynValue, Tensor};
 
-/// The state carried between steps: every `past_*` input, by name, and its length.
+/// One layer's cache, `[batch, num_kv_heads, len or capacity, head_dim]` each.
+pub struct LayerKv {
+    pub key: DynValue,
+    pub value: DynValue,
+}
+
+/// The state carried between steps.
 pub struct Cache {
-    values: Vec<(String, DynValue)>,
+    /// Per layer, in layer order.
+    layers: Vec<LayerKv>,
+    /// `past_input_ids` `[batch, len]`: the tokens seen so far, for the engram.
+    history: DynValue,
     len: usize,
     /// `Some(tokens)`: the key/value tensors are buffers of that many positions, bound as
     /// both `past_*` and `present.*` so attention appends in place (see
-    /// [`NeedleSession::preallocated_cache`]); `None`: exact-length tensors, replaced each step.
+    /// [`RunPlan::in_place_cache`]); `None`: exact-length tensors, replaced each step.
     capacity: Option<usize>,
 }
 
@@ -38,16 +48,13 @@ impl Cache {
     }
 }
 
-/// A loaded Needle graph and what its metadata says about it.
+/// A loaded Needle graph, what its metadata says about it, and how it runs.
 pub struct NeedleSession {
     session: Session,
-    pub config: Config,
-    pub attention: AttentionKind,
-    pub precision: Precision,
-    /// The provider that actually runs it (never `Auto`).
-    pub provider: Provider,
-    /// Every `metadata_props` entry of the graph.
-    pub metadata: std::collections::HashMap<String, String>,
+    pub description: ExportDescription,
+    pub plan: RunPlan,
+    /// The cache input/output names of each layer.
+    layer_names: Vec<LayerCache>,
 }
 
 /// Output of one step.
@@ -58,24 +65,22 @@ pub struct StepOutput {
 }
 
 impl NeedleSession {
-    /// Loads graph bytes with `provider` (see [`provider::session_builder`]).
+    /// Loads graph bytes with the provider `registered` holds.
     pub fn from_memory(onnx: &[u8], mut registered: Registered) -> Result<Self> {
-        let provider = registered.provider;
         let session = registered
             .builder
             .commit_from_memory(onnx)
             .map_err(|e| anyhow!("{e}"))?;
-        Self::wrap(session, provider)
+        Self::wrap(session, &registered)
     }
 
     /// Loads an `.onnx` written by `needle-export`.
     pub fn from_file(path: &std::path::Path, mut registered: Registered) -> Result<Self> {
-        let provider = registered.provider;
         let session = registered
             .builder
             .commit_from_file(path)
             .map_err(|e| anyhow!("{}: cannot load: {e}", path.display()))?;
-        Self::wrap(session, provider)
+        Self::wrap(session, &registered)
     }
 
     /// Creates a session for `onnx` on `provider` with `threads` intra-op threads.
@@ -85,56 +90,48 @@ impl NeedleSession {
         Self::from_memory(onnx, registered)
     }
 
-    fn wrap(session: Session, provider: Provider) -> Result<Self> {
+    fn wrap(session: Session, registered: &Registered) -> Result<Self> {
         let meta = session.metadata().map_err(|e| anyhow!("{e}"))?;
-        let get = |k: &str| meta.custom(k);
-        let config =
-            Config::from_metadata(get).map_err(|e| anyhow!("not a needle-export graph: {e}"))?;
-        let named = |key: &str, value: Option<String>| {
-            anyhow!("not a needle-export graph: metadata {key} is {value:?}")
-        };
-        let attention = get(keys::ATTENTION);
-        let attention = [AttentionKind::Fused, AttentionKind::Reference]
-            .into_iter()
-            .find(|k| attention.as_deref() == Some(attention_name(*k)))
-            .ok_or_else(|| named(keys::ATTENTION, attention.clone()))?;
-        let precision = get(keys::PRECISION);
-        let precision = [Precision::Fp32, Precision::Fp16]
-            .into_iter()
-            .find(|p| precision.as_deref() == Some(precision_name(*p)))
-            .ok_or_else(|| named(keys::PRECISION, precision.clone()))?;
-        let metadata = meta
-            .custom_keys()
-            .map_err(|e| anyhow!("{e}"))?
-            .into_iter()
-            .filter_map(|k| get(&k).map(|v| (k, v)))
-            .collect();
+        let description = ExportDescription::from_metadata(|k| meta.custom(k))
+            .map_err(|e| anyhow!("not a needle-export graph: {e}"))?;
         drop(meta);
+        let plan = RunPlan::new(registered.provider, &description, registered.threads);
+        let layer_names = (0..description.config.num_layers)
+            .map(layer_cache)
+            .collect();
         let s = NeedleSession {
             session,
-            config,
-            attention,
-            precision,
-            provider,
-            metadata,
+            description,
+            plan,
+            layer_names,
         };
         s.check_interface()?;
         Ok(s)
     }
 
+    /// The model geometry.
+    pub fn config(&self) -> &Config {
+        &self.description.config
+    }
+
+    /// The provider that runs the graph (never `Auto`).
+    pub fn provider(&self) -> Provider {
+        self.plan.provider
+    }
+
     fn check_interface(&self) -> Result<()> {
         let inputs: Vec<&str> = self.session.inputs().iter().map(|i| i.name()).collect();
-        let mut wanted = vec![
-            "input_ids".to_string(),
-            "attention_mask".into(),
-            PAST_INPUT_IDS.into(),
+        let kv = self
+            .layer_names
+            .iter()
+            .flat_map(|n| [n.past_key.as_str(), n.past_value.as_str()]);
+        let wanted = [
+            names::INPUT_IDS,
+            names::ATTENTION_MASK,
+            names::PAST_INPUT_IDS,
         ];
-        for i in 0..self.config.num_layers {
-            let [k, v, _, _] = kv_names(i);
-            wanted.extend([k, v]);
-        }
-        for w in &wanted {
-            if !inputs.contains(&w.as_str()) {
+        for w in wanted.into_iter().chain(kv) {
+            if !inputs.contains(&w) {
                 bail!("not a needle-export graph: input {w} is missing");
             }
         }
@@ -146,44 +143,37 @@ impl NeedleSession {
         self.new_cache(batch, None)
     }
 
-    /// An empty state whose key/value tensors are preallocated for `capacity` tokens, when
-    /// this session can update them in place: a fused graph on the CPU whose metadata says
-    /// it takes such buffers (older exports read the past length off the cache's shape).
-    /// onnxruntime's `GroupQueryAttention` then writes only the new positions (it shares
-    /// the buffers when `past` and `present` are the same memory) instead of copying the
-    /// whole cache into a new `present` every step — most of a step's time after a
-    /// thousand tokens. Other sessions get [`Self::empty_cache`].
+    /// An empty state for `batch` rows and up to `capacity` tokens: preallocated buffers
+    /// updated in place where the plan says so, else [`Self::empty_cache`].
     pub fn preallocated_cache(&self, batch: usize, capacity: usize) -> Result<Cache> {
-        let shares = self
-            .metadata
-            .get(keys::PAST_PRESENT_SHARE_BUFFER)
-            .is_some_and(|v| v.starts_with("true"));
-        if !shares || self.attention != AttentionKind::Fused || self.provider != Provider::Cpu {
+        if !self.plan.in_place_cache {
             return self.empty_cache(batch);
         }
-        self.new_cache(batch, Some(capacity.min(self.config.max_seq_len)))
+        let capacity = capacity.min(self.config().max_seq_len);
+        self.new_cache(batch, Some(capacity))
     }
 
     /// No tokens seen yet; key/value tensors of `capacity` positions, or of none.
     fn new_cache(&self, batch: usize, capacity: Option<usize>) -> Result<Cache> {
-        let c = &self.config;
-        let float = match self.precision {
+        let c = self.config();
+        let float = match self.description.variant.precision {
             Precision::Fp32 => TensorElementType::Float32,
             Precision::Fp16 => TensorElementType::Float16,
         };
         let shape = [batch, c.num_kv_heads, capacity.unwrap_or(0), c.head_dim];
         let alloc = self.session.allocator();
-        let mut values = Vec::new();
-        for i in 0..c.num_layers {
-            let [k, v, _, _] = kv_names(i);
-            for name in [k, v] {
-                values.push((name, DynTensor::new(alloc, float, shape)?.into_dyn()));
-            }
-        }
-        let ids = Tensor::<i64>::from_array(([batch, 0usize], Vec::<i64>::new()))?;
-        values.push((PAST_INPUT_IDS.to_string(), ids.into_dyn()));
+        let layers = (0..c.num_layers)
+            .map(|_| {
+                Ok(LayerKv {
+                    key: DynTensor::new(alloc, float, shape)?.into_dyn(),
+                    value: DynTensor::new(alloc, float, shape)?.into_dyn(),
+                })
+            })
+            .collect::<Result<_>>()?;
+        let history = Tensor::<i64>::from_array(([batch, 0usize], Vec::<i64>::new()))?;
         Ok(Cache {
-            values,
+            layers,
+            history: history.into_dyn(),
             len: 0,
             capacity,
         })
@@ -200,14 +190,14 @@ impl NeedleSession {
         }
         let seq = input_ids.len() / batch;
         let total = cache.len + seq;
+        let max_seq_len = self.config().max_seq_len;
         match cache.capacity {
             Some(capacity) if total > capacity => {
                 bail!("sequence of {total} tokens exceeds the preallocated cache's {capacity}")
             }
-            _ if total > self.config.max_seq_len => bail!(
-                "sequence of {total} tokens exceeds the model's max_seq_len {}",
-                self.config.max_seq_len
-            ),
+            _ if total > max_seq_len => {
+                bail!("sequence of {total} tokens exceeds the model's max_seq_len {max_seq_len}")
+            }
             _ => {}
         }
         let ids = Tensor::<i64>::from_array(([batch, seq], input_ids.to_vec()))?;
@@ -215,30 +205,33 @@ impl NeedleSession {
         if cache.capacity.is_some() {
             return self.forward_in_place(ids, mask, cache, total);
         }
-        let mut inputs: Vec<(String, SessionInputValue)> =
-            Vec::with_capacity(cache.values.len() + 2);
-        inputs.push(("input_ids".into(), ids.into()));
-        inputs.push(("attention_mask".into(), mask.into()));
-        for (name, value) in cache.values {
-            inputs.push((name, value.into()));
+        let mut inputs: Vec<(&str, SessionInputValue)> =
+            Vec::with_capacity(2 * cache.layers.len() + 3);
+        inputs.push((names::INPUT_IDS, ids.into()));
+        inputs.push((names::ATTENTION_MASK, mask.into()));
+        for (n, kv) in self.layer_names.iter().zip(cache.layers) {
+            inputs.push((&n.past_key, kv.key.into()));
+            inputs.push((&n.past_value, kv.value.into()));
         }
+        inputs.push((names::PAST_INPUT_IDS, cache.history.into()));
         let mut outputs = self.session.run(inputs).context("onnxruntime run failed")?;
-        let (_, logits) = outputs["logits"].try_extract_tensor::<f32>()?;
-        let logits = logits.to_vec();
-        let mut values = Vec::with_capacity(2 * self.config.num_layers + 1);
-        for i in 0..self.config.num_layers {
-            let [pk, pv, k, v] = kv_names(i);
-            values.push((pk, take(&mut outputs, &k)?));
-            values.push((pv, take(&mut outputs, &v)?));
-        }
-        values.push((
-            PAST_INPUT_IDS.to_string(),
-            take(&mut outputs, PRESENT_INPUT_IDS)?,
-        ));
+        let logits = logits(&outputs)?;
+        let layers = self
+            .layer_names
+            .iter()
+            .map(|n| {
+                Ok(LayerKv {
+                    key: take(&mut outputs, &n.present_key)?,
+                    value: take(&mut outputs, &n.present_value)?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        let history = take(&mut outputs, names::PRESENT_INPUT_IDS)?;
         Ok(StepOutput {
             logits,
             cache: Cache {
-                values,
+                layers,
+                history,
                 len: total,
                 capacity: None,
             },
@@ -255,37 +248,37 @@ impl NeedleSession {
         total: usize,
     ) -> Result<StepOutput> {
         let mut binding = self.session.create_binding()?;
-        binding.bind_input("input_ids", &ids)?;
-        binding.bind_input("attention_mask", &mask)?;
-        for (name, value) in cache.values.iter_mut() {
-            binding.bind_input(name.as_str(), &*value)?;
-            if let Some(present) = present_name(name) {
-                binding.bind_output(present, &mut *value)?;
-            }
+        binding.bind_input(names::INPUT_IDS, &ids)?;
+        binding.bind_input(names::ATTENTION_MASK, &mask)?;
+        for (n, kv) in self.layer_names.iter().zip(cache.layers.iter_mut()) {
+            binding.bind_input(n.past_key.as_str(), &kv.key)?;
+            binding.bind_input(n.past_value.as_str(), &kv.value)?;
+            binding.bind_output(n.present_key.as_str(), &mut kv.key)?;
+            binding.bind_output(n.present_value.as_str(), &mut kv.value)?;
         }
+        binding.bind_input(names::PAST_INPUT_IDS, &cache.history)?;
         let host = self.session.allocator().memory_info();
-        binding.bind_output_to_device("logits", host)?;
-        binding.bind_output_to_device(PRESENT_INPUT_IDS, host)?;
+        binding.bind_output_to_device(names::LOGITS, host)?;
+        binding.bind_output_to_device(names::PRESENT_INPUT_IDS, host)?;
         let mut outputs = self
             .session
             .run_binding(&binding)
             .context("onnxruntime run failed")?;
-        let (_, logits) = outputs["logits"].try_extract_tensor::<f32>()?;
-        let logits = logits.to_vec();
-        let history = take(&mut outputs, PRESENT_INPUT_IDS)?;
+        let logits = logits(&outputs)?;
+        let history = take(&mut outputs, names::PRESENT_INPUT_IDS)?;
         drop(outputs);
-        for (name, value) in cache.values.iter_mut() {
-            if name == PAST_INPUT_IDS {
-                *value = history;
-                break;
-            }
-        }
+        cache.history = history;
         cache.len = total;
         Ok(StepOutput { logits, cache })
     }
 }
 
-fn take(outputs: &mut ort::session::SessionOutputs<'_>, name: &str) -> Result<DynValue> {
+fn logits(outputs: &SessionOutputs<'_>) -> Result<Vec<f32>> {
+    let (_, logits) = outputs[names::LOGITS].try_extract_tensor::<f32>()?;
+    Ok(logits.to_vec())
+}
+
+fn take(outputs: &mut SessionOutputs<'_>, name: &str) -> Result<DynValue> {
     outputs
         .remove(name)
         .ok_or_else(|| anyhow!("graph output {name} is missing"))

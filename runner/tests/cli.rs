@@ -1,16 +1,13 @@
 //! `needle-run` end to end: the demo query, raw mode against upstream's greedy
 //! generations (through the tokenizer), `.onnx` input, providers, bad input.
 
+use exporter::model::NeedleModel;
+use exporter::output::ExportFiles;
+use exporter::tokenizer::NeedleTokenizer;
+use graphs::contract::{AttentionKind, MatMulWeights, Precision};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
+use test_support::{fixture, scratch};
 
 fn run(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_needle-run"))
@@ -62,35 +59,21 @@ fn the_first_readme_command_answers_with_the_right_call() {
 }
 
 fn generate_refs(model: &str) -> Vec<Value> {
-    let text =
-        std::fs::read_to_string(root().join(format!("tests/fixtures/{model}.generate.json")))
-            .unwrap();
+    let text = std::fs::read_to_string(fixture(&format!("{model}.generate.json"))).unwrap();
     serde_json::from_str(&text).unwrap()
 }
 
 #[test]
 fn raw_mode_reproduces_upstream_generations_from_cact_and_from_exported_onnx() {
-    let dir = std::env::temp_dir().join(format!("needle-run-raw-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("run-raw");
     for model in ["m48", "m64", "m96"] {
-        let cact = root().join(format!("tests/fixtures/{model}.cact"));
+        let cact = fixture(&format!("{model}.cact"));
         let onnx = dir.join(format!("{model}.onnx"));
-        let exporter = root()
-            .join("target")
-            .join(profile_dir())
-            .join("needle-export");
-        assert!(
-            exporter.exists(),
-            "{} is not built: run the workspace tests (cargo test --workspace)",
-            exporter.display()
-        );
-        let o = Command::new(exporter)
-            .arg(&cact)
-            .arg(&onnx)
-            .arg("--force")
-            .output()
+        let exported = NeedleModel::read(&cact).unwrap();
+        let tokenizer = NeedleTokenizer::from_spec(&exported.tokenizer, true).unwrap();
+        ExportFiles::beside(&onnx, &[AttentionKind::FUSED])
+            .write(&exported, &tokenizer, Precision::Fp32, MatMulWeights::Float)
             .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         for m in [cact.display().to_string(), onnx.display().to_string()] {
             for r in generate_refs(model) {
                 let prompt = r["prompt"].as_str().unwrap();
@@ -116,14 +99,6 @@ fn raw_mode_reproduces_upstream_generations_from_cact_and_from_exported_onnx() {
     }
 }
 
-fn profile_dir() -> &'static str {
-    if cfg!(debug_assertions) {
-        "debug"
-    } else {
-        "release"
-    }
-}
-
 #[test]
 fn a_named_provider_that_cannot_register_is_an_error_unless_fallback() {
     let o = run(&["--provider", "cuda", "--query", "play Coldplay"]);
@@ -140,8 +115,7 @@ fn a_named_provider_that_cannot_register_is_an_error_unless_fallback() {
 
 #[test]
 fn bad_input_is_a_clear_error() {
-    let dir = std::env::temp_dir().join(format!("needle-run-bad-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("run-bad");
     let not_json = dir.join("tools.json");
     std::fs::write(&not_json, "[{\"name\": ").unwrap();
     let not_list = dir.join("object.json");
@@ -179,14 +153,13 @@ fn bad_input_is_a_clear_error() {
 
 #[test]
 fn an_onnx_that_needle_export_did_not_write_is_a_clear_error() {
-    use graphs::builder::{Dim, GraphBuilder, MatMulWeights, Opset, Precision};
+    use graphs::builder::{Dim, GraphBuilder, Opset};
     use graphs::onnx::data_type;
     use prost::Message;
-    let mut b = GraphBuilder::new(Opset::V21, Precision::Fp32, MatMulWeights::Float);
+    let mut b = GraphBuilder::new(Opset::V21, Precision::Fp32);
     let x = b.input("x", data_type::FLOAT, &[Dim::Fixed(1)]);
     b.output(&x, "y", data_type::FLOAT, &[Dim::Fixed(1)]);
-    let dir = std::env::temp_dir().join(format!("needle-run-foreign-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("run-foreign");
     let path = dir.join("identity.onnx");
     std::fs::write(&path, b.finish("identity", Vec::new()).encode_to_vec()).unwrap();
     let p = path.display().to_string();

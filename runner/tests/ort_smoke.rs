@@ -3,7 +3,6 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::Command,
     sync::OnceLock,
 };
 
@@ -40,15 +39,13 @@ onnx.save(model, sys.argv[1])
 fn smoke_model() -> &'static Path {
     static MODEL: OnceLock<PathBuf> = OnceLock::new();
     MODEL.get_or_init(|| {
-        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let python = repo.join(".venv/bin/python");
         let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ort_smoke.onnx");
-        let status = Command::new(&python)
+        let status = test_support::python()
             .arg("-c")
             .arg(MAKE_MODEL)
             .arg(&path)
             .status()
-            .unwrap_or_else(|e| panic!("{}: {e}; run scripts/setup", python.display()));
+            .unwrap_or_else(|e| panic!("the venv python: {e}; run scripts/setup"));
         assert!(status.success(), "making the smoke model failed");
         path
     })
@@ -184,15 +181,6 @@ fn auto_reports_what_it_got() {
         skipped,
         [Provider::TensorRt, Provider::Cuda, Provider::CoreMl]
     );
-}
-
-#[test]
-fn provider_preferences() {
-    use graphs::needle::AttentionKind::*;
-    assert_eq!(Provider::Cuda.attention(), Fused);
-    assert_eq!(Provider::Cpu.attention(), Fused);
-    assert_eq!(Provider::TensorRt.attention(), Reference);
-    assert_eq!(Provider::CoreMl.attention(), Reference);
 }
 
 #[test]

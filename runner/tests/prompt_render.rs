@@ -6,7 +6,6 @@
 use runner::prompt::{parse_answer, render_prompt};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use std::path::Path;
 
 #[derive(Deserialize)]
 struct Fixture {
@@ -26,7 +25,7 @@ struct Case {
 }
 
 fn cases() -> Vec<Case> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/prompt.cases.json");
+    let path = test_support::fixture("prompt.cases.json");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str::<Fixture>(&text)
         .expect("fixture parses")

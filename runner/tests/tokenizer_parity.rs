@@ -6,8 +6,8 @@
 use exporter::cact::CactFile;
 use runner::tokenizer::NeedleTokenizer;
 use serde::Deserialize;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
+use test_support::{python, repo_root};
 
 #[derive(Deserialize)]
 struct SpCase {
@@ -31,10 +31,6 @@ struct PromptCase {
     target: String,
     target_ids: Vec<u32>,
     target_decode: String,
-}
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 fn read_json<T: for<'de> Deserialize<'de>>(relative: &str) -> T {
@@ -159,15 +155,9 @@ fn run_python<T: for<'de> Deserialize<'de>>(
     input: &serde_json::Value,
     tag: &str,
 ) -> T {
-    let python = repo_root().join(".venv/bin/python");
-    assert!(
-        python.exists(),
-        "{} is missing: run scripts/setup to create the project venv (it provides `tokenizers` and `sentencepiece`)",
-        python.display()
-    );
     let input_path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{tag}.input.json"));
     std::fs::write(&input_path, input.to_string()).unwrap();
-    let out = Command::new(&python)
+    let out = python()
         .args(["-c", script])
         .arg(&input_path)
         .output()

@@ -1,32 +1,16 @@
 //! Shared helpers for the end-to-end tests: fixture paths, the upstream reference
 //! cases, the contract's comparison rule, and in-memory export + session.
 
-use exporter::cact::CactFile;
-use exporter::export::{export, ExportOptions, Source};
-use graphs::builder::{MatMulWeights, Precision};
-use graphs::needle::AttentionKind;
+use exporter::export::ExportOptions;
+use exporter::model::NeedleModel;
+use graphs::contract::{AttentionKind, MatMulWeights, Precision, Variant};
 use runner::provider::Provider;
 use runner::session::NeedleSession;
 use safetensors::SafeTensors;
-use std::path::PathBuf;
+pub use test_support::{fixture, python, read_fixture, repo_root, scratch};
 
 /// The conformance models (upstream fixtures) and the sliding-window model.
 pub const MODELS: [&str; 4] = ["m48", "m64", "m96", "m64w"];
-
-/// `tests/fixtures/<name>`.
-pub fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures")
-        .join(name)
-}
-
-/// The repository root.
-pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
 
 /// One upstream reference case: ids `[batch, seq]`, real lengths, logits `[batch, seq, vocab]`.
 pub struct Case {
@@ -137,20 +121,23 @@ pub fn options(
     precision: Precision,
     matmul_weights: MatMulWeights,
 ) -> ExportOptions {
-    ExportOptions {
+    ExportOptions::in_memory(Variant {
         attention,
         precision,
         matmul_weights,
-        tokenizer_file: None,
-        remove_extra_whitespaces: true,
-    }
+    })
+}
+
+/// The ONNX bytes of `.cact` bytes exported with `opts`.
+pub fn onnx_of(cact: &[u8], opts: &ExportOptions) -> Vec<u8> {
+    NeedleModel::from_bytes("model.cact", cact)
+        .unwrap()
+        .export(opts)
 }
 
 /// Exports `.cact` bytes with `opts` in memory and loads the graph on `provider` with one thread.
 pub fn session_of(cact: &[u8], opts: &ExportOptions, provider: Provider) -> NeedleSession {
-    let parsed = CactFile::parse(cact).unwrap();
-    let onnx = export(&parsed, &Source::of("model.cact", cact), opts).unwrap();
-    NeedleSession::create(&onnx, provider, false, 1).unwrap()
+    NeedleSession::create(&onnx_of(cact, opts), provider, false, 1).unwrap()
 }
 
 /// Exports fixture `model` (fp32, dense weights) and loads it on the CPU with one thread.

@@ -3,8 +3,8 @@
 //! set (the exact model's own greedy answers), and the logit error on upstream case D.
 
 use exporter::cact::CactFile;
-use graphs::builder::{MatMulWeights, Precision};
-use graphs::needle::AttentionKind;
+use graphs::contract::AttentionKind;
+use graphs::contract::{MatMulWeights, Precision};
 use needle_tests::{cases, fixture, options, repo_root, row_error, session_of};
 use runner::generate::{argmax, generate, GenerateOptions, Sampling};
 use runner::prompt::render_prompt;
@@ -16,7 +16,7 @@ use serde_json::Value;
 fn session(bytes: &[u8], weights: MatMulWeights) -> NeedleSession {
     session_of(
         bytes,
-        &options(AttentionKind::Fused, Precision::Fp32, weights),
+        &options(AttentionKind::FUSED, Precision::Fp32, weights),
         Provider::Cpu,
     )
 }
@@ -28,7 +28,7 @@ fn agreement(weights: MatMulWeights) -> (usize, usize) {
         NeedleTokenizer::from_spec(CactFile::parse(&bytes).unwrap().tokenizer(), true).unwrap();
     let mut exact = session(&bytes, MatMulWeights::Float);
     let mut compact = session(&bytes, weights);
-    let vocab = exact.config.vocab;
+    let vocab = exact.config().vocab;
     let text = std::fs::read_to_string(repo_root().join("runner/demo/eval.jsonl")).unwrap();
     let (mut same, mut total) = (0, 0);
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
@@ -66,7 +66,7 @@ fn logit_error(weights: MatMulWeights) -> f32 {
         .forward(&case.input_ids, 1, s.empty_cache(1).unwrap())
         .unwrap()
         .logits;
-    row_error(&got, &case.logits, case.seq, s.config.vocab)
+    row_error(&got, &case.logits, case.seq, s.config().vocab)
 }
 
 #[test]

@@ -1,8 +1,10 @@
 //! Both attention variants against the upstream JAX reference logits, the cached
 //! path against the full forward, and fused against reference.
 
-use graphs::needle::AttentionKind::{self, Fused, Reference};
+use graphs::contract::AttentionKind::{self, Reference};
 use needle_tests::{cases, row_error, session, MODELS, TOLERANCE};
+
+const FUSED: AttentionKind = AttentionKind::FUSED;
 
 fn full_forward(model: &str, kind: AttentionKind, ids: &[i64], batch: usize) -> Vec<f32> {
     let mut s = session(model, kind);
@@ -14,9 +16,9 @@ fn full_forward(model: &str, kind: AttentionKind, ids: &[i64], batch: usize) -> 
 fn every_case_of_every_model_matches_upstream_in_both_variants() {
     let mut report = Vec::new();
     for model in MODELS {
-        for kind in [Fused, Reference] {
+        for kind in [FUSED, Reference] {
             let mut s = session(model, kind);
-            let vocab = s.config.vocab;
+            let vocab = s.config().vocab;
             for case in cases(model) {
                 let cache = s.empty_cache(case.batch).unwrap();
                 let got = s
@@ -51,10 +53,10 @@ fn prefill_then_one_token_steps_equals_the_full_forward() {
         let case = cases(model).into_iter().max_by_key(|c| c.seq).unwrap();
         let ids = &case.input_ids[..case.seq.min(64)];
         // A preallocated cache (longer than needed) is updated in place by the fused graph.
-        for (kind, preallocated) in [(Fused, false), (Fused, true), (Reference, false)] {
+        for (kind, preallocated) in [(FUSED, false), (FUSED, true), (Reference, false)] {
             let full = full_forward(model, kind, ids, 1);
             let mut s = session(model, kind);
-            let vocab = s.config.vocab;
+            let vocab = s.config().vocab;
             let prefill = ids.len() / 2;
             let cache = match preallocated {
                 true => s.preallocated_cache(1, ids.len() + 7).unwrap(),
@@ -85,7 +87,7 @@ fn prefill_then_one_token_steps_equals_the_full_forward() {
 fn fused_and_reference_variants_agree() {
     for model in MODELS {
         for case in cases(model) {
-            let fused = full_forward(model, Fused, &case.input_ids, case.batch);
+            let fused = full_forward(model, FUSED, &case.input_ids, case.batch);
             let reference = full_forward(model, Reference, &case.input_ids, case.batch);
             let vocab = fused.len() / (case.batch * case.seq);
             let err = row_error(&fused, &reference, case.batch * case.seq, vocab);
@@ -103,16 +105,16 @@ fn fused_and_reference_variants_agree() {
 /// checks it stays a faithful rounding of the model (relative error and argmax).
 #[test]
 fn fp16_graphs_stay_close_to_upstream() {
-    use graphs::builder::{MatMulWeights, Precision};
+    use graphs::contract::{MatMulWeights, Precision};
     use needle_tests::{fixture, options, session_of};
     use runner::provider::Provider;
     for model in ["m48", "m64", "m96"] {
         let bytes = std::fs::read(fixture(&format!("{model}.cact"))).unwrap();
-        for kind in [Fused, Reference] {
+        for kind in [FUSED, Reference] {
             let opts = options(kind, Precision::Fp16, MatMulWeights::Float);
             let mut s = session_of(&bytes, &opts, Provider::Cpu);
             let case = cases(model).into_iter().find(|c| c.name == "D").unwrap();
-            let vocab = s.config.vocab;
+            let vocab = s.config().vocab;
             let got = s
                 .forward(&case.input_ids, 1, s.empty_cache(1).unwrap())
                 .unwrap()
@@ -141,7 +143,7 @@ fn fp16_graphs_stay_close_to_upstream() {
 
 #[test]
 fn a_preallocated_cache_refuses_tokens_past_its_capacity() {
-    let mut s = session("m64", Fused);
+    let mut s = session("m64", FUSED);
     let cache = s.preallocated_cache(1, 4).unwrap();
     assert_eq!(cache.capacity(), Some(4));
     let err = s.forward(&[5, 6, 7, 8, 9], 1, cache).err().unwrap();
@@ -153,13 +155,13 @@ fn a_preallocated_cache_refuses_tokens_past_its_capacity() {
 /// the sliding window (m64: 256) spanning several pieces.
 #[test]
 fn chunked_prefill_equals_the_full_forward() {
-    use runner::generate::{prefill, CPU_PREFILL_CHUNK};
+    use runner::{generate::prefill, plan::CPU_PREFILL_CHUNK};
     let len = 2 * CPU_PREFILL_CHUNK - 9;
     let ids: Vec<i64> = (0..len as i64).map(|i| 4 + (i * 7919) % 250).collect();
-    for kind in [Fused, Reference] {
+    for kind in [FUSED, Reference] {
         let full = full_forward("m64", kind, &ids, 1);
         let mut s = session("m64", kind);
-        let vocab = s.config.vocab;
+        let vocab = s.config().vocab;
         let got = prefill(&mut s, &ids, len + 1).unwrap().logits;
         let last = &full[(len - 1) * vocab..];
         let err = row_error(&got[got.len() - vocab..], last, 1, vocab);

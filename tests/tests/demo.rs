@@ -3,8 +3,8 @@
 //! for upstream's greedy decoding of the dequantized weights (0.62).
 
 use needle_tests::repo_root;
-use runner::model::{LoadOptions, ModelSource};
-use runner::runner::Runner;
+use runner::answer::Runner;
+use runner::load::{LoadOptions, ModelSource};
 use serde_json::{json, Value};
 
 const UPSTREAM_EXACT_MATCH: usize = 62;
@@ -15,7 +15,7 @@ fn demo() -> Runner {
 
 #[test]
 fn readme_queries_give_upstreams_calls() {
-    let tools: Value = serde_json::from_str(runner::model::DEMO_TOOLS).unwrap();
+    let tools: Value = serde_json::from_str(runner::load::DEMO_TOOLS).unwrap();
     let mut r = demo();
     let cases = [
         (

@@ -1,14 +1,16 @@
 //! Greedy KV-cached generation reproduces upstream `batch_generate` token for token
 //! (`<model>.generate.json`: prompt ids with BOS, 32 new tokens or EOS).
 
-use graphs::needle::AttentionKind::{Fused, Reference};
+use graphs::contract::AttentionKind::{self, Reference};
 use needle_tests::{fixture_generate_options, generations, session};
 use runner::generate::generate;
+
+const FUSED: AttentionKind = AttentionKind::FUSED;
 
 #[test]
 fn greedy_generation_matches_upstream_for_every_prompt() {
     for model in ["m48", "m64", "m96"] {
-        for kind in [Fused, Reference] {
+        for kind in [FUSED, Reference] {
             let mut s = session(model, kind);
             for r in generations(model) {
                 let got = generate(&mut s, &r.prompt_ids, &fixture_generate_options()).unwrap();

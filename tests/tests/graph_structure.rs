@@ -3,24 +3,17 @@
 //! initializer used, the contract's interface, and the domains per variant.
 
 use exporter::cact::CactFile;
-use exporter::export::{export, Source};
-use graphs::builder::{MatMulWeights, Precision};
-use graphs::needle::AttentionKind;
+use graphs::contract::AttentionKind;
+use graphs::contract::{MatMulWeights, Precision};
 use graphs::onnx::{DimensionValue, ModelProto, ValueInfoProto};
-use needle_tests::{fixture, options};
+use needle_tests::{fixture, onnx_of, options};
 use prost::Message;
 use std::collections::HashSet;
 
 fn model(name: &str, attention: AttentionKind, matmul_weights: MatMulWeights) -> ModelProto {
     let bytes = std::fs::read(fixture(&format!("{name}.cact"))).unwrap();
-    let cact = CactFile::parse(&bytes).unwrap();
     let opts = options(attention, Precision::Fp32, matmul_weights);
-    ModelProto::decode(
-        export(&cact, &Source::of(name, &bytes), &opts)
-            .unwrap()
-            .as_slice(),
-    )
-    .unwrap()
+    ModelProto::decode(onnx_of(&bytes, &opts).as_slice()).unwrap()
 }
 
 fn dims(v: &ValueInfoProto) -> Vec<String> {
@@ -46,7 +39,7 @@ fn dims(v: &ValueInfoProto) -> Vec<String> {
 
 #[test]
 fn graphs_are_well_formed_and_follow_the_contract() {
-    for attention in [AttentionKind::Fused, AttentionKind::Reference] {
+    for attention in [AttentionKind::FUSED, AttentionKind::Reference] {
         for weights in [MatMulWeights::Float, MatMulWeights::Int4] {
             let m = model("m48", attention, weights);
             let g = m.graph.as_ref().unwrap();
@@ -133,7 +126,7 @@ fn graphs_are_well_formed_and_follow_the_contract() {
                 domains, imported,
                 "opset_import lists exactly the domains used"
             );
-            let contrib = attention == AttentionKind::Fused || weights != MatMulWeights::Float;
+            let contrib = attention == AttentionKind::FUSED || weights != MatMulWeights::Float;
             assert_eq!(
                 domains.contains("com.microsoft"),
                 contrib,
@@ -162,7 +155,7 @@ fn rms_normalization_scales_are_as_wide_as_their_axis() {
     let cfg = CactFile::parse(&bytes).unwrap().config();
     // q/k norms span a head, the block norms d_model, the hyper-connections' all lanes.
     let widths = [cfg.head_dim, cfg.d_model, cfg.mhc_lanes * cfg.d_model].map(|w| w as i64);
-    let m = model("m48", AttentionKind::Fused, MatMulWeights::Float);
+    let m = model("m48", AttentionKind::FUSED, MatMulWeights::Float);
     let g = m.graph.as_ref().unwrap();
     let mut seen = 0;
     for n in g.node.iter().filter(|n| n.op_type == "RMSNormalization") {

@@ -2,6 +2,7 @@
 
 use super::bytes::Reader;
 use super::CactError;
+use graphs::contract::Generation;
 
 /// First u32 of a Needle 2 `.cact`.
 pub const TAG: u32 = 0x05E1_2A83;
@@ -120,13 +121,10 @@ fn bad(
 impl Header {
     /// Reads and validates the header and codebooks at the start of `file`.
     pub(crate) fn parse(file: &[u8]) -> Result<(Header, Codebooks), CactError> {
-        let mut r = Reader::new(file, 0);
-        let tag = r.u32(|| "header tag".to_string())?;
-        match tag {
-            TAG => {}
-            NEEDLE3_TAG => return Err(CactError::Needle3),
-            found => return Err(CactError::BadTag { found }),
-        }
+        let tag = super::read_tag(file)?;
+        // This is the Needle 2 reader: a file of another generation is refused by the dispatch.
+        let Generation::Needle2 = crate::model::generation_of(tag)?;
+        let mut r = Reader::new(&file[4..], 4);
         let rest = r.take(HEADER_BYTES as usize - 4, || "header".to_string())?;
         let mut h = Reader::new(rest, 4);
         let mut raw = [0u32; 29];

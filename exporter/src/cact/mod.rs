@@ -27,6 +27,11 @@ pub use header::{Codebooks, Header};
 pub use tokenizer_blob::{Piece, PieceKind, TokenizerSpec};
 pub use weights::{HeadKind, ProbeHead};
 
+/// The first u32 of a `.cact` file, which names its generation.
+pub(crate) fn read_tag(file: &[u8]) -> Result<u32, CactError> {
+    bytes::Reader::new(file, 0).u32(|| "header tag".to_string())
+}
+
 /// A parsed and validated Needle 2 `.cact` file. Owns the file's bytes;
 /// tensors are decoded on request ([`CactFile::weights`], [`CactFile::tensor`]).
 #[derive(Clone)]

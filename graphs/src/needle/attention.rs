@@ -9,19 +9,13 @@
 //!                                                      └▶ present_k, present_v [B,KV,T,hd]
 //! ```
 
-use crate::builder::{Attr, Dim, GraphBuilder, MatMulWeights, Precision, Value, MS_DOMAIN};
+use crate::builder::{Attr, Dim, GraphBuilder, Value, MS_DOMAIN};
+use crate::contract::dims::{BATCH, SEQUENCE, TOTAL_SEQUENCE};
+use crate::contract::{AttentionKind, FusedOp, MatMulWeights, Precision};
 use crate::needle::block_quant::matmul_nbits;
 use crate::needle::norms::zc_rms_norm;
-use crate::needle::{Config, LayerWeights, Tensor};
-
-/// Which attention core the graph uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AttentionKind {
-    /// onnxruntime's fused kernel, `com.microsoft` `GroupQueryAttention`.
-    Fused,
-    /// MatMul/Softmax subgraph in the default ai.onnx domain only.
-    Reference,
-}
+use crate::needle::{BuildContext, Config, LayerWeights, Tensor};
+use crate::onnx::data_type;
 
 /// Position- and mask-derived inputs, built once at the top of the graph and shared by all layers.
 pub struct AttentionCtx {
@@ -46,6 +40,7 @@ pub enum Rope {
 pub enum CoreInputs {
     /// `seqlens_k` `[batch]` int32 (valid keys − 1), `total_sequence_length` int32 scalar.
     Fused {
+        op: FusedOp,
         seqlens_k: Value,
         total_len: Value,
         local_window: Option<usize>,
@@ -60,16 +55,131 @@ pub struct KvPair {
     pub value: Value,
 }
 
+/// RoPE tables for the new positions and the core's mask inputs, built once.
+/// `past_len` is `[1]` int64, the tokens before `input_ids`.
+pub fn attention_ctx(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext,
+    input_ids: &Value,
+    mask: &Value,
+    past_len: &Value,
+) -> AttentionCtx {
+    let cfg = ctx.cfg;
+    let seq_len = b.shape_of(input_ids, 1, 2);
+    let total_len = b.add(past_len, &seq_len);
+    let start = b.squeeze(past_len, &[0]);
+    let end = b.squeeze(&total_len, &[0]);
+    let one = b.scalar_i64(1);
+    let positions = b.op1("Range", &[&start, &end, &one], vec![]);
+    b.declare(&positions, data_type::INT64, &[Dim::Named(SEQUENCE)]);
+    let (cos_table, sin_table) = rope_tables(cfg);
+    let half = cfg.head_dim / 2;
+    let cos = b.const_float(&[cfg.max_seq_len, half], &cos_table);
+    let sin = b.const_float(&[cfg.max_seq_len, half], &sin_table);
+    let rope = if ctx.kernels.rotary_embedding {
+        let row = b.unsqueeze(&positions, &[0]);
+        let batch_seq = b.shape_of(input_ids, 0, 2);
+        let position_ids = b.op1("Expand", &[&row, &batch_seq], vec![]);
+        b.declare(
+            &position_ids,
+            data_type::INT64,
+            &[Dim::Named(BATCH), Dim::Named(SEQUENCE)],
+        );
+        Rope::Kernel {
+            cos_cache: cos,
+            sin_cache: sin,
+            position_ids,
+        }
+    } else {
+        let cos = b.gather(&cos, &positions, 0);
+        let sin = b.gather(&sin, &positions, 0);
+        Rope::Expanded {
+            cos: b.unsqueeze(&cos, &[1]),
+            sin: b.unsqueeze(&sin, &[1]),
+        }
+    };
+    let window = effective_window(cfg);
+    let core = match ctx.variant.attention {
+        AttentionKind::Fused(op) => {
+            let valid = b.reduce_sum(mask, &[1], false);
+            let last = b.sub(&valid, &one);
+            let seqlens_k = b.cast(&last, data_type::INT32);
+            let total = b.cast(&end, data_type::INT32);
+            CoreInputs::Fused {
+                op,
+                seqlens_k,
+                total_len: total,
+                local_window: window,
+            }
+        }
+        AttentionKind::Reference => {
+            let zero = b.scalar_i64(0);
+            let keys = b.op1("Range", &[&zero, &end, &one], vec![]);
+            b.declare(&keys, data_type::INT64, &[Dim::Named(TOTAL_SEQUENCE)]);
+            let k_row = b.unsqueeze(&keys, &[0]);
+            let q_col = b.unsqueeze(&positions, &[1]);
+            let mut visible = b.op1("LessOrEqual", &[&k_row, &q_col], vec![]);
+            if let Some(w) = window {
+                let distance = b.sub(&q_col, &k_row);
+                let limit = b.scalar_i64(w as i64);
+                let recent = b.op1("Less", &[&distance, &limit], vec![]);
+                visible = b.op1("And", &[&visible, &recent], vec![]);
+            }
+            let key_valid = b.cast(mask, data_type::BOOL);
+            let key_valid = b.unsqueeze(&key_valid, &[1, 2, 3]);
+            let visible = b.op1("And", &[&visible, &key_valid], vec![]);
+            let dims = [
+                Dim::Named(BATCH),
+                Dim::Fixed(1),
+                Dim::Fixed(1),
+                Dim::Named(SEQUENCE),
+                Dim::Named(TOTAL_SEQUENCE),
+            ];
+            b.declare(&visible, data_type::BOOL, &dims);
+            CoreInputs::Reference { visible }
+        }
+    };
+    AttentionCtx { rope, core }
+}
+
+/// The sliding window when it can bind (shorter than `max_seq_len`).
+fn effective_window(cfg: &Config) -> Option<usize> {
+    (cfg.kv_window > 0 && cfg.kv_window < cfg.max_seq_len).then_some(cfg.kv_window)
+}
+
+/// `cos`/`sin` of `t · inv_freq` for `t < max_seq_len`, `[max_seq_len, head_dim/2]`,
+/// with upstream's float32 steps: `inv_freq = 1 / θ^(2i/hd)`, angle `f32(t) · inv_freq`.
+pub fn rope_tables(cfg: &Config) -> (Vec<f32>, Vec<f32>) {
+    let half = cfg.head_dim / 2;
+    let inv_freq: Vec<f32> = (0..half)
+        .map(|i| {
+            let exponent = (2 * i) as f32 / cfg.head_dim as f32;
+            1.0f32 / ((cfg.rope_theta as f64).powf(exponent as f64) as f32)
+        })
+        .collect();
+    let mut cos = Vec::with_capacity(cfg.max_seq_len * half);
+    let mut sin = Vec::with_capacity(cfg.max_seq_len * half);
+    for t in 0..cfg.max_seq_len {
+        for f in &inv_freq {
+            let angle = (t as f32 * f) as f64;
+            cos.push(angle.cos() as f32);
+            sin.push(angle.sin() as f32);
+        }
+    }
+    (cos, sin)
+}
+
 /// Attention of one layer. `x`: `[batch, sequence, d_model]`; returns the
 /// `[batch, sequence, d_model]` output and the present cache.
 pub fn attention(
     b: &mut GraphBuilder,
+    ctx: &BuildContext,
+    attn: &AttentionCtx,
     x: &Value,
     w: &LayerWeights,
     past: &KvPair,
-    cfg: &Config,
-    ctx: &AttentionCtx,
 ) -> (Value, KvPair) {
+    let cfg = ctx.cfg;
     let (h, kv, hd) = (
         cfg.num_heads as i64,
         cfg.num_kv_heads as i64,
@@ -77,6 +187,7 @@ pub fn attention(
     );
     let [q, k, v, gate]: [Value; 4] = projections(
         b,
+        ctx,
         x,
         "qkv_gate_proj",
         &[&w.q_proj, &w.k_proj, &w.v_proj, &w.gate_proj],
@@ -85,22 +196,23 @@ pub fn attention(
     .expect("four projections");
     let q = b.reshape(&q, &[0, 0, h, hd]);
     let k = b.reshape(&k, &[0, 0, kv, hd]);
-    let q = zc_rms_norm(b, &q, "q_norm", &w.q_norm.data);
-    let k = zc_rms_norm(b, &k, "k_norm", &w.k_norm.data);
+    let q = zc_rms_norm(b, ctx, &q, "q_norm", &w.q_norm.data);
+    let k = zc_rms_norm(b, ctx, &k, "k_norm", &w.k_norm.data);
     let q = b.scope("q_rope", |b| {
-        rotate_half_rope(b, &q, &ctx.rope, cfg.num_heads, cfg.head_dim)
+        rotate_half_rope(b, &q, &attn.rope, cfg.num_heads, cfg.head_dim)
     });
     let k = b.scope("k_rope", |b| {
-        rotate_half_rope(b, &k, &ctx.rope, cfg.num_kv_heads, cfg.head_dim)
+        rotate_half_rope(b, &k, &attn.rope, cfg.num_kv_heads, cfg.head_dim)
     });
 
-    let (out, present) = match &ctx.core {
+    let (out, present) = match &attn.core {
         CoreInputs::Fused {
+            op: FusedOp::GroupQueryAttention,
             seqlens_k,
             total_len,
             local_window,
         } => b.scope("gqa", |b| {
-            fused_core(
+            gqa_core(
                 b,
                 [&q, &k, &v],
                 past,
@@ -116,25 +228,38 @@ pub fn attention(
     };
     let gate = b.sigmoid(&gate);
     let out = b.mul(&out, &gate);
-    (projection(b, &out, "out_proj", &w.out_proj), present)
+    (projection(b, ctx, &out, "out_proj", &w.out_proj), present)
 }
 
 /// `x @ W^T` for a `.cact` matrix `W` stored `[out, in]`; the initializer is `[in, out]`.
-pub fn projection(b: &mut GraphBuilder, x: &Value, name: &str, w: &Tensor) -> Value {
-    projections(b, x, name, &[w]).remove(0)
+pub fn projection(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext,
+    x: &Value,
+    name: &str,
+    w: &Tensor,
+) -> Value {
+    projections(b, ctx, x, name, &[w]).remove(0)
 }
 
 /// `x @ W_i^T` for several matrices with the same input: one MatMul over their
 /// concatenation (initializer `[in, Σ out_i]`), then a Split, so `x` is read once.
 /// With block-quantized MatMul weights, the concatenation is one `MatMulNBits`.
-pub fn projections(b: &mut GraphBuilder, x: &Value, name: &str, ws: &[&Tensor]) -> Vec<Value> {
+pub fn projections(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext,
+    x: &Value,
+    name: &str,
+    ws: &[&Tensor],
+) -> Vec<Value> {
     let cols = ws[0].shape[1];
     let outs: Vec<usize> = ws.iter().map(|w| w.shape[0]).collect();
     let width: usize = outs.iter().sum();
-    if b.matmul_weights() != MatMulWeights::Float {
+    let storage = ctx.matmul_weights();
+    if storage != MatMulWeights::Float {
         let rows: Vec<f32> = ws.iter().flat_map(|w| w.data.iter().copied()).collect();
         return b.scope(name, |b| {
-            let y = matmul_nbits(b, x, &rows, width, cols);
+            let y = matmul_nbits(b, storage, x, &rows, width, cols);
             split_last(b, &y, &outs)
         });
     }
@@ -215,7 +340,7 @@ fn rotate_half_rope(
 }
 
 /// `GroupQueryAttention` on `[B,S,N·hd]` inputs; the cache stays BNSH.
-fn fused_core(
+fn gqa_core(
     b: &mut GraphBuilder,
     [q, k, v]: [&Value; 3],
     past: &KvPair,
@@ -244,8 +369,8 @@ fn fused_core(
         &out,
         float,
         &[
-            Dim::Named("batch"),
-            Dim::Named("sequence"),
+            Dim::Named(BATCH),
+            Dim::Named(SEQUENCE),
             Dim::Fixed(cfg.num_heads * cfg.head_dim),
         ],
     );
@@ -287,10 +412,10 @@ fn reference_core(
     let q = b.reshape(&q, &[0, kv, h / kv, -1, hd]);
     let float = b.precision().data_type();
     let dims = [
-        Dim::Named("batch"),
+        Dim::Named(BATCH),
         Dim::Fixed(cfg.num_kv_heads),
         Dim::Fixed(cfg.num_heads / cfg.num_kv_heads),
-        Dim::Named("sequence"),
+        Dim::Named(SEQUENCE),
         Dim::Fixed(cfg.head_dim),
     ];
     b.declare(&q, float, &dims);
@@ -309,9 +434,9 @@ fn reference_core(
     let out = b.matmul(&probs, &v5);
     let out = b.reshape(&out, &[0, h, -1, hd]);
     let dims = [
-        Dim::Named("batch"),
+        Dim::Named(BATCH),
         Dim::Fixed(cfg.num_heads),
-        Dim::Named("sequence"),
+        Dim::Named(SEQUENCE),
         Dim::Fixed(cfg.head_dim),
     ];
     b.declare(&out, float, &dims);
@@ -324,9 +449,9 @@ fn reference_core(
 fn declare_present(b: &mut GraphBuilder, present: &KvPair, cfg: &Config) {
     let float = b.precision().data_type();
     let dims = [
-        Dim::Named("batch"),
+        Dim::Named(BATCH),
         Dim::Fixed(cfg.num_kv_heads),
-        Dim::Named("total_sequence"),
+        Dim::Named(TOTAL_SEQUENCE),
         Dim::Fixed(cfg.head_dim),
     ];
     b.declare(&present.key, float, &dims);

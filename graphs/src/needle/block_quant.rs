@@ -4,15 +4,16 @@
 //! axis, scale `absmax / (2^(bits-1) − 1)` or a clipped one, implicit zero point `2^(bits-1)`).
 //! This re-quantizes, so it is not the exact model; the README states its cost.
 
-use crate::builder::{Attr, GraphBuilder, MatMulWeights, Value, MS_DOMAIN};
+use crate::builder::{Attr, GraphBuilder, Value, MS_DOMAIN};
+use crate::contract::MatMulWeights;
 use crate::needle::Tensor;
 use crate::onnx::data_type;
 
 const BLOCK: usize = 32;
 
-/// Quantization width of the builder's compact weight mode.
-fn bits(b: &GraphBuilder) -> usize {
-    match b.matmul_weights() {
+/// Quantization width of a compact weight mode.
+fn bits(storage: MatMulWeights) -> usize {
+    match storage {
         MatMulWeights::Int8 => 8,
         MatMulWeights::Int4 => 4,
         MatMulWeights::Float => {
@@ -66,9 +67,16 @@ fn quantize_rows(w: &[f32], n: usize, k: usize, bits: usize, block: usize) -> (V
     (packed, scales)
 }
 
-/// `x @ W^T` with `W` `[n, k]` row-major, as one MatMulNBits node.
-pub fn matmul_nbits(b: &mut GraphBuilder, x: &Value, w: &[f32], n: usize, k: usize) -> Value {
-    let bits = bits(b);
+/// `x @ W^T` with `W` `[n, k]` row-major, as one MatMulNBits node of the compact `storage`.
+pub fn matmul_nbits(
+    b: &mut GraphBuilder,
+    storage: MatMulWeights,
+    x: &Value,
+    w: &[f32],
+    n: usize,
+    k: usize,
+) -> Value {
+    let bits = bits(storage);
     let (packed, scales) = quantize_rows(w, n, k, bits, BLOCK);
     let blocks = k.div_ceil(BLOCK);
     let weight = b.weight_bytes(
@@ -133,10 +141,16 @@ fn gather_nbits(
 }
 
 /// Rows `indices` of a weight table `[rows, cols]`: `GatherBlockQuantized` with compact
-/// weights where the width allows, else a Gather of the float table named `name`.
-pub fn gather_table(b: &mut GraphBuilder, name: &str, table: &Tensor, indices: &Value) -> Value {
+/// `storage` where the width allows, else a Gather of the float table named `name`.
+pub fn gather_table(
+    b: &mut GraphBuilder,
+    storage: MatMulWeights,
+    name: &str,
+    table: &Tensor,
+    indices: &Value,
+) -> Value {
     let (rows, cols) = (table.shape[0], table.shape[1]);
-    if !matches!(b.matmul_weights(), MatMulWeights::Float) {
+    if storage != MatMulWeights::Float {
         let quantized = b.scope(name, |b| gather_nbits(b, &table.data, rows, cols, indices));
         if let Some(rows) = quantized {
             return rows;

@@ -16,10 +16,11 @@
 //! `x + σ(⟨rms_unit(x), ek⟩ / √d) · ev`.
 
 use crate::builder::{Dim, GraphBuilder, Value};
+use crate::contract::dims::{BATCH, ENGRAM_WINDOW, SEQUENCE};
 use crate::needle::attention::projection;
 use crate::needle::block_quant::gather_table;
 use crate::needle::norms::rms_unit;
-use crate::needle::{Config, EngramWeights};
+use crate::needle::{BuildContext, Config, EngramWeights};
 use crate::onnx::data_type;
 
 const SEED: u64 = 0x9E37_79B9;
@@ -79,21 +80,59 @@ pub fn hashed_rows(b: &mut GraphBuilder, ids: &Value, cfg: &Config) -> Value {
     })
 }
 
+/// Keys and values of every engram site for the new positions; `all_ids` is
+/// `past_input_ids ++ input_ids`.
+pub fn site_kvs(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext,
+    sites: &[EngramWeights],
+    all_ids: &Value,
+    mask: &Value,
+    past_len: &Value,
+) -> Vec<EngramKv> {
+    let cfg = ctx.cfg;
+    if cfg.engram_sites.is_empty() {
+        return Vec::new();
+    }
+    let history = history_len(cfg) as i64;
+    let window = b.scope("engram_window", |b| {
+        let ids = b.pad_front(all_ids, 2, 1, history);
+        let ids = b.slice_from(&ids, 1, past_len);
+        let valid = b.pad_front(mask, 2, 1, history);
+        let valid = b.slice_from(&valid, 1, past_len);
+        let valid = b.cast(&valid, b.precision().data_type());
+        b.declare(&ids, data_type::INT64, &WINDOW_DIMS);
+        b.declare(&valid, b.precision().data_type(), &WINDOW_DIMS);
+        EngramWindow { ids, valid }
+    });
+    let rows = hashed_rows(b, &window.ids, cfg);
+    sites
+        .iter()
+        .enumerate()
+        .map(|(s, ew)| {
+            b.scope(format!("engrams.{s}"), |b| {
+                engram(b, ctx, &window, &rows, ew)
+            })
+        })
+        .collect()
+}
+
 /// Keys and values of one engram site. `rows`: from [`hashed_rows`].
 pub fn engram(
     b: &mut GraphBuilder,
+    ctx: &BuildContext,
     window: &EngramWindow,
     rows: &Value,
     w: &EngramWeights,
-    cfg: &Config,
 ) -> EngramKv {
+    let cfg = ctx.cfg;
     let (nt, sub) = (cfg.num_engram_tables, cfg.engram_sub_dim);
     let history = history_len(cfg) as i64;
     let float = b.precision().data_type();
     let [batch, window_len] = WINDOW_DIMS;
     let v_dims = [batch.clone(), window_len, Dim::Fixed(cfg.d_model)];
-    let new_dims = [batch, Dim::Named("sequence"), Dim::Fixed(cfg.d_model)];
-    let fetched = gather_table(b, "embedding", &w.tables, rows);
+    let new_dims = [batch, Dim::Named(SEQUENCE), Dim::Fixed(cfg.d_model)];
+    let fetched = gather_table(b, ctx.matmul_weights(), "embedding", &w.tables, rows);
     let per_table: Vec<Value> = (0..nt)
         .map(|t| {
             let order = cfg.engram_orders[t / (nt / cfg.engram_orders.len())];
@@ -114,15 +153,15 @@ pub fn engram(
         &e_new,
         float,
         &[
-            Dim::Named("batch"),
-            Dim::Named("sequence"),
+            Dim::Named(BATCH),
+            Dim::Named(SEQUENCE),
             Dim::Fixed(nt * sub),
         ],
     );
-    let key = projection(b, &e_new, "key_proj", &w.key_proj);
-    let key_unit = rms_unit(b, &key, cfg.d_model);
+    let key = projection(b, ctx, &e_new, "key_proj", &w.key_proj);
+    let key_unit = rms_unit(b, ctx, &key, cfg.d_model);
 
-    let v = projection(b, &e, "value_proj", &w.value_proj);
+    let v = projection(b, ctx, &e, "value_proj", &w.value_proj);
     let taps = b.weight("taps", &w.taps.shape, &w.taps.data);
     let mut conv: Option<Value> = None;
     for j in 0..cfg.engram_conv_taps {
@@ -145,9 +184,10 @@ pub fn engram(
 }
 
 /// `x + σ(Σ_d rms_unit(x)·ek / √d) · ev` at an engram site's layer.
-pub fn inject(b: &mut GraphBuilder, x: &Value, kv: &EngramKv, d_model: usize) -> Value {
+pub fn inject(b: &mut GraphBuilder, ctx: &BuildContext, x: &Value, kv: &EngramKv) -> Value {
+    let d_model = ctx.cfg.d_model;
     b.scope("engram_gate", |b| {
-        let xu = rms_unit(b, x, d_model);
+        let xu = rms_unit(b, ctx, x, d_model);
         let dot = b.mul(&xu, &kv.key_unit);
         let dot = b.reduce_sum(&dot, &[-1], true);
         let scale = b.scalar_float((d_model as f64).sqrt() as f32);
@@ -177,4 +217,4 @@ pub fn shift_right(
 }
 
 /// `[batch, engram_window]`: the window of `W + sequence` positions the engram reads.
-pub const WINDOW_DIMS: [Dim; 2] = [Dim::Named("batch"), Dim::Named("engram_window")];
+pub const WINDOW_DIMS: [Dim; 2] = [Dim::Named(BATCH), Dim::Named(ENGRAM_WINDOW)];

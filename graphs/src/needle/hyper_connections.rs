@@ -7,9 +7,10 @@
 //! `x' = h_res·x + h_post ⊗ (block(u) − u)`.
 //! The three projections are one MatMul whose weight has the `a_*` gains folded in.
 
-use crate::builder::{Attr, GraphBuilder, Opset, Value};
+use crate::builder::{Attr, GraphBuilder, Value};
+use crate::needle::context::SinkhornForm;
 use crate::needle::norms::rms_unit;
-use crate::needle::{Config, MhcWeights};
+use crate::needle::{BuildContext, MhcWeights, Tensor};
 
 const SINKHORN_ITERS: usize = 20;
 
@@ -24,14 +25,14 @@ pub struct LaneMix {
 /// Block input `u` `[batch, sequence, C]` of layer `layer` and the mixes for [`hc_post`].
 pub fn hc_pre(
     b: &mut GraphBuilder,
+    ctx: &BuildContext,
     x: &Value,
     w: &MhcWeights,
     layer: usize,
-    cfg: &Config,
 ) -> (Value, LaneMix) {
-    let (n, c) = (cfg.mhc_lanes, cfg.d_model);
+    let (n, c) = (ctx.cfg.mhc_lanes, ctx.cfg.d_model);
     let flat = b.reshape(x, &[0, 0, (n * c) as i64]);
-    let nx = rms_unit(b, &flat, n * c);
+    let nx = rms_unit(b, ctx, &flat, n * c);
     let (phi, bias) = folded_projection(w, layer, n, c);
     let phi = b.weight("mhc_phi", &[n * c, 2 * n + n * n], &phi);
     let bias = b.weight("mhc_bias", &[2 * n + n * n], &bias);
@@ -47,13 +48,19 @@ pub fn hc_pre(
 }
 
 /// The new stream `h_res·x + h_post ⊗ y`, `y` `[batch, sequence, C]`.
-pub fn hc_post(b: &mut GraphBuilder, x: &Value, y: &Value, mix: &LaneMix, cfg: &Config) -> Value {
-    let n = cfg.mhc_lanes as i64;
+pub fn hc_post(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext,
+    x: &Value,
+    y: &Value,
+    mix: &LaneMix,
+) -> Value {
+    let n = ctx.cfg.mhc_lanes as i64;
     let h_post = b.sigmoid(&mix.post);
     let two = b.scalar_float(2.0);
     let h_post = b.mul(&two, &h_post);
     let res = b.reshape(&mix.res, &[0, 0, n, n]);
-    let h_res = b.scope("sinkhorn", |b| sinkhorn(b, &res));
+    let h_res = b.scope("sinkhorn", |b| sinkhorn(b, ctx.kernels.sinkhorn, &res));
     let mixed = b.matmul(&h_res, x);
     let h_post = b.unsqueeze(&h_post, &[3]);
     let y = b.unsqueeze(y, &[2]);
@@ -63,14 +70,15 @@ pub fn hc_post(b: &mut GraphBuilder, x: &Value, y: &Value, mix: &LaneMix, cfg: &
 
 /// `exp` of 20 alternating row/column log-normalisations of `[.., n, n]` logits.
 ///
-/// Reference graphs: `x − logsumexp(x)` along an axis is `LogSoftmax`, one node per
-/// half-step, the upstream arithmetic. Fused graphs work on `exp` of it instead: a row
+/// [`SinkhornForm::LogDomain`]: `x − logsumexp(x)` along an axis is `LogSoftmax`, one node
+/// per half-step, the upstream arithmetic. [`SinkhornForm::Normalized`] works on `exp` of
+/// it instead: a row
 /// `Softmax`, then `LpNormalization(p=1)` (divide by the sum) for each later half-step —
 /// the same fixed point, 1e-6-close, and 2.6× less kernel time per step on the CPU
 /// (27 × 40 of these 4×4 normalisations run per token). Only a column whose entries
 /// all underflow (logit gaps above ~100 in every row) would differ: 0/0 there.
-fn sinkhorn(b: &mut GraphBuilder, logits: &Value) -> Value {
-    if b.opset() >= Opset::V23 {
+fn sinkhorn(b: &mut GraphBuilder, form: SinkhornForm, logits: &Value) -> Value {
+    if form == SinkhornForm::Normalized {
         let mut k = b.op1("Softmax", &[logits], vec![("axis", Attr::Int(-1))]);
         for half_step in 1..2 * SINKHORN_ITERS {
             let axis = if half_step % 2 == 1 { -2 } else { -1 };
@@ -94,7 +102,7 @@ fn folded_projection(w: &MhcWeights, layer: usize, n: usize, c: usize) -> (Vec<f
     let width = 2 * n + n * n;
     let nc = n * c;
     let mut phi = vec![0.0f32; nc * width];
-    let parts: [(&crate::needle::Tensor, usize, f32, usize); 3] = [
+    let parts: [(&Tensor, usize, f32, usize); 3] = [
         (&w.phi_pre, n, w.a_pre.data[layer], 0),
         (&w.phi_post, n, w.a_post.data[layer], n),
         (&w.phi_res, n * n, w.a_res.data[layer], 2 * n),

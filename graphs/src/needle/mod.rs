@@ -3,6 +3,7 @@
 pub mod attention;
 pub mod block_quant;
 pub mod config;
+pub mod context;
 pub mod engram;
 pub mod hadamard_mlp;
 pub mod hyper_connections;
@@ -10,7 +11,7 @@ pub mod model;
 pub mod norms;
 pub mod weights;
 
-pub use attention::AttentionKind;
 pub use config::Config;
+pub use context::BuildContext;
 pub use model::build;
 pub use weights::{EngramWeights, LayerWeights, MhcWeights, Tensor, Weights};

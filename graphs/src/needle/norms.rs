@@ -1,19 +1,27 @@
 //! `ZCRMSNorm` (`(1 + scale) · x / rms(x)`) and the unit RMS normalisation
 //! `_rms_unit` (`x · rsqrt(mean(x²) + ε)`), both over the last axis: one
-//! `RMSNormalization` node in opset 23 graphs, its five-op expansion in older ones.
+//! `RMSNormalization` node where the build context takes that kernel, its five-op
+//! expansion elsewhere.
 
-use crate::builder::{Attr, GraphBuilder, Opset, Value};
+use crate::builder::{Attr, GraphBuilder, Value};
+use crate::needle::BuildContext;
 
 const EPSILON: f32 = 1e-6;
 
 /// Needle `ZCRMSNorm`: `(1 + scale) * x / sqrt(mean(x²) + 1e-6)` over the last axis.
 /// The initializer `<name>.gain` holds `1 + scale`, added in float32 before any
 /// fp16 rounding (the same sum the graph would compute in fp32).
-pub fn zc_rms_norm(b: &mut GraphBuilder, x: &Value, name: &str, scale: &[f32]) -> Value {
+pub fn zc_rms_norm(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext,
+    x: &Value,
+    name: &str,
+    scale: &[f32],
+) -> Value {
     b.scope(name, |b| {
         let gain: Vec<f32> = scale.iter().map(|s| 1.0 + s).collect();
         let gain = b.weight("gain", &[gain.len()], &gain);
-        if b.opset() >= Opset::V23 {
+        if ctx.kernels.rms_normalization {
             return rms_normalization(b, x, &gain);
         }
         let rms = root_mean_square(b, x);
@@ -23,9 +31,9 @@ pub fn zc_rms_norm(b: &mut GraphBuilder, x: &Value, name: &str, scale: &[f32]) -
 }
 
 /// Needle `_rms_unit`: `x * rsqrt(mean(x²) + 1e-6)` over the last axis, `width` wide.
-pub fn rms_unit(b: &mut GraphBuilder, x: &Value, width: usize) -> Value {
+pub fn rms_unit(b: &mut GraphBuilder, ctx: &BuildContext, x: &Value, width: usize) -> Value {
     b.scope("rms_unit", |b| {
-        if b.opset() >= Opset::V23 {
+        if ctx.kernels.rms_normalization {
             // A scale as wide as the axis, not a broadcast scalar: onnxruntime's CUDA
             // kernel reads `width` scale values whatever the scale's shape (a scalar
             // gave garbage on an H200), and the CPU kernel is faster with it too.

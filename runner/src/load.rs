@@ -2,14 +2,14 @@
 //! provider, an `.onnx` from `needle-export` with its tokenizer beside it, or the
 //! built-in demo model.
 
+use crate::plan::variant_for;
 use crate::provider::{self, Provider, Unavailable};
 use crate::session::NeedleSession;
 use anyhow::{anyhow, bail, Context, Result};
-use exporter::cact::CactFile;
-use exporter::export::{export, keys, ExportOptions, Source};
+use exporter::export::ExportOptions;
+use exporter::model::NeedleModel;
 use exporter::tokenizer::{NeedleTokenizer, SpecialIds};
-use graphs::builder::{MatMulWeights, Precision};
-use graphs::needle::AttentionKind;
+use graphs::contract::{keys, AttentionKind, MatMulWeights, Precision};
 use std::path::{Path, PathBuf};
 
 /// The demo model shipped in the binary (`runner/demo/needle-demo.cact`).
@@ -85,7 +85,7 @@ pub fn load(source: &ModelSource, opts: &LoadOptions) -> Result<LoadedModel> {
                 .with_context(|| path.display().to_string())?
         }
     };
-    debug_assert_eq!(session.provider, chosen);
+    debug_assert_eq!(session.provider(), chosen);
     Ok(LoadedModel {
         session,
         tokenizer,
@@ -104,19 +104,19 @@ fn from_cact(
     registered: provider::Registered,
     opts: &LoadOptions,
 ) -> Result<(NeedleSession, NeedleTokenizer)> {
-    let cact = CactFile::parse(bytes)?;
-    let tokenizer = NeedleTokenizer::from_spec(cact.tokenizer(), opts.remove_extra_whitespaces)?;
+    let model = NeedleModel::from_bytes(name, bytes)?;
+    let tokenizer = NeedleTokenizer::from_spec(&model.tokenizer, opts.remove_extra_whitespaces)?;
     let export_opts = ExportOptions {
-        matmul_weights: opts.matmul_weights,
-        attention: opts.attention.unwrap_or(registered.provider.attention()),
-        // fp32 on every provider: on CUDA (H200, onnxruntime 1.31.1) the fused fp16 graph
-        // decoded the demo model at 12 tok/s against 204 for fused fp32, and the full-size
-        // model at 48 against 42; `--precision fp16` remains available.
-        precision: opts.precision.unwrap_or(Precision::Fp32),
+        variant: variant_for(
+            registered.provider,
+            opts.attention,
+            opts.precision,
+            opts.matmul_weights,
+        ),
         tokenizer_file: None,
         remove_extra_whitespaces: opts.remove_extra_whitespaces,
     };
-    let onnx = export(&cact, &Source::of(name, bytes), &export_opts)?;
+    let onnx = model.export(&export_opts);
     Ok((NeedleSession::from_memory(&onnx, registered)?, tokenizer))
 }
 
@@ -129,32 +129,23 @@ fn from_onnx(
         bail!("{}: no such file", path.display());
     }
     let session = NeedleSession::from_file(path, registered)?;
-    if opts.attention.is_some_and(|a| a != session.attention)
-        || opts.precision.is_some_and(|p| p != session.precision)
+    let variant = session.description.variant;
+    if opts.attention.is_some_and(|a| a != variant.attention)
+        || opts.precision.is_some_and(|p| p != variant.precision)
     {
         bail!(
             "{}: --attention/--precision cannot change an exported graph; export it again with needle-export",
             path.display()
         );
     }
-    let meta = &session.metadata;
-    let flag = |k: &str| {
-        meta.get(k)
-            .map(|v| v == "true")
-            .ok_or_else(|| anyhow!("{}: metadata {k} is missing", path.display()))
-    };
-    let id = |k: &str| -> Result<u32> {
-        meta.get(k)
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| anyhow!("{}: metadata {k} is missing", path.display()))
-    };
+    let t = &session.description.tokenizer;
     let special = SpecialIds {
-        pad: id(keys::PAD_ID)?,
-        eos: id(keys::EOS_ID)?,
-        bos: id(keys::BOS_ID)?,
-        unk: id(keys::UNK_ID)?,
+        pad: t.pad_id,
+        eos: t.eos_id,
+        bos: t.bos_id,
+        unk: t.unk_id,
     };
-    let file = meta.get(keys::TOKENIZER).ok_or_else(|| {
+    let file = t.file.as_ref().ok_or_else(|| {
         anyhow!(
             "{}: metadata {} is missing",
             path.display(),
@@ -171,8 +162,8 @@ fn from_onnx(
     let tokenizer = NeedleTokenizer::from_json(
         &json,
         special,
-        flag(keys::ADD_DUMMY_PREFIX)?,
-        flag(keys::REMOVE_EXTRA_WHITESPACES)?,
+        t.add_dummy_prefix,
+        t.remove_extra_whitespaces,
     )
     .with_context(|| tok_path.display().to_string())?;
     Ok((session, tokenizer))

@@ -1,7 +1,8 @@
-//! The embeddable API: `Runner::new(source, options)?.complete(&tools, query, None, 256)?`.
+//! Queries to answers, the embeddable API:
+//! `Runner::new(source, options)?.complete(&tools, query, None, 256)?`.
 
 use crate::generate::{generate, GenerateOptions, Generation, Sampling};
-use crate::model::{load, LoadOptions, LoadedModel, ModelSource};
+use crate::load::{load, LoadOptions, LoadedModel, ModelSource};
 use crate::prompt::{parse_answer, render_prompt, IM_END};
 use crate::provider::{Provider, Unavailable};
 use anyhow::{anyhow, Result};
@@ -63,7 +64,7 @@ impl Runner {
 
     /// The provider the model runs on.
     pub fn provider(&self) -> Provider {
-        self.model.session.provider
+        self.model.session.provider()
     }
 
     /// Providers tried before the one that registered, with onnxruntime's reasons.

@@ -1,0 +1,546 @@
+//! The graph contract (`CONTRACT.md` §2): the names of the graph's inputs and outputs,
+//! its symbolic dimensions, its `metadata_props` keys, the one spelling of every enum
+//! recorded there, and [`ExportDescription`], the typed form of that metadata with one
+//! `to_metadata` / `from_metadata`. The exporter writes through it, the runner and the
+//! benchmarks read through it; no other file spells a graph name or a metadata key.
+
+use crate::needle::Config;
+use std::fmt;
+use std::str::FromStr;
+
+/// Graph input and output names.
+pub mod names {
+    /// `int64 [batch, sequence]`.
+    pub const INPUT_IDS: &str = "input_ids";
+    /// `int64 [batch, total_sequence]`, 1 for real tokens.
+    pub const ATTENTION_MASK: &str = "attention_mask";
+    /// `int64 [batch, past_sequence]`: the tokens seen so far, which the engram n-gram
+    /// memory hashes.
+    pub const PAST_INPUT_IDS: &str = "past_input_ids";
+    /// `float32 [batch, sequence, vocab]`.
+    pub const LOGITS: &str = "logits";
+    /// `int64 [batch, total_sequence]`: `past_input_ids ++ input_ids`, fed back as the
+    /// next `past_input_ids`.
+    pub const PRESENT_INPUT_IDS: &str = "present_input_ids";
+    const PAST_KV_PREFIX: &str = "past_key_values.";
+    const PRESENT_KV_PREFIX: &str = "present.";
+
+    /// The cache inputs and outputs of one layer.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct LayerCache {
+        /// `past_key_values.{i}.key`, `[batch, num_kv_heads, past_sequence, head_dim]`.
+        pub past_key: String,
+        pub past_value: String,
+        /// `present.{i}.key`, `[batch, num_kv_heads, total_sequence, head_dim]`.
+        pub present_key: String,
+        pub present_value: String,
+    }
+
+    /// The cache names of layer `i`.
+    pub fn layer_cache(i: usize) -> LayerCache {
+        LayerCache {
+            past_key: format!("{PAST_KV_PREFIX}{i}.key"),
+            past_value: format!("{PAST_KV_PREFIX}{i}.value"),
+            present_key: format!("{PRESENT_KV_PREFIX}{i}.key"),
+            present_value: format!("{PRESENT_KV_PREFIX}{i}.value"),
+        }
+    }
+}
+
+/// Symbolic dimension names.
+pub mod dims {
+    pub const BATCH: &str = "batch";
+    pub const SEQUENCE: &str = "sequence";
+    pub const PAST_SEQUENCE: &str = "past_sequence";
+    /// `past_sequence + sequence`.
+    pub const TOTAL_SEQUENCE: &str = "total_sequence";
+    /// History the engram reads before the first new token, plus `sequence`.
+    pub const ENGRAM_WINDOW: &str = "engram_window";
+}
+
+/// `metadata_props` keys.
+pub mod keys {
+    pub const VOCAB: &str = "needle.vocab_size";
+    pub const D_MODEL: &str = "needle.d_model";
+    pub const NUM_HEADS: &str = "needle.num_heads";
+    pub const NUM_KV_HEADS: &str = "needle.num_kv_heads";
+    pub const NUM_LAYERS: &str = "needle.num_layers";
+    pub const HEAD_DIM: &str = "needle.head_dim";
+    pub const MAX_SEQ_LEN: &str = "needle.max_seq_len";
+    pub const HADA_N: &str = "needle.hada_n";
+    pub const MHC_LANES: &str = "needle.mhc_lanes";
+    pub const ENGRAM_SLOTS: &str = "needle.engram_slots";
+    pub const ENGRAM_SUB_DIM: &str = "needle.engram_sub_dim";
+    pub const ENGRAM_TABLES: &str = "needle.engram_tables";
+    pub const ENGRAM_CONV_TAPS: &str = "needle.engram_conv_taps";
+    pub const ENGRAM_CONV_DILATION: &str = "needle.engram_conv_dilation";
+    pub const ENGRAM_ORDERS: &str = "needle.engram_orders";
+    pub const ENGRAM_SITES: &str = "needle.engram_sites";
+    pub const ROPE_THETA: &str = "needle.rope_theta";
+    pub const KV_WINDOW: &str = "needle.kv_window";
+    pub const KV_BITS: &str = "needle.kv_bits";
+    pub const ATTENTION: &str = "needle.attention";
+    pub const FUSED_OP: &str = "needle.fused_op";
+    pub const PRECISION: &str = "needle.precision";
+    pub const MATMUL_WEIGHTS: &str = "needle.matmul_weights";
+    pub const SOURCE_FILE: &str = "needle.source_file";
+    pub const SOURCE_SHA256: &str = "needle.source_sha256";
+    pub const STATE_INPUTS: &str = "needle.state_inputs";
+    pub const PAST_PRESENT_SHARE_BUFFER: &str = "needle.past_present_share_buffer";
+    pub const TOKENIZER: &str = "needle.tokenizer";
+    pub const ADD_DUMMY_PREFIX: &str = "needle.add_dummy_prefix";
+    pub const REMOVE_EXTRA_WHITESPACES: &str = "needle.remove_extra_whitespaces";
+    pub const PAD_ID: &str = "needle.pad_token_id";
+    pub const EOS_ID: &str = "needle.eos_token_id";
+    pub const BOS_ID: &str = "needle.bos_token_id";
+    pub const UNK_ID: &str = "needle.unk_token_id";
+}
+
+/// An enum with exactly one spelling per value, in metadata and on the command line.
+pub trait Spelled: Copy + PartialEq + 'static {
+    /// What the values describe, for error messages (`attention variant`).
+    const WHAT: &'static str;
+    /// Every value, in the order the command line lists them.
+    const ALL: &'static [Self];
+    /// The value's spelling.
+    fn name(self) -> &'static str;
+}
+
+/// A string that is no value's spelling.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownName {
+    pub what: &'static str,
+    pub found: String,
+    pub expected: Vec<&'static str>,
+}
+
+impl fmt::Display for UnknownName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:?} is not a {} (expected {})",
+            self.found,
+            self.what,
+            self.expected.join(", ")
+        )
+    }
+}
+
+impl std::error::Error for UnknownName {}
+
+/// The value spelled `name`.
+pub fn parse_spelled<T: Spelled>(name: &str) -> Result<T, UnknownName> {
+    T::ALL
+        .iter()
+        .copied()
+        .find(|v| v.name() == name)
+        .ok_or_else(|| UnknownName {
+            what: T::WHAT,
+            found: name.to_string(),
+            expected: T::ALL.iter().map(|v| v.name()).collect(),
+        })
+}
+
+/// Declares `Display` and `FromStr` from a [`Spelled`] impl.
+macro_rules! spelled_traits {
+    ($t:ty) => {
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+        impl FromStr for $t {
+            type Err = UnknownName;
+            fn from_str(s: &str) -> Result<Self, UnknownName> {
+                parse_spelled(s)
+            }
+        }
+    };
+}
+
+/// The model generation a graph implements (`.cact` tag `0x05E12A83` is Needle 2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Generation {
+    /// `cactus-needle==2.0.15`.
+    Needle2,
+}
+
+impl Spelled for Generation {
+    const WHAT: &'static str = "model generation";
+    const ALL: &'static [Self] = &[Generation::Needle2];
+    fn name(self) -> &'static str {
+        match self {
+            Generation::Needle2 => "2",
+        }
+    }
+}
+spelled_traits!(Generation);
+
+/// onnxruntime's fused attention kernel the fused variant uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FusedOp {
+    /// `com.microsoft.GroupQueryAttention`: GQA with an in-place-capable BNSH cache.
+    GroupQueryAttention,
+}
+
+impl Spelled for FusedOp {
+    const WHAT: &'static str = "fused attention op";
+    const ALL: &'static [Self] = &[FusedOp::GroupQueryAttention];
+    fn name(self) -> &'static str {
+        match self {
+            FusedOp::GroupQueryAttention => "com.microsoft.GroupQueryAttention",
+        }
+    }
+}
+spelled_traits!(FusedOp);
+
+/// Which attention core the graph uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttentionKind {
+    /// onnxruntime's fused kernel (`fused`), on opset 23 with its single-kernel norms and RoPE.
+    Fused(FusedOp),
+    /// A MatMul/Softmax subgraph on opset 21, default ai.onnx domain only (`reference`).
+    Reference,
+}
+
+impl AttentionKind {
+    /// The fused variant with its default op.
+    pub const FUSED: AttentionKind = AttentionKind::Fused(FusedOp::GroupQueryAttention);
+
+    /// True for either fused op.
+    pub fn is_fused(self) -> bool {
+        matches!(self, AttentionKind::Fused(_))
+    }
+}
+
+impl Spelled for AttentionKind {
+    const WHAT: &'static str = "attention variant";
+    const ALL: &'static [Self] = &[AttentionKind::FUSED, AttentionKind::Reference];
+    fn name(self) -> &'static str {
+        match self {
+            AttentionKind::Fused(_) => "fused",
+            AttentionKind::Reference => "reference",
+        }
+    }
+}
+spelled_traits!(AttentionKind);
+
+/// Floating-point element type of the model's weights and activations (logits stay float32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Precision {
+    Fp32,
+    Fp16,
+}
+
+impl Spelled for Precision {
+    const WHAT: &'static str = "precision";
+    const ALL: &'static [Self] = &[Precision::Fp32, Precision::Fp16];
+    fn name(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Fp16 => "fp16",
+        }
+    }
+}
+spelled_traits!(Precision);
+
+/// How the weights of the large MatMuls (projections, logits) are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MatMulWeights {
+    /// Dense, in the graph's precision: the exact model.
+    Float,
+    /// `com.microsoft.MatMulNBits`, symmetric 8-bit blocks of 32 along K.
+    Int8,
+    /// `com.microsoft.MatMulNBits`, symmetric 4-bit blocks of 32 along K.
+    Int4,
+}
+
+impl Spelled for MatMulWeights {
+    const WHAT: &'static str = "weight storage";
+    const ALL: &'static [Self] = &[
+        MatMulWeights::Float,
+        MatMulWeights::Int8,
+        MatMulWeights::Int4,
+    ];
+    fn name(self) -> &'static str {
+        match self {
+            MatMulWeights::Float => "float",
+            MatMulWeights::Int8 => "int8",
+            MatMulWeights::Int4 => "int4",
+        }
+    }
+}
+spelled_traits!(MatMulWeights);
+
+/// The choices that make one graph out of one model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Variant {
+    pub attention: AttentionKind,
+    pub precision: Precision,
+    pub matmul_weights: MatMulWeights,
+}
+
+/// The `.cact` file a graph was exported from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Source {
+    pub file_name: String,
+    /// Lowercase hex SHA-256 of the file's bytes.
+    pub sha256: String,
+}
+
+/// The tokenizer a graph is run with: its file beside the graph, its normalizer rules and
+/// the special ids.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenizerDescription {
+    /// File name of the `tokenizer.json` written beside the graph; `None` for an
+    /// in-memory export, which has none.
+    pub file: Option<String>,
+    /// sentencepiece `add_dummy_prefix`.
+    pub add_dummy_prefix: bool,
+    /// sentencepiece `remove_extra_whitespaces` (the `.cact` does not record it).
+    pub remove_extra_whitespaces: bool,
+    pub pad_id: u32,
+    pub eos_id: u32,
+    pub bos_id: u32,
+    pub unk_id: u32,
+}
+
+/// Everything an exported graph says about itself in `metadata_props`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExportDescription {
+    pub generation: Generation,
+    pub config: Config,
+    pub variant: Variant,
+    pub source: Source,
+    pub tokenizer: TokenizerDescription,
+    /// `past_key_values.*` may be buffers longer than `past_sequence`, bound as
+    /// `present.*` too, so attention writes only the new positions in place
+    /// (onnxruntime-genai's `past_present_share_buffer`).
+    pub past_present_share_buffer: bool,
+    /// The state inputs besides the KV cache, each fed back from its `present_*` output.
+    pub state_inputs: Vec<String>,
+}
+
+impl ExportDescription {
+    /// The description of a new export of `variant`: the fused graph reads the past length
+    /// from `attention_mask`, so it takes shared past/present buffers; the reference graph
+    /// reads it from the cache's shape, so it does not.
+    pub fn new(
+        generation: Generation,
+        config: Config,
+        variant: Variant,
+        source: Source,
+        tokenizer: TokenizerDescription,
+    ) -> Self {
+        ExportDescription {
+            generation,
+            config,
+            variant,
+            source,
+            tokenizer,
+            past_present_share_buffer: variant.attention.is_fused(),
+            state_inputs: vec![names::PAST_INPUT_IDS.to_string()],
+        }
+    }
+
+    /// The description as `metadata_props` entries.
+    pub fn to_metadata(&self) -> Vec<(String, String)> {
+        let mut meta = self.config.to_metadata();
+        let mut add = |k: &str, v: String| meta.push((k.to_string(), v));
+        let v = &self.variant;
+        add(keys::ATTENTION, v.attention.to_string());
+        if let AttentionKind::Fused(op) = v.attention {
+            add(keys::FUSED_OP, op.to_string());
+        }
+        if self.past_present_share_buffer {
+            add(
+                keys::PAST_PRESENT_SHARE_BUFFER,
+                "true: past_key_values.* may be buffers longer than past_sequence (the \
+                 attention_mask gives the length); bind the same buffer as present.* and \
+                 attention writes only the new positions, as onnxruntime-genai does"
+                    .into(),
+            );
+        }
+        add(keys::PRECISION, v.precision.to_string());
+        add(keys::MATMUL_WEIGHTS, v.matmul_weights.to_string());
+        add(keys::SOURCE_FILE, self.source.file_name.clone());
+        add(keys::SOURCE_SHA256, self.source.sha256.clone());
+        add(
+            keys::STATE_INPUTS,
+            "past_input_ids: int64 [batch, past_sequence], the tokens seen so far (feed back \
+             present_input_ids); the engram n-gram memory hashes the last \
+             conv_taps*dilation of them"
+                .into(),
+        );
+        let t = &self.tokenizer;
+        if let Some(file) = &t.file {
+            add(keys::TOKENIZER, file.clone());
+        }
+        add(keys::ADD_DUMMY_PREFIX, t.add_dummy_prefix.to_string());
+        add(
+            keys::REMOVE_EXTRA_WHITESPACES,
+            t.remove_extra_whitespaces.to_string(),
+        );
+        add(keys::PAD_ID, t.pad_id.to_string());
+        add(keys::EOS_ID, t.eos_id.to_string());
+        add(keys::BOS_ID, t.bos_id.to_string());
+        add(keys::UNK_ID, t.unk_id.to_string());
+        meta
+    }
+
+    /// Reads the description back; `get` looks a key up. The error names the missing or
+    /// malformed key.
+    pub fn from_metadata(get: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let config = Config::from_metadata(&get)?;
+        let read = Metadata(&get);
+        let attention = match read.spelled::<AttentionKind>(keys::ATTENTION)? {
+            AttentionKind::Fused(_) => AttentionKind::Fused(read.spelled(keys::FUSED_OP)?),
+            AttentionKind::Reference => AttentionKind::Reference,
+        };
+        Ok(ExportDescription {
+            generation: Generation::Needle2,
+            config,
+            variant: Variant {
+                attention,
+                precision: read.spelled(keys::PRECISION)?,
+                matmul_weights: read.spelled(keys::MATMUL_WEIGHTS)?,
+            },
+            source: Source {
+                file_name: read.text(keys::SOURCE_FILE)?,
+                sha256: read.text(keys::SOURCE_SHA256)?,
+            },
+            tokenizer: TokenizerDescription {
+                file: get(keys::TOKENIZER),
+                add_dummy_prefix: read.parsed(keys::ADD_DUMMY_PREFIX)?,
+                remove_extra_whitespaces: read.parsed(keys::REMOVE_EXTRA_WHITESPACES)?,
+                pad_id: read.parsed(keys::PAD_ID)?,
+                eos_id: read.parsed(keys::EOS_ID)?,
+                bos_id: read.parsed(keys::BOS_ID)?,
+                unk_id: read.parsed(keys::UNK_ID)?,
+            },
+            past_present_share_buffer: get(keys::PAST_PRESENT_SHARE_BUFFER)
+                .is_some_and(|v| v.starts_with("true")),
+            state_inputs: vec![names::PAST_INPUT_IDS.to_string()],
+        })
+    }
+}
+
+/// Typed reads of `metadata_props`, each error naming its key.
+struct Metadata<'a, F: Fn(&str) -> Option<String>>(&'a F);
+
+impl<F: Fn(&str) -> Option<String>> Metadata<'_, F> {
+    fn text(&self, key: &str) -> Result<String, String> {
+        (self.0)(key).ok_or_else(|| format!("metadata key {key} is missing"))
+    }
+
+    fn parsed<T: FromStr>(&self, key: &str) -> Result<T, String> {
+        let text = self.text(key)?;
+        text.parse()
+            .map_err(|_| format!("metadata key {key} has the malformed value {text:?}"))
+    }
+
+    fn spelled<T: Spelled>(&self, key: &str) -> Result<T, String> {
+        parse_spelled(&self.text(key)?).map_err(|e| format!("metadata key {key}: {e}"))
+    }
+
+    fn list(&self, key: &str) -> Result<Vec<usize>, String> {
+        let text = self.text(key)?;
+        if text.is_empty() {
+            return Ok(Vec::new());
+        }
+        text.split(',')
+            .map(|x| {
+                x.parse()
+                    .map_err(|_| format!("metadata key {key} is not a list of numbers"))
+            })
+            .collect()
+    }
+}
+
+impl Config {
+    /// The geometry as `metadata_props` entries (lists comma-separated).
+    pub fn to_metadata(&self) -> Vec<(String, String)> {
+        let list = |v: &[usize]| {
+            v.iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        [
+            (keys::VOCAB, self.vocab.to_string()),
+            (keys::D_MODEL, self.d_model.to_string()),
+            (keys::NUM_HEADS, self.num_heads.to_string()),
+            (keys::NUM_KV_HEADS, self.num_kv_heads.to_string()),
+            (keys::NUM_LAYERS, self.num_layers.to_string()),
+            (keys::HEAD_DIM, self.head_dim.to_string()),
+            (keys::MAX_SEQ_LEN, self.max_seq_len.to_string()),
+            (keys::HADA_N, self.hada_n.to_string()),
+            (keys::MHC_LANES, self.mhc_lanes.to_string()),
+            (keys::ENGRAM_SLOTS, self.engram_slots.to_string()),
+            (keys::ENGRAM_SUB_DIM, self.engram_sub_dim.to_string()),
+            (keys::ENGRAM_TABLES, self.num_engram_tables.to_string()),
+            (keys::ENGRAM_CONV_TAPS, self.engram_conv_taps.to_string()),
+            (
+                keys::ENGRAM_CONV_DILATION,
+                self.engram_conv_dilation.to_string(),
+            ),
+            (keys::ENGRAM_ORDERS, list(&self.engram_orders)),
+            (keys::ENGRAM_SITES, list(&self.engram_sites)),
+            (keys::ROPE_THETA, self.rope_theta.to_string()),
+            (keys::KV_WINDOW, self.kv_window.to_string()),
+            (keys::KV_BITS, self.kv_bits.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+
+    /// Reads the geometry back from metadata; `get` looks a key up. The error names the
+    /// missing or malformed key.
+    pub fn from_metadata(get: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
+        let read = Metadata(&get);
+        Ok(Config {
+            vocab: read.parsed(keys::VOCAB)?,
+            d_model: read.parsed(keys::D_MODEL)?,
+            num_heads: read.parsed(keys::NUM_HEADS)?,
+            num_kv_heads: read.parsed(keys::NUM_KV_HEADS)?,
+            num_layers: read.parsed(keys::NUM_LAYERS)?,
+            head_dim: read.parsed(keys::HEAD_DIM)?,
+            max_seq_len: read.parsed(keys::MAX_SEQ_LEN)?,
+            hada_n: read.parsed(keys::HADA_N)?,
+            mhc_lanes: read.parsed(keys::MHC_LANES)?,
+            engram_slots: read.parsed(keys::ENGRAM_SLOTS)?,
+            engram_sub_dim: read.parsed(keys::ENGRAM_SUB_DIM)?,
+            num_engram_tables: read.parsed(keys::ENGRAM_TABLES)?,
+            engram_conv_taps: read.parsed(keys::ENGRAM_CONV_TAPS)?,
+            engram_conv_dilation: read.parsed(keys::ENGRAM_CONV_DILATION)?,
+            engram_orders: read.list(keys::ENGRAM_ORDERS)?,
+            engram_sites: read.list(keys::ENGRAM_SITES)?,
+            rope_theta: read.parsed(keys::ROPE_THETA)?,
+            kv_window: read.parsed(keys::KV_WINDOW)?,
+            kv_bits: read.parsed(keys::KV_BITS)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trips<T: Spelled + fmt::Display + FromStr<Err = UnknownName> + fmt::Debug>() {
+        for v in T::ALL {
+            assert_eq!(v.to_string().parse::<T>().unwrap(), *v);
+        }
+        let err = "nonsense".parse::<T>().unwrap_err();
+        assert!(err.to_string().contains(T::ALL[0].name()), "{err}");
+    }
+
+    #[test]
+    fn every_enum_has_one_spelling_both_ways() {
+        round_trips::<Generation>();
+        round_trips::<AttentionKind>();
+        round_trips::<FusedOp>();
+        round_trips::<Precision>();
+        round_trips::<MatMulWeights>();
+    }
+}

@@ -1,0 +1,103 @@
+//! The one place that turns (execution provider, model) into how the model runs: the
+//! variant a `.cact` is exported as, prefill chunking, the in-place cache, threads.
+
+use crate::provider::Provider;
+use graphs::contract::{AttentionKind, ExportDescription, MatMulWeights, Precision, Variant};
+
+/// Prompt tokens per forward call of a CPU prefill. onnxruntime's CPU attention scores
+/// every cached key for every new query and masks afterwards, so a long prompt costs less
+/// fed through the cache in pieces (measured in `bench/RESULTS.md`); a GPU scores a whole
+/// prompt at once.
+pub const CPU_PREFILL_CHUNK: usize = 128;
+
+/// How one loaded graph runs on its provider.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunPlan {
+    /// The provider that registered; never `Auto`.
+    pub provider: Provider,
+    /// Prompt tokens per forward call of a prefill; `None`: the whole prompt in one call.
+    pub prefill_chunk: Option<usize>,
+    /// Key/value buffers are preallocated and bound as both `past_key_values.*` and
+    /// `present.*`, so attention writes only the new positions instead of copying the
+    /// whole cache into a new `present` each step (most of a step's time after a thousand
+    /// tokens). Only where the graph takes shared buffers and the buffers live where the
+    /// provider computes (host memory: the CPU).
+    pub in_place_cache: bool,
+    /// onnxruntime intra-op threads; 0 lets onnxruntime choose.
+    pub threads: usize,
+}
+
+impl RunPlan {
+    /// The plan for a graph `description` describes on `provider`.
+    pub fn new(provider: Provider, description: &ExportDescription, threads: usize) -> Self {
+        let cpu = provider == Provider::Cpu;
+        RunPlan {
+            provider,
+            prefill_chunk: cpu.then_some(CPU_PREFILL_CHUNK),
+            in_place_cache: cpu && description.past_present_share_buffer,
+            threads,
+        }
+    }
+}
+
+/// The variant a `.cact` is exported as for `provider`, unless the caller overrides the
+/// attention core or the precision.
+///
+/// Attention: fused for CUDA and CPU, reference for TensorRT and CoreML (they take a
+/// plain ai.onnx graph whole). Precision: fp32 everywhere; on CUDA the fused fp16 graph
+/// was an order of magnitude slower than fp32 on small models (`bench/RESULTS.md`), and
+/// fp32 matches upstream to 1.4e-6 there.
+pub fn variant_for(
+    provider: Provider,
+    attention: Option<AttentionKind>,
+    precision: Option<Precision>,
+    matmul_weights: MatMulWeights,
+) -> Variant {
+    let preferred = match provider {
+        Provider::Auto | Provider::Cpu | Provider::Cuda => AttentionKind::FUSED,
+        Provider::TensorRt | Provider::CoreMl => AttentionKind::Reference,
+    };
+    Variant {
+        attention: attention.unwrap_or(preferred),
+        precision: precision.unwrap_or(Precision::Fp32),
+        matmul_weights,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_provider_gets_the_contracts_variant_unless_overridden() {
+        let pick = |p| variant_for(p, None, None, MatMulWeights::Float);
+        for p in [Provider::Cpu, Provider::Cuda] {
+            assert_eq!(pick(p).attention, AttentionKind::FUSED);
+        }
+        for p in [Provider::TensorRt, Provider::CoreMl] {
+            assert_eq!(pick(p).attention, AttentionKind::Reference);
+        }
+        for p in [
+            Provider::Cpu,
+            Provider::Cuda,
+            Provider::TensorRt,
+            Provider::CoreMl,
+        ] {
+            assert_eq!(pick(p).precision, Precision::Fp32);
+        }
+        let forced = variant_for(
+            Provider::Cuda,
+            Some(AttentionKind::Reference),
+            Some(Precision::Fp16),
+            MatMulWeights::Int4,
+        );
+        assert_eq!(
+            forced,
+            Variant {
+                attention: AttentionKind::Reference,
+                precision: Precision::Fp16,
+                matmul_weights: MatMulWeights::Int4
+            }
+        );
+    }
+}
