@@ -313,15 +313,20 @@ impl GraphBuilder {
         });
     }
 
-    /// Finishes the graph into a model with the given metadata.
-    pub fn finish(self, graph_name: &str, metadata: Vec<(String, String)>) -> ModelProto {
+    /// Finishes the graph into a model with the given documentation and metadata.
+    pub fn finish(
+        self,
+        graph_name: &str,
+        doc_string: String,
+        metadata: Vec<(String, String)>,
+    ) -> ModelProto {
         ModelProto {
             ir_version: self.opset.ir_version(),
             producer_name: "needle-onnx".into(),
             producer_version: env!("CARGO_PKG_VERSION").into(),
             domain: String::new(),
             model_version: 1,
-            doc_string: String::new(),
+            doc_string,
             graph: Some(GraphProto {
                 node: self.nodes,
                 name: graph_name.into(),

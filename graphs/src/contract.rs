@@ -79,6 +79,7 @@ pub mod keys {
     pub const ROPE_THETA: &str = "needle.rope_theta";
     pub const KV_WINDOW: &str = "needle.kv_window";
     pub const KV_BITS: &str = "needle.kv_bits";
+    pub const GENERATION: &str = "needle.generation";
     pub const ATTENTION: &str = "needle.attention";
     pub const FUSED_OP: &str = "needle.fused_op";
     pub const PRECISION: &str = "needle.precision";
@@ -343,35 +344,60 @@ impl ExportDescription {
         }
     }
 
+    /// The interface in words, for the model's `doc_string` (what a person reading the
+    /// graph in Netron or onnx needs; the metadata says the same as data).
+    pub fn doc_string(&self) -> String {
+        let mut doc = format!(
+            "Needle {} ({} attention, {}). Inputs: {ids} [{b}, {s}]; {mask} [{b}, {t}], 1 for \
+             real tokens; per layer {pk}.key/.value [{b}, kv_heads, {p}, head_dim]; {past_ids} \
+             [{b}, {p}], the tokens seen so far, which the engram n-gram memory hashes. \
+             Outputs: {logits} [{b}, {s}, vocab] float32; {pr}.key/.value; {present_ids} \
+             [{b}, {t}]. For the next step feed {pr}.* back as {pk}.* and {present_ids} as \
+             {past_ids}; {p} = 0 with an all-ones mask is a plain forward.",
+            self.generation,
+            self.variant.attention,
+            self.variant.precision,
+            ids = names::INPUT_IDS,
+            mask = names::ATTENTION_MASK,
+            past_ids = names::PAST_INPUT_IDS,
+            logits = names::LOGITS,
+            present_ids = names::PRESENT_INPUT_IDS,
+            pk = "past_key_values.{i}",
+            pr = "present.{i}",
+            b = dims::BATCH,
+            s = dims::SEQUENCE,
+            p = dims::PAST_SEQUENCE,
+            t = dims::TOTAL_SEQUENCE,
+        );
+        if self.past_present_share_buffer {
+            doc.push_str(
+                " The KV inputs may be buffers longer than past_sequence (attention_mask gives \
+                 the length): bind the same buffer as present.* and attention writes only the \
+                 new positions, as onnxruntime-genai's past_present_share_buffer does.",
+            );
+        }
+        doc
+    }
+
     /// The description as `metadata_props` entries.
     pub fn to_metadata(&self) -> Vec<(String, String)> {
-        let mut meta = self.config.to_metadata();
+        let mut meta = vec![(keys::GENERATION.to_string(), self.generation.to_string())];
+        meta.extend(self.config.to_metadata());
         let mut add = |k: &str, v: String| meta.push((k.to_string(), v));
         let v = &self.variant;
         add(keys::ATTENTION, v.attention.to_string());
         if let AttentionKind::Fused(op) = v.attention {
             add(keys::FUSED_OP, op.to_string());
         }
-        if self.past_present_share_buffer {
-            add(
-                keys::PAST_PRESENT_SHARE_BUFFER,
-                "true: past_key_values.* may be buffers longer than past_sequence (the \
-                 attention_mask gives the length); bind the same buffer as present.* and \
-                 attention writes only the new positions, as onnxruntime-genai does"
-                    .into(),
-            );
-        }
+        add(
+            keys::PAST_PRESENT_SHARE_BUFFER,
+            self.past_present_share_buffer.to_string(),
+        );
         add(keys::PRECISION, v.precision.to_string());
         add(keys::MATMUL_WEIGHTS, v.matmul_weights.to_string());
         add(keys::SOURCE_FILE, self.source.file_name.clone());
         add(keys::SOURCE_SHA256, self.source.sha256.clone());
-        add(
-            keys::STATE_INPUTS,
-            "past_input_ids: int64 [batch, past_sequence], the tokens seen so far (feed back \
-             present_input_ids); the engram n-gram memory hashes the last \
-             conv_taps*dilation of them"
-                .into(),
-        );
+        add(keys::STATE_INPUTS, self.state_inputs.join(","));
         let t = &self.tokenizer;
         if let Some(file) = &t.file {
             add(keys::TOKENIZER, file.clone());
@@ -393,12 +419,17 @@ impl ExportDescription {
     pub fn from_metadata(get: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
         let config = Config::from_metadata(&get)?;
         let read = Metadata(&get);
+        // Exports from before the key existed are all Needle 2.
+        let generation = match get(keys::GENERATION) {
+            None => Generation::Needle2,
+            Some(_) => read.spelled(keys::GENERATION)?,
+        };
         let attention = match read.spelled::<AttentionKind>(keys::ATTENTION)? {
             AttentionKind::Fused(_) => AttentionKind::Fused(read.spelled(keys::FUSED_OP)?),
             AttentionKind::Reference => AttentionKind::Reference,
         };
         Ok(ExportDescription {
-            generation: Generation::Needle2,
+            generation,
             config,
             variant: Variant {
                 attention,
@@ -418,9 +449,17 @@ impl ExportDescription {
                 bos_id: read.parsed(keys::BOS_ID)?,
                 unk_id: read.parsed(keys::UNK_ID)?,
             },
-            past_present_share_buffer: get(keys::PAST_PRESENT_SHARE_BUFFER)
-                .is_some_and(|v| v.starts_with("true")),
-            state_inputs: vec![names::PAST_INPUT_IDS.to_string()],
+            // Absent in exports that predate the in-place cache: they cannot take one.
+            past_present_share_buffer: match get(keys::PAST_PRESENT_SHARE_BUFFER) {
+                None => false,
+                Some(_) => read.parsed(keys::PAST_PRESENT_SHARE_BUFFER)?,
+            },
+            state_inputs: read
+                .text(keys::STATE_INPUTS)?
+                .split(',')
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect(),
         })
     }
 }
@@ -533,6 +572,81 @@ mod tests {
         }
         let err = "nonsense".parse::<T>().unwrap_err();
         assert!(err.to_string().contains(T::ALL[0].name()), "{err}");
+    }
+
+    fn description(attention: AttentionKind) -> ExportDescription {
+        let config = Config {
+            vocab: 11,
+            d_model: 8,
+            num_heads: 2,
+            num_kv_heads: 1,
+            num_layers: 3,
+            head_dim: 4,
+            max_seq_len: 32,
+            hada_n: 8,
+            mhc_lanes: 2,
+            engram_slots: 5,
+            engram_sub_dim: 2,
+            num_engram_tables: 4,
+            engram_conv_taps: 2,
+            engram_conv_dilation: 3,
+            engram_orders: vec![2, 3],
+            engram_sites: vec![],
+            rope_theta: 1.0e4,
+            kv_window: 0,
+            kv_bits: 8,
+        };
+        let variant = Variant {
+            attention,
+            precision: Precision::Fp16,
+            matmul_weights: MatMulWeights::Int4,
+        };
+        let source = Source {
+            file_name: "m.cact".into(),
+            sha256: "ab".repeat(32),
+        };
+        let tokenizer = TokenizerDescription {
+            file: Some("m.tokenizer.json".into()),
+            add_dummy_prefix: true,
+            remove_extra_whitespaces: false,
+            pad_id: 0,
+            eos_id: 1,
+            bos_id: 2,
+            unk_id: 3,
+        };
+        ExportDescription::new(Generation::Needle2, config, variant, source, tokenizer)
+    }
+
+    #[test]
+    fn metadata_reads_back_as_written() {
+        for attention in AttentionKind::ALL {
+            let d = description(*attention);
+            let meta: std::collections::HashMap<_, _> = d.to_metadata().into_iter().collect();
+            assert_eq!(
+                ExportDescription::from_metadata(|k| meta.get(k).cloned()),
+                Ok(d)
+            );
+        }
+    }
+
+    #[test]
+    fn a_missing_or_misspelled_key_is_named() {
+        let meta: std::collections::HashMap<_, _> = description(AttentionKind::FUSED)
+            .to_metadata()
+            .into_iter()
+            .collect();
+        let without = |key: &str| {
+            ExportDescription::from_metadata(|k| (k != key).then(|| meta[k].clone())).unwrap_err()
+        };
+        assert_eq!(
+            without(keys::PRECISION),
+            "metadata key needle.precision is missing"
+        );
+        let wrong = ExportDescription::from_metadata(|k| match k {
+            keys::ATTENTION => Some("flash".into()),
+            _ => meta.get(k).cloned(),
+        });
+        assert!(wrong.unwrap_err().contains("needle.attention"));
     }
 
     #[test]

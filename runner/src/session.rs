@@ -125,6 +125,13 @@ impl NeedleSession {
             .layer_names
             .iter()
             .flat_map(|n| [n.past_key.as_str(), n.past_value.as_str()]);
+        if self.description.state_inputs != [names::PAST_INPUT_IDS] {
+            bail!(
+                "this runner carries only {} between steps; the graph needs {:?}",
+                names::PAST_INPUT_IDS,
+                self.description.state_inputs
+            );
+        }
         let wanted = [
             names::INPUT_IDS,
             names::ATTENTION_MASK,

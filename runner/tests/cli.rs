@@ -161,7 +161,12 @@ fn an_onnx_that_needle_export_did_not_write_is_a_clear_error() {
     b.output(&x, "y", data_type::FLOAT, &[Dim::Fixed(1)]);
     let dir = scratch("run-foreign");
     let path = dir.join("identity.onnx");
-    std::fs::write(&path, b.finish("identity", Vec::new()).encode_to_vec()).unwrap();
+    std::fs::write(
+        &path,
+        b.finish("identity", String::new(), Vec::new())
+            .encode_to_vec(),
+    )
+    .unwrap();
     let p = path.display().to_string();
     fails_with(
         &run(&["--model", &p, "--provider", "cpu", "--query", "hi"]),

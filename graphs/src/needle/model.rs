@@ -63,7 +63,7 @@ pub fn build(desc: &ExportDescription, w: &Weights) -> ModelProto {
     }
     let logits = b.scope("lm_head", |b| lm_head(b, &ctx, w, embedding.as_ref(), &x));
     outputs(&mut b, &ctx, &logits, &presents, &all_ids);
-    b.finish("needle", desc.to_metadata())
+    b.finish("needle", desc.doc_string(), desc.to_metadata())
 }
 
 /// The graph inputs, in the contract's order.
