@@ -419,10 +419,13 @@ impl ExportDescription {
     pub fn from_metadata(get: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
         let config = Config::from_metadata(&get)?;
         let read = Metadata(&get);
-        // Exports from before the key existed are all Needle 2.
-        let generation = match get(keys::GENERATION) {
-            None => Generation::Needle2,
-            Some(_) => read.spelled(keys::GENERATION)?,
+        // Exports from before `needle.generation` existed are all Needle 2, and described
+        // their cache and state in sentences: they are read as what they were (no shared
+        // buffers, `past_input_ids` as the only state).
+        let legacy = get(keys::GENERATION).is_none();
+        let generation = match legacy {
+            true => Generation::Needle2,
+            false => read.spelled(keys::GENERATION)?,
         };
         let attention = match read.spelled::<AttentionKind>(keys::ATTENTION)? {
             AttentionKind::Fused(_) => AttentionKind::Fused(read.spelled(keys::FUSED_OP)?),
@@ -449,17 +452,14 @@ impl ExportDescription {
                 bos_id: read.parsed(keys::BOS_ID)?,
                 unk_id: read.parsed(keys::UNK_ID)?,
             },
-            // Absent in exports that predate the in-place cache: they cannot take one.
-            past_present_share_buffer: match get(keys::PAST_PRESENT_SHARE_BUFFER) {
-                None => false,
-                Some(_) => read.parsed(keys::PAST_PRESENT_SHARE_BUFFER)?,
+            past_present_share_buffer: match legacy {
+                true => false,
+                false => read.parsed(keys::PAST_PRESENT_SHARE_BUFFER)?,
             },
-            state_inputs: read
-                .text(keys::STATE_INPUTS)?
-                .split(',')
-                .filter(|s| !s.is_empty())
-                .map(str::to_string)
-                .collect(),
+            state_inputs: match legacy {
+                true => vec![names::PAST_INPUT_IDS.to_string()],
+                false => read.names(keys::STATE_INPUTS)?,
+            },
         })
     }
 }
@@ -480,6 +480,15 @@ impl<F: Fn(&str) -> Option<String>> Metadata<'_, F> {
 
     fn spelled<T: Spelled>(&self, key: &str) -> Result<T, String> {
         parse_spelled(&self.text(key)?).map_err(|e| format!("metadata key {key}: {e}"))
+    }
+
+    fn names(&self, key: &str) -> Result<Vec<String>, String> {
+        let text = self.text(key)?;
+        Ok(text
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect())
     }
 
     fn list(&self, key: &str) -> Result<Vec<usize>, String> {
@@ -627,6 +636,27 @@ mod tests {
                 Ok(d)
             );
         }
+    }
+
+    #[test]
+    fn exports_from_before_the_generation_key_read_as_they_were_written() {
+        let mut meta: std::collections::HashMap<_, _> = description(AttentionKind::FUSED)
+            .to_metadata()
+            .into_iter()
+            .collect();
+        meta.remove(keys::GENERATION);
+        meta.insert(
+            keys::STATE_INPUTS.into(),
+            "past_input_ids: int64 [batch, …]".into(),
+        );
+        meta.insert(
+            keys::PAST_PRESENT_SHARE_BUFFER.into(),
+            "true: a sentence".into(),
+        );
+        let d = ExportDescription::from_metadata(|k| meta.get(k).cloned()).unwrap();
+        assert_eq!(d.generation, Generation::Needle2);
+        assert_eq!(d.state_inputs, [names::PAST_INPUT_IDS]);
+        assert!(!d.past_present_share_buffer);
     }
 
     #[test]
