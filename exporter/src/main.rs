@@ -5,7 +5,7 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Parser;
 use exporter::cli::spelled;
 use exporter::model::NeedleModel;
-use exporter::output::{file_name, ExportFiles};
+use exporter::output::ExportFiles;
 use exporter::tokenizer::NeedleTokenizer;
 use graphs::contract::{parse_spelled, AttentionKind, MatMulWeights, Precision, Spelled};
 use std::io::{stdout, Write};
@@ -74,10 +74,7 @@ fn run(args: Args) -> Result<()> {
     };
     let files = ExportFiles::beside(&args.out, &attentions);
     files.check(&args.model, args.force)?;
-    let bytes = std::fs::read(&args.model)
-        .with_context(|| format!("cannot read {}", args.model.display()))?;
-    let model = NeedleModel::from_bytes(&file_name(&args.model), &bytes)
-        .with_context(|| format!("{}", args.model.display()))?;
+    let model = NeedleModel::read(&args.model)?;
     let tokenizer = NeedleTokenizer::from_spec(&model.tokenizer, args.remove_extra_whitespaces)
         .with_context(|| format!("{}: tokenizer", args.model.display()))?;
     for (path, bytes) in files.write(&model, &tokenizer, args.precision, args.weights)? {

@@ -3,6 +3,8 @@
 
 use crate::cact::header::{NEEDLE3_TAG, TAG};
 use crate::cact::{read_tag, CactError, CactFile, TokenizerSpec};
+use crate::output::file_name;
+use anyhow::Context;
 use graphs::contract::{Generation, Source};
 use graphs::needle::{Config, Weights};
 use sha2::{Digest, Sha256};
@@ -37,17 +39,11 @@ impl NeedleModel {
         }
     }
 
-    /// Reads the `.cact` file at `path` (see [`Self::from_bytes`]).
-    pub fn read(path: &Path) -> Result<Self, CactError> {
-        let bytes = std::fs::read(path).map_err(|e| CactError::Io {
-            path: path.display().to_string(),
-            message: e.to_string(),
-        })?;
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        Self::from_bytes(&name, &bytes)
+    /// Reads the `.cact` file at `path` (see [`Self::from_bytes`]); the error names the path.
+    pub fn read(path: &Path) -> anyhow::Result<Self> {
+        let bytes =
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        Self::from_bytes(&file_name(path), &bytes).with_context(|| path.display().to_string())
     }
 }
 

@@ -72,18 +72,13 @@ pub fn load(source: &ModelSource, opts: &LoadOptions) -> Result<LoadedModel> {
     let skipped = registered.skipped.clone();
     let chosen = registered.provider;
     let (session, tokenizer) = match source {
-        ModelSource::Demo => from_cact("needle-demo.cact", DEMO_CACT, registered, opts)?,
-        ModelSource::Path(path) if is_onnx(path) => from_onnx(path, registered, opts)?,
-        ModelSource::Path(path) => {
-            let bytes =
-                std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
-            let name = path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            from_cact(&name, &bytes, registered, opts)
-                .with_context(|| path.display().to_string())?
+        ModelSource::Demo => {
+            let demo = NeedleModel::from_bytes("needle-demo.cact", DEMO_CACT)?;
+            from_cact(&demo, registered, opts)?
         }
+        ModelSource::Path(path) if is_onnx(path) => from_onnx(path, registered, opts)?,
+        ModelSource::Path(path) => from_cact(&NeedleModel::read(path)?, registered, opts)
+            .with_context(|| path.display().to_string())?,
     };
     debug_assert_eq!(session.provider(), chosen);
     Ok(LoadedModel {
@@ -98,13 +93,12 @@ fn is_onnx(path: &Path) -> bool {
         .is_some_and(|e| e.eq_ignore_ascii_case("onnx"))
 }
 
+/// Exports `model` in memory as the variant the plan picks for the registered provider.
 fn from_cact(
-    name: &str,
-    bytes: &[u8],
+    model: &NeedleModel,
     registered: provider::Registered,
     opts: &LoadOptions,
 ) -> Result<(NeedleSession, NeedleTokenizer)> {
-    let model = NeedleModel::from_bytes(name, bytes)?;
     let tokenizer = NeedleTokenizer::from_spec(&model.tokenizer, opts.remove_extra_whitespaces)?;
     let export_opts = ExportOptions {
         variant: variant_for(
