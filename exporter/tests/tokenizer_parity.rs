@@ -4,7 +4,7 @@
 //! on rendered demo prompts (`tests/fixtures/prompt.cases.json`).
 
 use exporter::cact::CactFile;
-use runner::tokenizer::NeedleTokenizer;
+use exporter::tokenizer::NeedleTokenizer;
 use serde::Deserialize;
 use std::path::PathBuf;
 use test_support::{python, repo_root};
