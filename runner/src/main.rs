@@ -23,7 +23,7 @@ struct Args {
     #[arg(long)]
     model: Option<PathBuf>,
     /// Execution provider, chosen at startup; `auto` tries TensorRT, CUDA, CoreML, then CPU.
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_parser = spelled::<Provider>(), default_value = "auto")]
     provider: Provider,
     /// Run on the CPU when the named provider cannot be registered (reported in the output).
     #[arg(long)]

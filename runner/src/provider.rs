@@ -5,9 +5,9 @@
 //! an error, never a silent CPU run. Each attempt gets a fresh builder, so a failed
 //! registration leaves nothing behind in the builder that is returned.
 
+use graphs::contract::Spelled;
 use std::fmt;
 
-use clap::ValueEnum;
 use ort::{
     environment::Environment,
     ep,
@@ -18,7 +18,7 @@ use ort::{
 };
 
 /// An onnxruntime execution provider, as named on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Provider {
     /// The first of TensorRT, CUDA, CoreML, CPU that registers.
     Auto,
@@ -27,16 +27,23 @@ pub enum Provider {
     /// NVIDIA CUDA.
     Cuda,
     /// NVIDIA TensorRT, with CUDA for the nodes TensorRT does not take.
-    #[value(name = "tensorrt")]
     TensorRt,
     /// Apple CoreML.
-    #[value(name = "coreml")]
     CoreMl,
 }
 
-impl Provider {
-    /// The command-line name: `auto`, `cpu`, `cuda`, `tensorrt`, `coreml`.
-    pub fn name(self) -> &'static str {
+impl Spelled for Provider {
+    const WHAT: &'static str = "execution provider";
+    const ALL: &'static [Self] = &[
+        Provider::Auto,
+        Provider::Cpu,
+        Provider::Cuda,
+        Provider::TensorRt,
+        Provider::CoreMl,
+    ];
+
+    /// The command-line name, also in the JSON answers.
+    fn name(self) -> &'static str {
         match self {
             Provider::Auto => "auto",
             Provider::Cpu => "cpu",

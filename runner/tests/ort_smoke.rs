@@ -182,11 +182,3 @@ fn auto_reports_what_it_got() {
         [Provider::TensorRt, Provider::Cuda, Provider::CoreMl]
     );
 }
-
-#[test]
-fn provider_names_match_the_command_line() {
-    use clap::ValueEnum;
-    for &p in Provider::value_variants() {
-        assert_eq!(Provider::from_str(p.name(), false), Ok(p));
-    }
-}
