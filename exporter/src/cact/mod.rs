@@ -1,17 +1,13 @@
 //! Reader for Needle 2 `.cact` files (`cactus-needle==2.0.15`,
 //! `needle/model/export.py`), validated completely before anything is
-//! dequantized.
-//!
-//! ```text
-//! header (120 B) | codebooks (28 f32) | directory (num_tensors x 44 B) | 64-aligned blobs
-//! ```
+//! dequantized. The byte layout is declared in [`layout`].
 
 mod bytes;
 mod cq;
 pub mod directory;
 pub mod error;
 pub mod header;
-pub mod slots;
+pub mod layout;
 pub mod tokenizer_blob;
 mod weights;
 
@@ -19,11 +15,11 @@ use std::path::Path;
 
 use graphs::needle::Tensor;
 
-use directory::{check_overlaps, Record, Slot, RECORD_BYTES};
+use directory::{check_overlaps, Record, Slot};
 pub use directory::{Encoding, Entry};
 pub use error::CactError;
-use header::HEADER_BYTES;
 pub use header::{Codebooks, Header};
+use layout::{directory_start, header_offset, RECORD_BYTES};
 pub use tokenizer_blob::{Piece, PieceKind, TokenizerSpec};
 pub use weights::{HeadKind, ProbeHead};
 
@@ -135,8 +131,8 @@ impl Layout {
 
     fn parse(file: &[u8]) -> Result<Layout, CactError> {
         let file_len = file.len() as u64;
-        let (header, codebooks) = Header::parse(file)?;
-        let core = slots::core_count(&header);
+        let (header, raw_header, codebooks) = Header::parse(file)?;
+        let core = layout::core_count(&raw_header);
         let num_tensors = header.num_tensors as u64;
         let head_count = match num_tensors.checked_sub(core + 1) {
             Some(0) => 0,
@@ -144,7 +140,7 @@ impl Layout {
             Some(7) => 2,
             _ => {
                 return Err(CactError::TensorCount {
-                    offset: 4,
+                    offset: header_offset("num_tensors"),
                     found: num_tensors,
                     expected: format!(
                         "{} (through the tokenizer), {} with one probe head or {} with two",
@@ -155,7 +151,7 @@ impl Layout {
                 })
             }
         };
-        let dir_start = HEADER_BYTES + 4 * header.codebook_len as u64;
+        let dir_start = directory_start(header.codebook_len);
         let data_start = dir_start + num_tensors * RECORD_BYTES;
         if data_start > file_len {
             return Err(CactError::Truncated {
@@ -173,7 +169,7 @@ impl Layout {
             entries.push(entry);
             Ok::<_, CactError>(entries.len() - 1)
         };
-        for slot in slots::core_slots(&header)? {
+        for slot in layout::core_slots(&raw_header)? {
             next(&mut entries, &|_| slot.clone())?;
         }
         let mut heads = Vec::new();
