@@ -1,12 +1,12 @@
-//! The nameless directory: records laid out as [`RECORD_FIELDS`] declares
-//! (dtype, ndim, pad, `dims[4]`, blob offset, nbytes, group, bits), checked one
-//! by one against the slot the positional order assigns them.
+//! The nameless directory: records laid out as
+//! [`RECORD_FIELDS`](super::layout::RECORD_FIELDS) declares (dtype, ndim, pad,
+//! `dims[4]`, blob offset, nbytes, group, bits), checked one by one against the
+//! slot the positional order assigns them.
 
 use super::bytes::Reader;
-#[cfg(doc)]
-use super::layout::RECORD_FIELDS;
 use super::layout::{record_element_offset, RecordField, ALIGN, RECORD_BYTES};
 use super::CactError;
+
 /// Record `bits` value of a ternary (1.58-bit) CQ tensor.
 pub const TERNARY_BITS: u32 = 5;
 /// Largest CQ group size accepted (upstream writes 128; the Hadamard matrix is `group^2`).

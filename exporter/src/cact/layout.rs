@@ -41,28 +41,6 @@ impl FieldType {
             FieldType::U64 => 8,
         }
     }
-
-    /// The element's code in a Python `struct` format (`B`, `H`, `I`, `Q`, `f`).
-    pub const fn struct_code(self) -> char {
-        match self {
-            FieldType::U8 => 'B',
-            FieldType::U16 => 'H',
-            FieldType::U32 => 'I',
-            FieldType::U64 => 'Q',
-            FieldType::F32 => 'f',
-        }
-    }
-
-    /// The type's name in `needle2.json` (`u8`, ..., `f32`).
-    pub const fn name(self) -> &'static str {
-        match self {
-            FieldType::U8 => "u8",
-            FieldType::U16 => "u16",
-            FieldType::U32 => "u32",
-            FieldType::U64 => "u64",
-            FieldType::F32 => "f32",
-        }
-    }
 }
 
 /// One field of a packed little-endian struct: `count` consecutive elements of `ty`.
@@ -70,6 +48,7 @@ impl FieldType {
 pub struct Field {
     /// Upstream name (`num_layers`, `engram_sites`, `nbytes`, ...).
     pub name: &'static str,
+    /// Type of each element.
     pub ty: FieldType,
     /// 1 for a scalar, the array length otherwise.
     pub count: usize,
@@ -272,6 +251,7 @@ pub const fn directory_start(codebook_len: u32) -> u64 {
 pub struct TensorSpec {
     /// Upstream name within its group (`q_proj`, `mhc_phi_res`, ...).
     pub name: &'static str,
+    /// Symbolic dimensions, outermost first.
     pub shape: &'static [&'static str],
 }
 
@@ -552,11 +532,32 @@ mod tests {
         assert_eq!(product_text("d_model"), "d_model");
     }
 
+    /// The element's code in a Python `struct` format.
+    fn struct_code(ty: FieldType) -> char {
+        match ty {
+            FieldType::U8 => 'B',
+            FieldType::U16 => 'H',
+            FieldType::U32 => 'I',
+            FieldType::U64 => 'Q',
+            FieldType::F32 => 'f',
+        }
+    }
+
+    fn type_name(ty: FieldType) -> &'static str {
+        match ty {
+            FieldType::U8 => "u8",
+            FieldType::U16 => "u16",
+            FieldType::U32 => "u32",
+            FieldType::U64 => "u64",
+            FieldType::F32 => "f32",
+        }
+    }
+
     /// `<29If`: runs of one type merged.
     fn struct_format(fields: &[Field]) -> String {
         let mut runs: Vec<(char, usize)> = Vec::new();
         for f in fields {
-            let code = f.ty.struct_code();
+            let code = struct_code(f.ty);
             match runs.last_mut() {
                 Some((last, n)) if *last == code => *n += f.count,
                 _ => runs.push((code, f.count)),
@@ -581,7 +582,7 @@ mod tests {
             .iter()
             .map(|f| {
                 let v =
-                    json!({"name": f.name, "offset": at, "type": f.ty.name(), "count": f.count});
+                    json!({"name": f.name, "offset": at, "type": type_name(f.ty), "count": f.count});
                 at += f.bytes();
                 v
             })

@@ -38,8 +38,8 @@ pub struct CactFile {
 impl CactFile {
     /// Parses and validates a whole `.cact` file held in memory.
     pub fn parse(bytes: &[u8]) -> Result<Self, CactError> {
-        let layout = Layout::parse(bytes)?;
-        Ok(layout.into_file(bytes.to_vec()))
+        let parsed = Parsed::parse(bytes)?;
+        Ok(parsed.into_file(bytes.to_vec()))
     }
 
     /// Reads and parses the `.cact` file at `path`.
@@ -49,8 +49,8 @@ impl CactFile {
             path: path.display().to_string(),
             message: e.to_string(),
         })?;
-        let layout = Layout::parse(&bytes)?;
-        Ok(layout.into_file(bytes))
+        let parsed = Parsed::parse(&bytes)?;
+        Ok(parsed.into_file(bytes))
     }
 
     /// The validated header.
@@ -109,7 +109,7 @@ impl std::fmt::Debug for CactFile {
 }
 
 /// Everything `parse` learns before it takes ownership of the bytes.
-struct Layout {
+struct Parsed {
     header: Header,
     codebooks: Codebooks,
     entries: Vec<Entry>,
@@ -117,7 +117,7 @@ struct Layout {
     tokenizer: TokenizerSpec,
 }
 
-impl Layout {
+impl Parsed {
     fn into_file(self, bytes: Vec<u8>) -> CactFile {
         CactFile {
             header: self.header,
@@ -129,7 +129,7 @@ impl Layout {
         }
     }
 
-    fn parse(file: &[u8]) -> Result<Layout, CactError> {
+    fn parse(file: &[u8]) -> Result<Parsed, CactError> {
         let file_len = file.len() as u64;
         let (header, raw_header, codebooks) = Header::parse(file)?;
         let core = layout::core_count(&raw_header);
@@ -208,7 +208,7 @@ impl Layout {
                 vocab: header.vocab,
             });
         }
-        Ok(Layout {
+        Ok(Parsed {
             header,
             codebooks,
             entries,
