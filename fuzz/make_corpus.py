@@ -7,10 +7,14 @@
   fuzz/corpus/tokenizer_blob/  the fixtures' tokenizer blobs, truncations, and a
                                16-piece blob
 
+The header, directory record and tensor walk come from exporter/layout/needle2.json
+(rendered from the reader's own declaration, exporter/src/cact/layout.rs).
+
 Usage: python3 fuzz/make_corpus.py   (from anywhere; the corpus is not committed)
 """
 
 import hashlib
+import json
 import math
 import random
 import struct
@@ -25,10 +29,10 @@ FIXTURES = [
     ROOT / "tests/fixtures/m64w.cact",
     ROOT / "runner/demo/needle-demo.cact",
 ]
-HEADER = 120
-RECORD = 44
-ALIGN = 64
-TAG = 0x05E12A83
+LAYOUT = json.loads((ROOT / "exporter/layout/needle2.json").read_text())
+HEADER = LAYOUT["header_bytes"]
+RECORD = LAYOUT["record_bytes"]
+ALIGN = LAYOUT["align"]
 
 
 def write(directory, name, data):
@@ -38,11 +42,44 @@ def write(directory, name, data):
         (directory / f"{name}-{digest}").write_bytes(data)
 
 
+def header_u32(b, name):
+    (field,) = (f for f in LAYOUT["header"] if f["name"] == name)
+    assert field["type"] == "u32", field
+    return struct.unpack_from("<I", b, field["offset"])[0]
+
+
+def pack(fields, fmt, values):
+    """Packs `values` (field name -> scalar or list, arrays padded with zeros) in `fmt`."""
+    flat = []
+    for field in fields:
+        v = values[field["name"]]
+        flat += [v] if field["count"] == 1 else list(v) + [0] * (field["count"] - len(v))
+    return struct.pack(fmt, *flat)
+
+
+def unpack_record(b, at):
+    """The directory record at `at` as field name -> value (a list for arrays)."""
+    flat = iter(struct.unpack_from(LAYOUT["record_format"], b, at))
+    return {f["name"]: next(flat) if f["count"] == 1 else [next(flat) for _ in range(f["count"])]
+            for f in LAYOUT["record"]}
+
+
 def directory_of(b):
-    n, cb_len = struct.unpack_from("<2I", b, 4)
-    dir_start = HEADER + 4 * cb_len
-    records = [struct.unpack_from("<BBH4IQQII", b, dir_start + i * RECORD) for i in range(n)]
+    n = header_u32(b, "num_tensors")
+    dir_start = HEADER + 4 * header_u32(b, "codebook_len")
+    records = [unpack_record(b, dir_start + i * RECORD) for i in range(n)]
     return dir_start, records
+
+
+def walk(geometry):
+    """(name, shape) of every tensor from embedding through final_norm."""
+    def size(dim):
+        return math.prod(1 if f == "1" else geometry[f] for f in dim.split("*"))
+    for group in LAYOUT["walk"]:
+        copies = 1 if group["count"] is None else geometry[group["count"]]
+        for index in range(copies):
+            for t in group["tensors"]:
+                yield group["name"].format(index=index, tensor=t["name"]), [size(d) for d in t["shape"]]
 
 
 # --- a tiny model, laid out like upstream export.py writes one -----------------
@@ -68,30 +105,16 @@ def tokenizer_blob():
 
 def tiny_model(rng, codebooks, heads, with_site, cq_plan):
     tok, vocab = tokenizer_blob()
-    d, n_heads, kv_heads, layers, hd = 8, 2, 1, 1, 4
-    lanes, slots, sub, tables, taps = 2, 2, 2, 2, 2
+    d = 8
     orders = [2, 3]
     sites = [0] if with_site else []
-    hada = 1 << (d - 1).bit_length()
-    q, kv = n_heads * hd, kv_heads * hd
-    shapes = [("embedding", [vocab, d])]
-    shapes += [(f"layer{i:02}.{n}", s) for i in range(layers) for n, s in [
-        ("norm_in", [d]), ("q_proj", [q, d]), ("k_proj", [kv, d]), ("v_proj", [kv, d]),
-        ("q_norm", [hd]), ("k_norm", [hd]), ("gate_proj", [q, d]), ("out_proj", [d, q]),
-        ("post_norm", [d]), ("attn_gate", [1]), ("pre_hada", [d]),
-        ("d1", [hada]), ("d2", [hada]), ("d3", [hada])]]
-    shapes += [("mhc_a_pre", [layers]), ("mhc_a_post", [layers]), ("mhc_a_res", [layers]),
-               ("mhc_b_pre", [layers, lanes]), ("mhc_b_post", [layers, lanes]),
-               ("mhc_b_res", [layers, lanes, lanes]),
-               ("mhc_phi_pre", [layers * lanes, lanes * d]),
-               ("mhc_phi_post", [layers * lanes, lanes * d]),
-               ("mhc_phi_res", [layers * lanes * lanes, lanes * d])]
-    for s in range(len(sites)):
-        shapes += [(f"engram{s}.tables", [tables * slots, sub]),
-                   (f"engram{s}.key_proj", [d, tables * sub]),
-                   (f"engram{s}.value_proj", [d, tables * sub]),
-                   (f"engram{s}.taps", [taps, d])]
-    shapes.append(("final_norm", [d]))
+    geometry = dict(
+        vocab=vocab, d_model=d, num_heads=2, num_kv_heads=1, num_layers=1, head_dim=4,
+        hada_n=1 << (d - 1).bit_length(), mhc_lanes=2, engram_slots=2, engram_sub_dim=2,
+        num_engram_tables=2, engram_conv_taps=2, engram_conv_dilation=1,
+        num_engram_orders=len(orders), engram_orders=orders,
+        num_engram_sites=len(sites), engram_sites=sites)
+    shapes = list(walk(geometry))
     tensors = []  # (dtype, shape, group, bits, blob)
     n_cq = 0
     for name, shape in shapes:
@@ -122,16 +145,17 @@ def tiny_model(rng, codebooks, heads, with_site, cq_plan):
             tensors.append((1, [out], 0, 0, f16(0.0) * out))
     tensors.append((4, [], 0, 0, tok))
 
-    fields = [TAG, len(tensors), 28, 0, 8, vocab, d, n_heads, kv_heads, layers, hd, 32, hada,
-              lanes, slots, sub, tables, taps, 1, len(orders)] + orders + [0] * (4 - len(orders))
-    fields += [len(sites)] + sites + [0] * (4 - len(sites))
-    header = struct.pack("<29If", *fields, 10000.0) + codebooks
+    fields = dict(geometry, tag=LAYOUT["tag"], num_tensors=len(tensors),
+                  codebook_len=LAYOUT["codebook_len"], kv_window=0, kv_bits=8, max_seq_len=32,
+                  rope_theta=10000.0)
+    header = pack(LAYOUT["header"], LAYOUT["header_format"], fields) + codebooks
     data_start = len(header) + RECORD * len(tensors)
     offset = -(-data_start // ALIGN) * ALIGN
     directory, blobs = b"", bytearray(offset)
     for dtype, shape, group, bits, blob in tensors:
-        dims = shape + [0] * (4 - len(shape))
-        directory += struct.pack("<BBH4IQQII", dtype, len(shape), 0, *dims, offset, len(blob), group, bits)
+        record = dict(dtype=dtype, ndim=len(shape), pad=0, dims=shape, blob_offset=offset,
+                      nbytes=len(blob), group=group, bits=bits)
+        directory += pack(LAYOUT["record"], LAYOUT["record_format"], record)
         blobs += blob
         offset += len(blob)
         if dtype != 4:  # the tokenizer ends the file, as upstream writes it
@@ -145,7 +169,7 @@ def tiny_model(rng, codebooks, heads, with_site, cq_plan):
 def main():
     cact_dir, tok_dir = FUZZ / "corpus/cact", FUZZ / "corpus/tokenizer_blob"
     m48 = FIXTURES[0].read_bytes()
-    codebooks = m48[HEADER:HEADER + 28 * 4]
+    codebooks = m48[HEADER:HEADER + 4 * LAYOUT["codebook_len"]]
     for path in FIXTURES:
         b = path.read_bytes()
         stem = path.stem
@@ -153,9 +177,12 @@ def main():
         dir_start, records = directory_of(b)
         data_start = dir_start + RECORD * len(records)
         tok = records[-1]
-        blob = b[tok[7]:tok[7] + tok[8]]
+        start, nbytes = tok["blob_offset"], tok["nbytes"]
+        blob = b[start:start + nbytes]
+        first = records[0]
         cuts = {4, HEADER // 2, HEADER, dir_start, dir_start + RECORD * len(records) // 2,
-                data_start, records[0][7] + records[0][8] // 2, tok[7], tok[7] + 100, len(b) - 1}
+                data_start, first["blob_offset"] + first["nbytes"] // 2, start, start + 100,
+                len(b) - 1}
         for cut in sorted(cuts):
             write(cact_dir, f"{stem}-cut{cut}", b[:cut])
         write(tok_dir, stem, blob)
@@ -173,7 +200,7 @@ def main():
         model = tiny_model(rng, codebooks, **plan)
         write(cact_dir, name, model)
         dir_start, records = directory_of(model)
-        write(cact_dir, f"{name}-cut", model[:records[-1][7] + 30])
+        write(cact_dir, f"{name}-cut", model[:records[-1]["blob_offset"] + 30])
     tok, _ = tokenizer_blob()
     write(tok_dir, "tiny", tok)
     print(f"wrote {len(list(cact_dir.iterdir()))} cact and "

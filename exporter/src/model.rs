@@ -1,7 +1,8 @@
 //! A Needle model read from a file, whatever its generation: the one place that reads
 //! a `.cact` tag and picks the reader for that generation.
 
-use crate::cact::header::{NEEDLE3_TAG, TAG};
+use crate::cact::bytes::Reader;
+use crate::cact::layout::{NEEDLE3_TAG, TAG};
 use crate::cact::{read_tag, CactError, CactFile, TokenizerSpec};
 use crate::output::file_name;
 use anyhow::Context;
@@ -25,7 +26,7 @@ impl NeedleModel {
     /// provenance; validates it completely and dequantizes its weights.
     pub fn from_bytes(file_name: &str, bytes: &[u8]) -> Result<Self, CactError> {
         let source = source_of(file_name, bytes);
-        match generation_of(read_tag(bytes)?)? {
+        match generation_of(read_tag(&mut Reader::new(bytes, 0))?)? {
             Generation::Needle2 => {
                 let file = CactFile::parse(bytes)?;
                 Ok(NeedleModel {

@@ -1,28 +1,18 @@
 //! Corrupted variants of the m64 fixture (and one of m48): each must give a
 //! specific one-line `CactError`, never a panic or a huge allocation.
 
-use std::path::PathBuf;
-
+use exporter::cact::layout::{
+    self, directory_start, record_element_offset, RecordField, CODEBOOK_LEN, HEADER_BYTES,
+    NEEDLE3_TAG, RECORD_BYTES,
+};
 use exporter::cact::{CactError, CactFile};
+use test_support::read_fixture;
 
-const DIR_START: usize = 120 + 28 * 4;
-const RECORD: usize = 44;
-const DTYPE: usize = 0;
-const NDIM: usize = 1;
-const DIMS: usize = 4;
-const BLOB_OFFSET: usize = 20;
-const NBYTES: usize = 28;
-const GROUP: usize = 36;
-const BITS: usize = 40;
+const HEADER: usize = HEADER_BYTES as usize;
+const DIR_START: usize = directory_start(CODEBOOK_LEN) as usize;
+const RECORD: usize = RECORD_BYTES as usize;
 const FP16_INF: u16 = 0x7c00;
 const FP16_NAN: u16 = 0x7e00;
-
-fn fixture(name: &str) -> Vec<u8> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures")
-        .join(name);
-    std::fs::read(path).unwrap()
-}
 
 fn put_u16(b: &mut [u8], at: usize, v: u16) {
     b[at..at + 2].copy_from_slice(&v.to_le_bytes());
@@ -40,6 +30,16 @@ fn get_u32(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
 }
 
+/// File offset of header field `name` (the first element of an array).
+fn field(name: &str) -> usize {
+    layout::header_offset(name) as usize
+}
+
+/// File offset of codebook entry `index`, which follow the header.
+fn codebook_entry(index: usize) -> usize {
+    HEADER + 4 * index
+}
+
 /// Where things are in the pristine file.
 struct Map {
     bytes: Vec<u8>,
@@ -49,7 +49,7 @@ struct Map {
 
 impl Map {
     fn new(model: &str) -> Map {
-        let bytes = fixture(&format!("{model}.cact"));
+        let bytes = read_fixture(&format!("{model}.cact"));
         let file = CactFile::parse(&bytes).unwrap();
         let names = file.entries().iter().map(|e| e.name.clone()).collect();
         let blobs = file
@@ -68,9 +68,14 @@ impl Map {
         self.names.iter().position(|n| n == name).unwrap()
     }
 
-    /// File offset of a field of the directory record of `name`.
-    fn rec(&self, name: &str, field: usize) -> usize {
-        DIR_START + RECORD * self.index(name) + field
+    /// File offset of element `element` of `field` in the directory record of `name`.
+    fn rec_element(&self, name: &str, field: RecordField, element: usize) -> usize {
+        DIR_START + RECORD * self.index(name) + record_element_offset(field, element) as usize
+    }
+
+    /// File offset of `field` in the directory record of `name`.
+    fn rec(&self, name: &str, field: RecordField) -> usize {
+        self.rec_element(name, field, 0)
     }
 
     fn blob(&self, name: &str) -> (usize, usize) {
@@ -136,10 +141,10 @@ fn truncations(map: &Map, cases: &mut Vec<Case>) {
     for (len, what) in [
         (0, "header tag"),
         (3, "header tag"),
-        (60, "header"),
-        (119, "header"),
-        (120, "codebook"),
-        (170, "codebook"),
+        (HEADER / 2, "header"),
+        (HEADER - 1, "header"),
+        (HEADER, "codebook"),
+        (HEADER + 50, "codebook"),
         (DIR_START, "directory"),
         (DIR_START + RECORD * 10 + 7, "directory"),
     ] {
@@ -179,14 +184,14 @@ fn header_cases(map: &Map, cases: &mut Vec<Case>) {
         cases,
         map,
         "wrong tag",
-        |b| put_u32(b, 0, 0xdead_beef),
+        |b| put_u32(b, field("tag"), 0xdead_beef),
         |e| matches!(e, CactError::BadTag { found: 0xdead_beef }),
     );
     case(
         cases,
         map,
         "needle 3 tag",
-        |b| put_u32(b, 0, 0x05E1_2A84),
+        |b| put_u32(b, field("tag"), NEEDLE3_TAG),
         |e| {
             *e == CactError::Needle3
                 && e.to_string() == "this is a Needle 3 .cact file; only Needle 2 is supported"
@@ -197,120 +202,127 @@ fn header_cases(map: &Map, cases: &mut Vec<Case>) {
         cases,
         map,
         "num_tensors u32::MAX",
-        |b| put_u32(b, 4, u32::MAX),
+        |b| put_u32(b, field("num_tensors"), u32::MAX),
         count,
     );
     case(
         cases,
         map,
         "num_tensors off by one",
-        |b| put_u32(b, 4, 82),
+        |b| put_u32(b, field("num_tensors"), 82),
         count,
     );
     case(
         cases,
         map,
         "num_layers u32::MAX",
-        |b| put_u32(b, 36, u32::MAX),
+        |b| put_u32(b, field("num_layers"), u32::MAX),
         count,
     );
     case(
         cases,
         map,
         "num_tensors claims one probe head",
-        |b| put_u32(b, 4, 80),
+        |b| put_u32(b, field("num_tensors"), 80),
         |e| matches!(e, CactError::Shape { tensor, .. } if tensor == "heads.manifest"),
     );
     case(
         cases,
         map,
         "codebook_len 2^30",
-        |b| put_u32(b, 8, 1 << 30),
+        |b| put_u32(b, field("codebook_len"), 1 << 30),
         header_field("codebook_len"),
     );
     case(
         cases,
         map,
         "kv_bits 5",
-        |b| put_u32(b, 16, 5),
+        |b| put_u32(b, field("kv_bits"), 5),
         header_field("kv_bits"),
     );
     case(
         cases,
         map,
         "vocab 2^31",
-        |b| put_u32(b, 20, 1 << 31),
+        |b| put_u32(b, field("vocab"), 1 << 31),
         |e| matches!(e, CactError::Shape { tensor, .. } if tensor == "embedding"),
     );
     case(
         cases,
         map,
         "d_model 0",
-        |b| put_u32(b, 24, 0),
+        |b| put_u32(b, field("d_model"), 0),
         header_field("d_model"),
     );
     case(
         cases,
         map,
         "kv heads 3 of 4",
-        |b| put_u32(b, 32, 3),
+        |b| put_u32(b, field("num_kv_heads"), 3),
         header_field("num_kv_heads"),
     );
     case(
         cases,
         map,
         "odd head_dim",
-        |b| put_u32(b, 40, 15),
+        |b| put_u32(b, field("head_dim"), 15),
         header_field("head_dim"),
     );
     case(
         cases,
         map,
         "hada_n 65",
-        |b| put_u32(b, 48, 65),
+        |b| put_u32(b, field("hada_n"), 65),
         header_field("hada_n"),
     );
     case(
         cases,
         map,
         "9 engram orders",
-        |b| put_u32(b, 76, 9),
+        |b| put_u32(b, field("num_engram_orders"), 9),
         header_field("num_engram_orders"),
     );
     case(
         cases,
         map,
         "200 engram sites",
-        |b| put_u32(b, 96, 200),
+        |b| put_u32(b, field("num_engram_sites"), 200),
         header_field("num_engram_sites"),
     );
     case(
         cases,
         map,
         "engram site 4 of 4 layers",
-        |b| put_u32(b, 104, 4),
+        |b| {
+            put_u32(
+                b,
+                layout::header_element_offset("engram_sites", 1) as usize,
+                4,
+            )
+        },
         header_field("engram_sites"),
     );
     case(
         cases,
         map,
         "rope_theta NaN",
-        |b| put_u32(b, 116, f32::NAN.to_bits()),
+        |b| put_u32(b, field("rope_theta"), f32::NAN.to_bits()),
         header_field("rope_theta"),
     );
+    let entry5 = codebook_entry(5) as u64;
     case(
         cases,
         map,
         "codebook NaN",
-        |b| put_u32(b, 120 + 4 * 5, f32::NAN.to_bits()),
-        |e| {
+        |b| put_u32(b, codebook_entry(5), f32::NAN.to_bits()),
+        move |e| {
             matches!(
                 e,
                 CactError::Codebook {
                     index: 5,
-                    offset: 140,
+                    offset,
                     ..
-                }
+                } if *offset == entry5
             )
         },
     );
@@ -318,7 +330,7 @@ fn header_cases(map: &Map, cases: &mut Vec<Case>) {
         cases,
         map,
         "codebook not ascending",
-        |b| put_u32(b, 120 + 4 * 12, 1.0f32.to_bits()),
+        |b| put_u32(b, codebook_entry(12), 1.0f32.to_bits()),
         |e| matches!(e, CactError::Codebook { index: 13, .. }),
     );
 }
@@ -330,35 +342,35 @@ fn directory_cases(map: &Map, cases: &mut Vec<Case>) {
         cases,
         map,
         "dtype 9",
-        |b| b[map.rec("embedding", DTYPE)] = 9,
+        |b| b[map.rec("embedding", RecordField::Dtype)] = 9,
         move |e| matches!(e, CactError::Dtype { tensor, found: 9, .. } if dtype(tensor)),
     );
     case(
         cases,
         map,
         "tokenizer not RAW",
-        |b| b[map.rec("tokenizer", DTYPE)] = 1,
+        |b| b[map.rec("tokenizer", RecordField::Dtype)] = 1,
         |e| matches!(e, CactError::Dtype { tensor, found: 1, .. } if tensor == "tokenizer"),
     );
     case(
         cases,
         map,
         "CQ vector",
-        |b| b[map.rec("layer00.norm_in", DTYPE)] = 3,
+        |b| b[map.rec("layer00.norm_in", RecordField::Dtype)] = 3,
         |e| matches!(e, CactError::Dtype { tensor, found: 3, .. } if tensor == "layer00.norm_in"),
     );
     case(
         cases,
         map,
         "ndim 5",
-        |b| b[map.rec("layer01.q_proj", NDIM)] = 5,
+        |b| b[map.rec("layer01.q_proj", RecordField::Ndim)] = 5,
         |e| matches!(e, CactError::Ndim { tensor, found: 5, .. } if tensor == "layer01.q_proj"),
     );
     case(
         cases,
         map,
         "k_proj shape",
-        |b| put_u32(b, map.rec("layer03.k_proj", DIMS), 31),
+        |b| put_u32(b, map.rec("layer03.k_proj", RecordField::Dims), 31),
         |e| {
             matches!(e, CactError::Shape { tensor, found, expected, .. }
                 if tensor == "layer03.k_proj" && found == &[31, 64] && expected == &[32, 64])
@@ -368,14 +380,20 @@ fn directory_cases(map: &Map, cases: &mut Vec<Case>) {
         cases,
         map,
         "phi_res shape",
-        |b| put_u32(b, map.rec("mhc_phi_res", DIMS + 4), 255),
+        |b| put_u32(b, map.rec_element("mhc_phi_res", RecordField::Dims, 1), 255),
         |e| matches!(e, CactError::Shape { tensor, .. } if tensor == "mhc_phi_res"),
     );
     case(
         cases,
         map,
         "probe proj shape",
-        |b| put_u32(b, map.rec("contrastive_head.proj", DIMS + 4), 255),
+        |b| {
+            put_u32(
+                b,
+                map.rec_element("contrastive_head.proj", RecordField::Dims, 1),
+                255,
+            )
+        },
         |e| matches!(e, CactError::Shape { tensor, .. } if tensor == "contrastive_head.proj"),
     );
     case(
@@ -385,7 +403,7 @@ fn directory_cases(map: &Map, cases: &mut Vec<Case>) {
         |b| {
             put_u64(
                 b,
-                map.rec("layer02.v_proj", NBYTES),
+                map.rec("layer02.v_proj", RecordField::NBytes),
                 map.blob("layer02.v_proj").1 as u64 + 64,
             )
         },
@@ -396,21 +414,27 @@ fn directory_cases(map: &Map, cases: &mut Vec<Case>) {
         cases,
         map,
         "offset past the end",
-        |b| put_u64(b, map.rec("final_norm", BLOB_OFFSET), len),
+        |b| put_u64(b, map.rec("final_norm", RecordField::BlobOffset), len),
         out_of_bounds("final_norm".into()),
     );
     case(
         cases,
         map,
         "offset u64::MAX",
-        |b| put_u64(b, map.rec("final_norm", BLOB_OFFSET), u64::MAX - 63),
+        |b| {
+            put_u64(
+                b,
+                map.rec("final_norm", RecordField::BlobOffset),
+                u64::MAX - 63,
+            )
+        },
         out_of_bounds("final_norm".into()),
     );
     case(
         cases,
         map,
         "tokenizer nbytes u64::MAX",
-        |b| put_u64(b, map.rec("tokenizer", NBYTES), u64::MAX),
+        |b| put_u64(b, map.rec("tokenizer", RecordField::NBytes), u64::MAX),
         out_of_bounds("tokenizer".into()),
     );
     let prev = map.blob("layer00.q_norm").0 as u64;
@@ -418,7 +442,7 @@ fn directory_cases(map: &Map, cases: &mut Vec<Case>) {
         cases,
         map,
         "blobs overlap",
-        |b| put_u64(b, map.rec("layer00.k_norm", BLOB_OFFSET), prev),
+        |b| put_u64(b, map.rec("layer00.k_norm", RecordField::BlobOffset), prev),
         |e| {
             matches!(e, CactError::Overlap { tensor, other, .. }
                 if tensor == "layer00.k_norm" && other.contains("layer00.q_norm"))
@@ -428,7 +452,7 @@ fn directory_cases(map: &Map, cases: &mut Vec<Case>) {
         cases,
         map,
         "blob inside the directory",
-        |b| put_u64(b, map.rec("layer00.d1", BLOB_OFFSET), 64),
+        |b| put_u64(b, map.rec("layer00.d1", RecordField::BlobOffset), 64),
         |e| matches!(e, CactError::Overlap { tensor, .. } if tensor == "layer00.d1"),
     );
     let start = map.blob("layer01.attn_gate").0 as u64;
@@ -436,7 +460,13 @@ fn directory_cases(map: &Map, cases: &mut Vec<Case>) {
         cases,
         map,
         "misaligned blob",
-        |b| put_u64(b, map.rec("layer01.attn_gate", BLOB_OFFSET), start + 2),
+        |b| {
+            put_u64(
+                b,
+                map.rec("layer01.attn_gate", RecordField::BlobOffset),
+                start + 2,
+            )
+        },
         |e| matches!(e, CactError::Misaligned { tensor, .. } if tensor == "layer01.attn_gate"),
     );
     for bits in [0, 1, 6, 7, 8] {
@@ -444,7 +474,7 @@ fn directory_cases(map: &Map, cases: &mut Vec<Case>) {
             cases,
             map,
             format!("bits {bits}"),
-            |b| put_u32(b, map.rec("layer02.gate_proj", BITS), bits),
+            |b| put_u32(b, map.rec("layer02.gate_proj", RecordField::Bits), bits),
             move |e| matches!(e, CactError::Bits { tensor, found, .. } if tensor == "layer02.gate_proj" && *found == bits),
         );
     }
@@ -453,7 +483,7 @@ fn directory_cases(map: &Map, cases: &mut Vec<Case>) {
             cases,
             map,
             format!("group {group}"),
-            |b| put_u32(b, map.rec("engram1.key_proj", GROUP), group),
+            |b| put_u32(b, map.rec("engram1.key_proj", RecordField::Group), group),
             move |e| matches!(e, CactError::Group { tensor, found, .. } if tensor == "engram1.key_proj" && *found == group),
         );
     }
@@ -505,7 +535,7 @@ fn tokenizer_cases(map: &Map, cases: &mut Vec<Case>) {
         "tokenizer vocab 511",
         |b| {
             put_u32(b, t, 511);
-            put_u64(b, map.rec("tokenizer", NBYTES), shorter);
+            put_u64(b, map.rec("tokenizer", RecordField::NBytes), shorter);
         },
         |e| {
             matches!(
@@ -522,7 +552,7 @@ fn tokenizer_cases(map: &Map, cases: &mut Vec<Case>) {
         cases,
         map,
         "tokenizer header cut",
-        |b| put_u64(b, map.rec("tokenizer", NBYTES), 20),
+        |b| put_u64(b, map.rec("tokenizer", RecordField::NBytes), 20),
         truncated("tokenizer header"),
     );
     case(
@@ -672,7 +702,10 @@ fn header_directory_tokenizer_and_values() {
 fn ternary_crumb_code_2() {
     let map = Map::new("m48");
     let (start, _) = map.blob("layer00.v_proj");
-    assert_eq!(get_u32(&map.bytes, map.rec("layer00.v_proj", BITS)), 5);
+    assert_eq!(
+        get_u32(&map.bytes, map.rec("layer00.v_proj", RecordField::Bits)),
+        5
+    );
     let mut bytes = map.bytes.clone();
     bytes[start] = (bytes[start] & !0b11) | 0b10;
     let err = CactFile::parse(&bytes).unwrap().weights().unwrap_err();
@@ -703,7 +736,7 @@ fn every_header_and_directory_byte_flipped() {
 #[test]
 fn good_files_parse() {
     for model in ["m48", "m64", "m96"] {
-        let bytes = fixture(&format!("{model}.cact"));
+        let bytes = read_fixture(&format!("{model}.cact"));
         CactFile::parse(&bytes).unwrap().weights().unwrap();
     }
 }

@@ -4,10 +4,13 @@
 //! reach the tokenizer builder with odd pieces; these parse the input, change
 //! the pieces, header ids, directory records or header fields, and write it back.
 
+use exporter::cact::layout::{
+    directory_start, header_element_offset, header_offset, record_element_offset,
+    record_field_offset, FieldType, RecordField, HEADER_FIELDS, RECORD_BYTES,
+};
 use exporter::cact::{Piece, PieceKind, TokenizerSpec};
 
-const HEADER: usize = 120;
-const RECORD: usize = 44;
+const RECORD: usize = RECORD_BYTES as usize;
 
 /// xorshift64*, seeded from libFuzzer's seed.
 pub struct Rng(u64);
@@ -230,6 +233,30 @@ fn get_u64(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
 }
 
+/// `(offset in the record, width)` of every element of every record field but the padding.
+fn record_elements() -> Vec<(usize, usize)> {
+    RecordField::ALL
+        .into_iter()
+        .filter(|&f| f != RecordField::Pad)
+        .flat_map(|f| {
+            let spec = f.spec();
+            (0..spec.count).map(move |element| {
+                let at = record_element_offset(f, element) as usize;
+                (at, spec.ty.bytes() as usize)
+            })
+        })
+        .collect()
+}
+
+/// File offsets of the header's u32 words after the tag.
+fn header_words() -> Vec<usize> {
+    HEADER_FIELDS
+        .iter()
+        .filter(|f| f.name != "tag" && f.ty == FieldType::U32)
+        .flat_map(|f| (0..f.count).map(|element| header_element_offset(f.name, element) as usize))
+        .collect()
+}
+
 fn interesting(rng: &mut Rng, current: u64, file_len: usize) -> u64 {
     match rng.below(8) {
         0 => *rng.pick(&[0, 1, 2, 3, 4, 5, 7, 8, 16, 64, 128, 256, 1024, 2048]),
@@ -252,37 +279,29 @@ fn interesting(rng: &mut Rng, current: u64, file_len: usize) -> u64 {
 /// thing in the file (its record's `nbytes` follows), a directory record field,
 /// or a header field. `None` when the directory cannot be located.
 pub fn mutate_cact(file: &[u8], rng: &mut Rng) -> Option<Vec<u8>> {
-    let n = get_u32(file, 4)? as usize;
-    let dir = HEADER + 4 * get_u32(file, 8)? as usize;
+    let n = get_u32(file, header_offset("num_tensors") as usize)? as usize;
+    let codebook_len = get_u32(file, header_offset("codebook_len") as usize)?;
+    let dir = directory_start(codebook_len) as usize;
+    let blob_offset = record_field_offset(RecordField::BlobOffset) as usize;
+    let nbytes_at = record_field_offset(RecordField::NBytes) as usize;
     let mut out = file.to_vec();
     match rng.below(3) {
         0 => {
             let last = dir.checked_add(n.checked_sub(1)?.checked_mul(RECORD)?)?;
-            let offset = get_u64(file, last + 20)? as usize;
-            let nbytes = get_u64(file, last + 28)? as usize;
+            let offset = get_u64(file, last + blob_offset)? as usize;
+            let nbytes = get_u64(file, last + nbytes_at)? as usize;
             if offset.checked_add(nbytes)? != file.len() {
                 return None;
             }
             let blob = mutate_blob(&file[offset..], rng)?;
             out.truncate(offset);
             out.extend(&blob);
-            out[last + 28..last + 36].copy_from_slice(&(blob.len() as u64).to_le_bytes());
+            let len = (blob.len() as u64).to_le_bytes();
+            out[last + nbytes_at..last + nbytes_at + len.len()].copy_from_slice(&len);
         }
         1 => {
             let record = dir.checked_add(rng.below(n).checked_mul(RECORD)?)?;
-            // dtype, ndim | dims[4] | offset | nbytes | group | bits
-            let (at, width) = *rng.pick(&[
-                (0, 1),
-                (1, 1),
-                (4, 4),
-                (8, 4),
-                (12, 4),
-                (16, 4),
-                (20, 8),
-                (28, 8),
-                (36, 4),
-                (40, 4),
-            ]);
+            let (at, width) = *rng.pick(&record_elements());
             let field = out.get_mut(record + at..record + at + width)?;
             let mut current = [0u8; 8];
             current[..width].copy_from_slice(field);
@@ -290,7 +309,7 @@ pub fn mutate_cact(file: &[u8], rng: &mut Rng) -> Option<Vec<u8>> {
             field.copy_from_slice(&value.to_le_bytes()[..width]);
         }
         _ => {
-            let at = 4 * (1 + rng.below(28));
+            let at = *rng.pick(&header_words());
             let value = interesting(rng, get_u32(file, at)? as u64, file.len()) as u32;
             out.get_mut(at..at + 4)?
                 .copy_from_slice(&value.to_le_bytes());

@@ -67,10 +67,6 @@ impl<'a> Reader<'a> {
         Ok(u32::from_le_bytes(self.array(what)?))
     }
 
-    pub(crate) fn u64(&mut self, what: impl FnOnce() -> String) -> Result<u64, CactError> {
-        Ok(u64::from_le_bytes(self.array(what)?))
-    }
-
     pub(crate) fn f32(&mut self, what: impl FnOnce() -> String) -> Result<f32, CactError> {
         Ok(f32::from_le_bytes(self.array(what)?))
     }

@@ -1,14 +1,12 @@
-//! The nameless directory: 44-byte records `<BBHIIIIQQII>` (dtype, ndim, pad,
-//! `shape[4]`, offset, nbytes, group, bits), checked one by one against the slot
-//! the positional order assigns them.
+//! The nameless directory: records laid out as
+//! [`RECORD_FIELDS`](super::layout::RECORD_FIELDS) declares (dtype, ndim, pad,
+//! `dims[4]`, blob offset, nbytes, group, bits), checked one by one against the
+//! slot the positional order assigns them.
 
 use super::bytes::Reader;
+use super::layout::{record_element_offset, RecordField, ALIGN, RECORD_BYTES};
 use super::CactError;
 
-/// Size of one directory record in bytes.
-pub const RECORD_BYTES: u64 = 44;
-/// Every blob starts on a multiple of this.
-pub const ALIGN: u64 = 64;
 /// Record `bits` value of a ternary (1.58-bit) CQ tensor.
 pub const TERNARY_BITS: u32 = 5;
 /// Largest CQ group size accepted (upstream writes 128; the Hadamard matrix is `group^2`).
@@ -92,28 +90,32 @@ impl Record {
     /// Reads record `index` of the directory starting at `dir_start`.
     pub(crate) fn read(file: &[u8], dir_start: u64, index: u64) -> Result<Record, CactError> {
         let offset = dir_start + index * RECORD_BYTES;
-        let what = || format!("directory record {index}");
         let rest = usize::try_from(offset)
             .ok()
             .and_then(|o| file.get(o..))
             .unwrap_or_default();
         let mut r = Reader::new(rest, offset);
-        let dtype = r.u8(what)?;
-        let ndim = r.u8(what)?;
-        r.u16(what)?;
-        let mut dims = [0u32; 4];
-        for d in &mut dims {
-            *d = r.u32(what)?;
-        }
+        let record = r.take(RECORD_BYTES as usize, || {
+            format!("directory record {index}")
+        })?;
+        let at = |field, element| record_element_offset(field, element) as usize;
+        let u32_at = |field, element| {
+            let o = at(field, element);
+            u32::from_le_bytes(std::array::from_fn(|k| record[o + k]))
+        };
+        let u64_at = |field| {
+            let o = at(field, 0);
+            u64::from_le_bytes(std::array::from_fn(|k| record[o + k]))
+        };
         Ok(Record {
             offset,
-            dtype,
-            ndim,
-            dims,
-            blob_offset: r.u64(what)?,
-            nbytes: r.u64(what)?,
-            group: r.u32(what)?,
-            bits: r.u32(what)?,
+            dtype: record[at(RecordField::Dtype, 0)],
+            ndim: record[at(RecordField::Ndim, 0)],
+            dims: std::array::from_fn(|i| u32_at(RecordField::Dims, i)),
+            blob_offset: u64_at(RecordField::BlobOffset),
+            nbytes: u64_at(RecordField::NBytes),
+            group: u32_at(RecordField::Group, 0),
+            bits: u32_at(RecordField::Bits, 0),
         })
     }
 

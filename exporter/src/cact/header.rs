@@ -1,42 +1,11 @@
 //! The fixed 120-byte header (29 u32 + f32 `rope_theta`) and the codebooks after it.
 
 use super::bytes::Reader;
+use super::layout::{
+    header_element_offset, header_field_index, CODEBOOK_LEN, HEADER_BYTES, HEADER_FIELDS,
+};
 use super::CactError;
 use graphs::contract::Generation;
-
-/// First u32 of a Needle 2 `.cact`.
-pub const TAG: u32 = 0x05E1_2A83;
-/// First u32 of a Needle 3 `.cact`, which this crate does not read.
-pub const NEEDLE3_TAG: u32 = 0x05E1_2A84;
-/// Size of the fixed header in bytes.
-pub const HEADER_BYTES: u64 = 120;
-/// `codebook_len`: `cb2[4] | cb3[8] | cb4[16]`.
-pub const CODEBOOK_LEN: u32 = 28;
-
-const FIELDS: [&str; 19] = [
-    "tag",
-    "num_tensors",
-    "codebook_len",
-    "kv_window",
-    "kv_bits",
-    "vocab",
-    "d_model",
-    "num_heads",
-    "num_kv_heads",
-    "num_layers",
-    "head_dim",
-    "max_seq_len",
-    "hada_n",
-    "mhc_lanes",
-    "engram_slots",
-    "engram_sub_dim",
-    "num_engram_tables",
-    "engram_conv_taps",
-    "engram_conv_dilation",
-];
-const NUM_ORDERS_FIELD: usize = 19;
-const NUM_SITES_FIELD: usize = 24;
-const ROPE_THETA_FIELD: usize = 29;
 
 /// The header, field for field, after validation. `engram_orders` and
 /// `engram_sites` hold only the `num_engram_orders` / `num_engram_sites` used entries.
@@ -100,125 +69,139 @@ impl Codebooks {
 /// Lloyd-Max centroid of the 3-level Gaussian quantizer (upstream `_TERNARY_CB`).
 const TERNARY_C: f64 = 1.224_006_4;
 
-fn field_offset(index: usize) -> u64 {
-    4 * index as u64
+/// The header's bytes, addressed by field name through the layout. Holds
+/// exactly [`HEADER_BYTES`] bytes, so every field is in range.
+#[derive(Clone, Copy)]
+pub(crate) struct RawHeader<'a> {
+    bytes: &'a [u8],
 }
 
-fn bad(
-    index: usize,
-    name: &'static str,
+impl RawHeader<'_> {
+    /// Element `element` of the u32 header field `name`.
+    pub(crate) fn element(&self, name: &str, element: usize) -> u32 {
+        let at = header_element_offset(name, element) as usize;
+        u32::from_le_bytes(std::array::from_fn(|k| self.bytes[at + k]))
+    }
+
+    /// The u32 header field `name` (the first element of an array).
+    pub(crate) fn u32(&self, name: &str) -> u32 {
+        self.element(name, 0)
+    }
+
+    fn f32(&self, name: &str) -> f32 {
+        f32::from_bits(self.u32(name))
+    }
+}
+
+/// The error for header field `field` (element 0 of an array).
+pub(crate) fn bad(
+    field: &'static str,
+    value: impl ToString,
+    expected: impl Into<String>,
+) -> CactError {
+    bad_element(field, 0, value, expected)
+}
+
+fn bad_element(
+    field: &'static str,
+    element: usize,
     value: impl ToString,
     expected: impl Into<String>,
 ) -> CactError {
     CactError::Header {
-        field: name,
-        offset: field_offset(index),
+        field,
+        offset: header_element_offset(field, element),
         value: value.to_string(),
         expected: expected.into(),
     }
 }
 
 impl Header {
-    /// Reads and validates the header and codebooks at the start of `file`.
-    pub(crate) fn parse(file: &[u8]) -> Result<(Header, Codebooks), CactError> {
-        let tag = super::read_tag(file)?;
+    /// Reads and validates the header and codebooks at the start of `file`;
+    /// also returns the header's bytes for the layout's tensor walk.
+    pub(crate) fn parse(file: &[u8]) -> Result<(Header, RawHeader<'_>, Codebooks), CactError> {
+        let mut r = Reader::new(file, 0);
         // This is the Needle 2 reader: a file of another generation is refused by the dispatch.
-        let Generation::Needle2 = crate::model::generation_of(tag)?;
-        let mut r = Reader::new(&file[4..], 4);
-        let rest = r.take(HEADER_BYTES as usize - 4, || "header".to_string())?;
-        let mut h = Reader::new(rest, 4);
-        let mut raw = [0u32; 29];
-        raw[0] = tag;
-        for v in &mut raw[1..] {
-            *v = h.u32(String::new)?;
-        }
-        let rope_theta = h.f32(String::new)?;
-        let header = Self::from_fields(&raw, rope_theta)?;
+        let Generation::Needle2 = crate::model::generation_of(super::read_tag(&mut r)?)?;
+        let rest = (HEADER_BYTES - r.offset()) as usize;
+        r.take(rest, || "header".to_string())?;
+        let raw = RawHeader {
+            bytes: &file[..HEADER_BYTES as usize],
+        };
+        let header = Self::from_fields(&raw)?;
         let codebooks = read_codebooks(&mut r)?;
-        Ok((header, codebooks))
+        Ok((header, raw, codebooks))
     }
 
-    fn from_fields(raw: &[u32; 29], rope_theta: f32) -> Result<Header, CactError> {
-        let num_orders = raw[NUM_ORDERS_FIELD];
-        let num_sites = raw[NUM_SITES_FIELD];
+    fn from_fields(raw: &RawHeader<'_>) -> Result<Header, CactError> {
+        let num_orders = raw.u32("num_engram_orders");
+        let num_sites = raw.u32("num_engram_sites");
         if !(1..=4).contains(&num_orders) {
-            return Err(bad(
-                NUM_ORDERS_FIELD,
-                "num_engram_orders",
-                num_orders,
-                "1..=4",
-            ));
+            return Err(bad("num_engram_orders", num_orders, "1..=4"));
         }
         if num_sites > 4 {
-            return Err(bad(NUM_SITES_FIELD, "num_engram_sites", num_sites, "0..=4"));
+            return Err(bad("num_engram_sites", num_sites, "0..=4"));
         }
-        let orders = &raw[NUM_ORDERS_FIELD + 1..NUM_ORDERS_FIELD + 1 + num_orders as usize];
-        let sites = &raw[NUM_SITES_FIELD + 1..NUM_SITES_FIELD + 1 + num_sites as usize];
+        let array = |name, len| (0..len as usize).map(|i| raw.element(name, i)).collect();
         let header = Header {
-            num_tensors: raw[1],
-            codebook_len: raw[2],
-            kv_window: raw[3],
-            kv_bits: raw[4],
-            vocab: raw[5],
-            d_model: raw[6],
-            num_heads: raw[7],
-            num_kv_heads: raw[8],
-            num_layers: raw[9],
-            head_dim: raw[10],
-            max_seq_len: raw[11],
-            hada_n: raw[12],
-            mhc_lanes: raw[13],
-            engram_slots: raw[14],
-            engram_sub_dim: raw[15],
-            num_engram_tables: raw[16],
-            engram_conv_taps: raw[17],
-            engram_conv_dilation: raw[18],
-            engram_orders: orders.to_vec(),
-            engram_sites: sites.to_vec(),
-            rope_theta,
+            num_tensors: raw.u32("num_tensors"),
+            codebook_len: raw.u32("codebook_len"),
+            kv_window: raw.u32("kv_window"),
+            kv_bits: raw.u32("kv_bits"),
+            vocab: raw.u32("vocab"),
+            d_model: raw.u32("d_model"),
+            num_heads: raw.u32("num_heads"),
+            num_kv_heads: raw.u32("num_kv_heads"),
+            num_layers: raw.u32("num_layers"),
+            head_dim: raw.u32("head_dim"),
+            max_seq_len: raw.u32("max_seq_len"),
+            hada_n: raw.u32("hada_n"),
+            mhc_lanes: raw.u32("mhc_lanes"),
+            engram_slots: raw.u32("engram_slots"),
+            engram_sub_dim: raw.u32("engram_sub_dim"),
+            num_engram_tables: raw.u32("num_engram_tables"),
+            engram_conv_taps: raw.u32("engram_conv_taps"),
+            engram_conv_dilation: raw.u32("engram_conv_dilation"),
+            engram_orders: array("engram_orders", num_orders),
+            engram_sites: array("engram_sites", num_sites),
+            rope_theta: raw.f32("rope_theta"),
         };
         header.validate(raw)?;
         Ok(header)
     }
 
-    fn validate(&self, raw: &[u32; 29]) -> Result<(), CactError> {
+    fn validate(&self, raw: &RawHeader<'_>) -> Result<(), CactError> {
         if self.codebook_len != CODEBOOK_LEN {
             return Err(bad(
-                2,
-                FIELDS[2],
+                "codebook_len",
                 self.codebook_len,
                 "28 (cb2[4] | cb3[8] | cb4[16])",
             ));
         }
         if ![2, 3, 4, 8].contains(&self.kv_bits) {
-            return Err(bad(4, FIELDS[4], self.kv_bits, "2, 3, 4 or 8"));
+            return Err(bad("kv_bits", self.kv_bits, "2, 3, 4 or 8"));
         }
-        for index in 5..FIELDS.len() {
-            if raw[index] == 0 {
-                return Err(bad(index, FIELDS[index], 0, "a nonzero size"));
+        // The geometry sizes, checked in file order.
+        let sizes = header_field_index("vocab")..=header_field_index("engram_conv_dilation");
+        for field in &HEADER_FIELDS[sizes] {
+            if raw.u32(field.name) == 0 {
+                return Err(bad(field.name, 0, "a nonzero size"));
             }
         }
         if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(bad(
-                8,
-                FIELDS[8],
+                "num_kv_heads",
                 self.num_kv_heads,
                 format!("a divisor of num_heads ({})", self.num_heads),
             ));
         }
         if !self.head_dim.is_multiple_of(2) {
-            return Err(bad(
-                10,
-                FIELDS[10],
-                self.head_dim,
-                "even (RoPE rotates pairs)",
-            ));
+            return Err(bad("head_dim", self.head_dim, "even (RoPE rotates pairs)"));
         }
         let hada_n = self.d_model.checked_next_power_of_two();
         if hada_n != Some(self.hada_n) {
             return Err(bad(
-                12,
-                FIELDS[12],
+                "hada_n",
                 self.hada_n,
                 format!("d_model ({}) rounded up to a power of two", self.d_model),
             ));
@@ -226,17 +209,16 @@ impl Header {
         let num_orders = self.engram_orders.len() as u32;
         if !self.num_engram_tables.is_multiple_of(num_orders) {
             return Err(bad(
-                16,
-                FIELDS[16],
+                "num_engram_tables",
                 self.num_engram_tables,
                 format!("a multiple of num_engram_orders ({num_orders})"),
             ));
         }
         for (i, &order) in self.engram_orders.iter().enumerate() {
             if order == 0 {
-                return Err(bad(
-                    NUM_ORDERS_FIELD + 1 + i,
+                return Err(bad_element(
                     "engram_orders",
+                    i,
                     order,
                     "a nonzero n-gram order",
                 ));
@@ -244,9 +226,9 @@ impl Header {
         }
         for (i, &site) in self.engram_sites.iter().enumerate() {
             if site >= self.num_layers {
-                return Err(bad(
-                    NUM_SITES_FIELD + 1 + i,
+                return Err(bad_element(
                     "engram_sites",
+                    i,
                     site,
                     format!("a layer index below num_layers ({})", self.num_layers),
                 ));
@@ -254,7 +236,6 @@ impl Header {
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return Err(bad(
-                ROPE_THETA_FIELD,
                 "rope_theta",
                 self.rope_theta,
                 "a finite positive number",

@@ -1,17 +1,13 @@
 //! Reader for Needle 2 `.cact` files (`cactus-needle==2.0.15`,
 //! `needle/model/export.py`), validated completely before anything is
-//! dequantized.
-//!
-//! ```text
-//! header (120 B) | codebooks (28 f32) | directory (num_tensors x 44 B) | 64-aligned blobs
-//! ```
+//! dequantized. The byte layout is declared in [`layout`].
 
-mod bytes;
+pub(crate) mod bytes;
 mod cq;
 pub mod directory;
 pub mod error;
 pub mod header;
-pub mod slots;
+pub mod layout;
 pub mod tokenizer_blob;
 mod weights;
 
@@ -19,17 +15,17 @@ use std::path::Path;
 
 use graphs::needle::Tensor;
 
-use directory::{check_overlaps, Record, Slot, RECORD_BYTES};
+use directory::{check_overlaps, Record, Slot};
 pub use directory::{Encoding, Entry};
 pub use error::CactError;
-use header::HEADER_BYTES;
 pub use header::{Codebooks, Header};
+use layout::{directory_start, header_offset, RECORD_BYTES};
 pub use tokenizer_blob::{Piece, PieceKind, TokenizerSpec};
 pub use weights::{HeadKind, ProbeHead};
 
-/// The first u32 of a `.cact` file, which names its generation.
-pub(crate) fn read_tag(file: &[u8]) -> Result<u32, CactError> {
-    bytes::Reader::new(file, 0).u32(|| "header tag".to_string())
+/// The first u32 of a `.cact` file, which names its generation; `r` is at its start.
+pub(crate) fn read_tag(r: &mut bytes::Reader<'_>) -> Result<u32, CactError> {
+    r.u32(|| "header tag".to_string())
 }
 
 /// A parsed and validated Needle 2 `.cact` file. Owns the file's bytes;
@@ -47,8 +43,8 @@ pub struct CactFile {
 impl CactFile {
     /// Parses and validates a whole `.cact` file held in memory.
     pub fn parse(bytes: &[u8]) -> Result<Self, CactError> {
-        let layout = Layout::parse(bytes)?;
-        Ok(layout.into_file(bytes.to_vec()))
+        let parsed = Parsed::parse(bytes)?;
+        Ok(parsed.into_file(bytes.to_vec()))
     }
 
     /// Reads and parses the `.cact` file at `path`.
@@ -58,8 +54,8 @@ impl CactFile {
             path: path.display().to_string(),
             message: e.to_string(),
         })?;
-        let layout = Layout::parse(&bytes)?;
-        Ok(layout.into_file(bytes))
+        let parsed = Parsed::parse(&bytes)?;
+        Ok(parsed.into_file(bytes))
     }
 
     /// The validated header.
@@ -118,7 +114,7 @@ impl std::fmt::Debug for CactFile {
 }
 
 /// Everything `parse` learns before it takes ownership of the bytes.
-struct Layout {
+struct Parsed {
     header: Header,
     codebooks: Codebooks,
     entries: Vec<Entry>,
@@ -126,7 +122,7 @@ struct Layout {
     tokenizer: TokenizerSpec,
 }
 
-impl Layout {
+impl Parsed {
     fn into_file(self, bytes: Vec<u8>) -> CactFile {
         CactFile {
             header: self.header,
@@ -138,10 +134,10 @@ impl Layout {
         }
     }
 
-    fn parse(file: &[u8]) -> Result<Layout, CactError> {
+    fn parse(file: &[u8]) -> Result<Parsed, CactError> {
         let file_len = file.len() as u64;
-        let (header, codebooks) = Header::parse(file)?;
-        let core = slots::core_count(&header);
+        let (header, raw_header, codebooks) = Header::parse(file)?;
+        let core = layout::core_count(&raw_header);
         let num_tensors = header.num_tensors as u64;
         let head_count = match num_tensors.checked_sub(core + 1) {
             Some(0) => 0,
@@ -149,7 +145,7 @@ impl Layout {
             Some(7) => 2,
             _ => {
                 return Err(CactError::TensorCount {
-                    offset: 4,
+                    offset: header_offset("num_tensors"),
                     found: num_tensors,
                     expected: format!(
                         "{} (through the tokenizer), {} with one probe head or {} with two",
@@ -160,7 +156,7 @@ impl Layout {
                 })
             }
         };
-        let dir_start = HEADER_BYTES + 4 * header.codebook_len as u64;
+        let dir_start = directory_start(header.codebook_len);
         let data_start = dir_start + num_tensors * RECORD_BYTES;
         if data_start > file_len {
             return Err(CactError::Truncated {
@@ -178,7 +174,7 @@ impl Layout {
             entries.push(entry);
             Ok::<_, CactError>(entries.len() - 1)
         };
-        for slot in slots::core_slots(&header)? {
+        for slot in layout::core_slots(&raw_header)? {
             next(&mut entries, &|_| slot.clone())?;
         }
         let mut heads = Vec::new();
@@ -217,7 +213,7 @@ impl Layout {
                 vocab: header.vocab,
             });
         }
-        Ok(Layout {
+        Ok(Parsed {
             header,
             codebooks,
             entries,

@@ -2,7 +2,7 @@
 
 use graphs::needle::{Config, EngramWeights, LayerWeights, MhcWeights, Tensor, Weights};
 
-use super::slots::{engram_name, layer_name};
+use super::layout::{ENGRAM, LAYER};
 use super::{CactError, CactFile, Encoding, Entry};
 
 /// A probe head named by a code in `heads.manifest`.
@@ -101,7 +101,7 @@ impl CactFile {
         let layers = self.layers_in_parallel()?;
         let engrams = (0..self.header().engram_sites.len())
             .map(|s| {
-                let t = |name| self.tensor(&engram_name(s, name));
+                let t = |name| self.tensor(&ENGRAM.tensor_name(s, name));
                 Ok(EngramWeights {
                     tables: t("tables")?,
                     key_proj: t("key_proj")?,
@@ -159,7 +159,7 @@ impl CactFile {
     }
 
     fn layer(&self, i: usize) -> Result<LayerWeights, CactError> {
-        let t = |name| self.tensor(&layer_name(i, name));
+        let t = |name| self.tensor(&LAYER.tensor_name(i, name));
         Ok(LayerWeights {
             norm_in: t("norm_in")?,
             q_proj: t("q_proj")?,
