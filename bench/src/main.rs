@@ -16,7 +16,7 @@ mod table;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
-use graphs::contract::{parse_spelled, AttentionKind, MatMulWeights, Precision};
+use graphs::contract::{parse_spelled, AttentionKind, MatMulWeights, Precision, Spelled};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -69,7 +69,9 @@ impl Variant {
     }
 
     fn parse(s: &str) -> Result<Variant> {
-        let (attention, weights) = s.split_once('-').unwrap_or((s, "float"));
+        let (attention, weights) = s
+            .split_once('-')
+            .unwrap_or((s, MatMulWeights::Float.name()));
         Ok(Variant {
             attention: parse_spelled(attention).map_err(|e| anyhow!("{e}"))?,
             weights: parse_spelled(weights).map_err(|e| anyhow!("{e}"))?,

@@ -21,14 +21,14 @@ struct Args {
     /// The graph to write; `--attention both` also writes `OUT.reference.onnx`.
     out: PathBuf,
     /// Attention core: onnxruntime's fused kernel, a plain ai.onnx subgraph, or both files.
-    #[arg(long, value_parser = attention_targets(), default_value = "fused")]
+    #[arg(long, value_parser = attention_targets(), default_value_t = Targets::One(AttentionKind::FUSED))]
     attention: Targets,
     /// Float precision of weights and activations (logits stay float32).
-    #[arg(long, value_parser = spelled::<Precision>(), default_value = "fp32")]
+    #[arg(long, value_parser = spelled::<Precision>(), default_value_t = Precision::Fp32)]
     precision: Precision,
     /// Weights of the large MatMuls: `float` is the exact model; `int8`/`int4`
     /// re-quantize them into `com.microsoft.MatMulNBits` blocks (smaller, faster, approximate).
-    #[arg(long, value_parser = spelled::<MatMulWeights>(), default_value = "float")]
+    #[arg(long, value_parser = spelled::<MatMulWeights>(), default_value_t = MatMulWeights::Float)]
     weights: MatMulWeights,
     /// SentencePiece's `remove_extra_whitespaces` for the tokenizer (the `.cact` does not
     /// record it; sentencepiece's default is true): drop leading, trailing and repeated spaces.
@@ -48,6 +48,15 @@ enum Targets {
 }
 
 const BOTH: &str = "both";
+
+impl std::fmt::Display for Targets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Targets::One(kind) => kind.fmt(f),
+            Targets::Both => f.write_str(BOTH),
+        }
+    }
+}
 
 fn attention_targets() -> impl TypedValueParser<Value = Targets> {
     let names = AttentionKind::ALL.iter().map(|k| k.name()).chain([BOTH]);

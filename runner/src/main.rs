@@ -23,7 +23,7 @@ struct Args {
     #[arg(long)]
     model: Option<PathBuf>,
     /// Execution provider, chosen at startup; `auto` tries TensorRT, CUDA, CoreML, then CPU.
-    #[arg(long, value_parser = spelled::<Provider>(), default_value = "auto")]
+    #[arg(long, value_parser = spelled::<Provider>(), default_value_t = Provider::Auto)]
     provider: Provider,
     /// Run on the CPU when the named provider cannot be registered (reported in the output).
     #[arg(long)]
@@ -35,7 +35,7 @@ struct Args {
     #[arg(long, value_parser = spelled::<Precision>())]
     precision: Option<Precision>,
     /// MatMul weights: `float` (exact) or re-quantized `int8`/`int4` MatMulNBits (`.cact` only).
-    #[arg(long, value_parser = spelled::<MatMulWeights>(), default_value = "float")]
+    #[arg(long, value_parser = spelled::<MatMulWeights>(), default_value_t = MatMulWeights::Float)]
     weights: MatMulWeights,
     /// onnxruntime intra-op threads (0: onnxruntime decides).
     #[arg(long, default_value_t = 1)]
