@@ -12,16 +12,20 @@ use std::str::FromStr;
 pub mod names {
     /// `int64 [batch, sequence]`.
     pub const INPUT_IDS: &str = "input_ids";
-    /// `int64 [batch, total_sequence]`, 1 for real tokens.
+    /// `int64 [batch, total_sequence]`, 1 for real tokens; padding on the right of each
+    /// row's tokens (see [`super::PaddingSide`]).
     pub const ATTENTION_MASK: &str = "attention_mask";
-    /// `int64 [batch, past_sequence]`: the tokens seen so far, which the engram n-gram
-    /// memory hashes.
-    pub const PAST_INPUT_IDS: &str = "past_input_ids";
+    /// `int64 [batch, sequence]`: each token's position in its own row (0 for the row's
+    /// first real token); drives RoPE, the engram's validity and the reference mask.
+    pub const POSITION_IDS: &str = "position_ids";
+    /// `int64 [batch, engram_history]`: each row's last `engram_history` real tokens
+    /// (oldest first), which the engram n-grams and taps reach back to; zeros at the start.
+    pub const PAST_ENGRAM_IDS: &str = "past_engram_ids";
     /// `float32 [batch, sequence, vocab]`.
     pub const LOGITS: &str = "logits";
-    /// `int64 [batch, total_sequence]`: `past_input_ids ++ input_ids`, fed back as the
-    /// next `past_input_ids`.
-    pub const PRESENT_INPUT_IDS: &str = "present_input_ids";
+    /// `int64 [batch, engram_history]`: the rows' last real tokens after this step, fed
+    /// back as the next `past_engram_ids`.
+    pub const PRESENT_ENGRAM_IDS: &str = "present_engram_ids";
     const PAST_KV_PREFIX: &str = "past_key_values.";
     const PRESENT_KV_PREFIX: &str = "present.";
 
@@ -54,7 +58,7 @@ pub mod dims {
     pub const PAST_SEQUENCE: &str = "past_sequence";
     /// `past_sequence + sequence`.
     pub const TOTAL_SEQUENCE: &str = "total_sequence";
-    /// History the engram reads before the first new token, plus `sequence`.
+    /// `past_engram_ids` followed by the new tokens: `engram_history + sequence`.
     pub const ENGRAM_WINDOW: &str = "engram_window";
 }
 
@@ -80,6 +84,7 @@ pub mod keys {
     pub const KV_WINDOW: &str = "needle.kv_window";
     pub const KV_BITS: &str = "needle.kv_bits";
     pub const GENERATION: &str = "needle.generation";
+    pub const PADDING_SIDE: &str = "needle.padding_side";
     pub const ATTENTION: &str = "needle.attention";
     pub const FUSED_OP: &str = "needle.fused_op";
     pub const PRECISION: &str = "needle.precision";
@@ -176,6 +181,25 @@ impl Spelled for Generation {
     }
 }
 spelled_traits!(Generation);
+
+/// Where a batch's shorter rows have their padding (mask 0, any token id).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PaddingSide {
+    /// After each row's real tokens, as onnxruntime-genai pads a batch: a row's tokens
+    /// are its first columns in a prefill, and each step appends one column to every row.
+    Right,
+}
+
+impl Spelled for PaddingSide {
+    const WHAT: &'static str = "padding side";
+    const ALL: &'static [Self] = &[PaddingSide::Right];
+    fn name(self) -> &'static str {
+        match self {
+            PaddingSide::Right => "right",
+        }
+    }
+}
+spelled_traits!(PaddingSide);
 
 /// onnxruntime's fused attention kernel the fused variant uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -320,6 +344,8 @@ pub struct ExportDescription {
     pub past_present_share_buffer: bool,
     /// The state inputs besides the KV cache, each fed back from its `present_*` output.
     pub state_inputs: Vec<String>,
+    /// Where shorter rows of a batch are padded.
+    pub padding_side: PaddingSide,
 }
 
 impl ExportDescription {
@@ -340,7 +366,8 @@ impl ExportDescription {
             source,
             tokenizer,
             past_present_share_buffer: variant.attention.is_fused(),
-            state_inputs: vec![names::PAST_INPUT_IDS.to_string()],
+            state_inputs: vec![names::PAST_ENGRAM_IDS.to_string()],
+            padding_side: PaddingSide::Right,
         }
     }
 
@@ -349,19 +376,25 @@ impl ExportDescription {
     pub fn doc_string(&self) -> String {
         let mut doc = format!(
             "Needle {} ({} attention, {}). Inputs: {ids} [{b}, {s}]; {mask} [{b}, {t}], 1 for \
-             real tokens; per layer {pk}.key/.value [{b}, kv_heads, {p}, head_dim]; {past_ids} \
-             [{b}, {p}], the tokens seen so far, which the engram n-gram memory hashes. \
-             Outputs: {logits} [{b}, {s}, vocab] float32; {pr}.key/.value; {present_ids} \
-             [{b}, {t}]. For the next step feed {pr}.* back as {pk}.* and {present_ids} as \
-             {past_ids}; {p} = 0 with an all-ones mask is a plain forward.",
+             real tokens, each row's padding after its tokens ({pad} padding); {pos} [{b}, {s}], \
+             each token's position in its row; per layer {pk}.key/.value [{b}, kv_heads, {p}, \
+             head_dim]; {past_ids} [{b}, {w}], each row's last {w} real tokens (zeros before \
+             the first), which the engram n-gram memory reads. Outputs: {logits} [{b}, {s}, \
+             vocab] float32; {pr}.key/.value [.., {t}, ..]; {present_ids} [{b}, {w}]. For the \
+             next step feed {pr}.* back as {pk}.*, {present_ids} as {past_ids}, append a column \
+             to the mask and continue each row's positions; {p} = 0, zero {past_ids}, an \
+             all-ones mask and positions 0..{s} is a plain forward.",
             self.generation,
             self.variant.attention,
             self.variant.precision,
             ids = names::INPUT_IDS,
             mask = names::ATTENTION_MASK,
-            past_ids = names::PAST_INPUT_IDS,
+            pad = self.padding_side,
+            pos = names::POSITION_IDS,
+            past_ids = names::PAST_ENGRAM_IDS,
+            w = self.config.engram_history(),
             logits = names::LOGITS,
-            present_ids = names::PRESENT_INPUT_IDS,
+            present_ids = names::PRESENT_ENGRAM_IDS,
             pk = "past_key_values.{i}",
             pr = "present.{i}",
             b = dims::BATCH,
@@ -398,6 +431,7 @@ impl ExportDescription {
         add(keys::SOURCE_FILE, self.source.file_name.clone());
         add(keys::SOURCE_SHA256, self.source.sha256.clone());
         add(keys::STATE_INPUTS, self.state_inputs.join(","));
+        add(keys::PADDING_SIDE, self.padding_side.to_string());
         let t = &self.tokenizer;
         if let Some(file) = &t.file {
             add(keys::TOKENIZER, file.clone());
@@ -419,14 +453,14 @@ impl ExportDescription {
     pub fn from_metadata(get: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
         let config = Config::from_metadata(&get)?;
         let read = Metadata(&get);
-        // Exports from before `needle.generation` existed are all Needle 2, and described
-        // their cache and state in sentences: they are read as what they were (no shared
-        // buffers, `past_input_ids` as the only state).
-        let legacy = get(keys::GENERATION).is_none();
-        let generation = match legacy {
-            true => Generation::Needle2,
-            false => read.spelled(keys::GENERATION)?,
-        };
+        if get(keys::GENERATION).is_none() {
+            return Err(format!(
+                "metadata key {} is missing: an export from before position_ids and \
+                 past_engram_ids (batch-exact graphs); export it again",
+                keys::GENERATION
+            ));
+        }
+        let generation = read.spelled(keys::GENERATION)?;
         let attention = match read.spelled::<AttentionKind>(keys::ATTENTION)? {
             AttentionKind::Fused(_) => AttentionKind::Fused(read.spelled(keys::FUSED_OP)?),
             AttentionKind::Reference => AttentionKind::Reference,
@@ -452,14 +486,9 @@ impl ExportDescription {
                 bos_id: read.parsed(keys::BOS_ID)?,
                 unk_id: read.parsed(keys::UNK_ID)?,
             },
-            past_present_share_buffer: match legacy {
-                true => false,
-                false => read.parsed(keys::PAST_PRESENT_SHARE_BUFFER)?,
-            },
-            state_inputs: match legacy {
-                true => vec![names::PAST_INPUT_IDS.to_string()],
-                false => read.names(keys::STATE_INPUTS)?,
-            },
+            past_present_share_buffer: read.parsed(keys::PAST_PRESENT_SHARE_BUFFER)?,
+            state_inputs: read.names(keys::STATE_INPUTS)?,
+            padding_side: read.spelled(keys::PADDING_SIDE)?,
         })
     }
 }
@@ -639,24 +668,14 @@ mod tests {
     }
 
     #[test]
-    fn exports_from_before_the_generation_key_read_as_they_were_written() {
+    fn an_export_from_before_the_generation_key_is_told_to_export_again() {
         let mut meta: std::collections::HashMap<_, _> = description(AttentionKind::FUSED)
             .to_metadata()
             .into_iter()
             .collect();
         meta.remove(keys::GENERATION);
-        meta.insert(
-            keys::STATE_INPUTS.into(),
-            "past_input_ids: int64 [batch, …]".into(),
-        );
-        meta.insert(
-            keys::PAST_PRESENT_SHARE_BUFFER.into(),
-            "true: a sentence".into(),
-        );
-        let d = ExportDescription::from_metadata(|k| meta.get(k).cloned()).unwrap();
-        assert_eq!(d.generation, Generation::Needle2);
-        assert_eq!(d.state_inputs, [names::PAST_INPUT_IDS]);
-        assert!(!d.past_present_share_buffer);
+        let err = ExportDescription::from_metadata(|k| meta.get(k).cloned()).unwrap_err();
+        assert!(err.contains("export it again"), "{err}");
     }
 
     #[test]
@@ -682,6 +701,7 @@ mod tests {
     #[test]
     fn every_enum_has_one_spelling_both_ways() {
         round_trips::<Generation>();
+        round_trips::<PaddingSide>();
         round_trips::<AttentionKind>();
         round_trips::<FusedOp>();
         round_trips::<Precision>();

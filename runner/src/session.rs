@@ -22,7 +22,7 @@ pub struct LayerKv {
 pub struct Cache {
     /// Per layer, in layer order.
     layers: Vec<LayerKv>,
-    /// `past_input_ids` `[batch, len]`: the tokens seen so far, for the engram.
+    /// `past_engram_ids` `[batch, engram_history]`: each row's last real tokens, for the engram.
     history: DynValue,
     len: usize,
     /// `Some(tokens)`: the key/value tensors are buffers of that many positions, bound as
@@ -55,6 +55,33 @@ pub struct NeedleSession {
     pub plan: RunPlan,
     /// The cache input/output names of each layer.
     layer_names: Vec<LayerCache>,
+}
+
+/// One step's inputs for `batch` rows, row-major: `input_ids` `[batch, sequence]`,
+/// `attention_mask` `[batch, cache.len() + sequence]` (every column of the cache and the
+/// new ones; 0 for padding, which goes after a row's tokens) and `position_ids`
+/// `[batch, sequence]` (each token's position in its own row).
+#[derive(Clone, Debug)]
+pub struct StepInputs {
+    pub input_ids: Vec<i64>,
+    pub attention_mask: Vec<i64>,
+    pub position_ids: Vec<i64>,
+    pub batch: usize,
+}
+
+impl StepInputs {
+    /// `batch` rows of equal length after `past` real tokens each: every token real.
+    /// ([`NeedleSession::step`] reports ids that do not split into `batch` rows.)
+    pub fn dense(input_ids: &[i64], batch: usize, past: usize) -> Self {
+        let seq = input_ids.len().checked_div(batch).unwrap_or(0);
+        let row: Vec<i64> = (past..past + seq).map(|p| p as i64).collect();
+        StepInputs {
+            input_ids: input_ids.to_vec(),
+            attention_mask: vec![1; batch * (past + seq)],
+            position_ids: row.repeat(batch),
+            batch,
+        }
+    }
 }
 
 /// Output of one step.
@@ -125,17 +152,18 @@ impl NeedleSession {
             .layer_names
             .iter()
             .flat_map(|n| [n.past_key.as_str(), n.past_value.as_str()]);
-        if self.description.state_inputs != [names::PAST_INPUT_IDS] {
+        if self.description.state_inputs != [names::PAST_ENGRAM_IDS] {
             bail!(
                 "this runner carries only {} between steps; the graph needs {:?}",
-                names::PAST_INPUT_IDS,
+                names::PAST_ENGRAM_IDS,
                 self.description.state_inputs
             );
         }
         let wanted = [
             names::INPUT_IDS,
             names::ATTENTION_MASK,
-            names::PAST_INPUT_IDS,
+            names::POSITION_IDS,
+            names::PAST_ENGRAM_IDS,
         ];
         for w in wanted.into_iter().chain(kv) {
             if !inputs.contains(&w) {
@@ -177,7 +205,8 @@ impl NeedleSession {
                 })
             })
             .collect::<Result<_>>()?;
-        let history = Tensor::<i64>::from_array(([batch, 0usize], Vec::<i64>::new()))?;
+        let width = c.engram_history();
+        let history = Tensor::<i64>::from_array(([batch, width], vec![0i64; batch * width]))?;
         Ok(Cache {
             layers,
             history: history.into_dyn(),
@@ -187,8 +216,22 @@ impl NeedleSession {
     }
 
     /// Runs `input_ids` (`[batch, sequence]`, row-major) after `cache`; every token is real
-    /// (all-ones attention mask).
+    /// (all-ones attention mask, positions continuing each row).
     pub fn forward(&mut self, input_ids: &[i64], batch: usize, cache: Cache) -> Result<StepOutput> {
+        let step = StepInputs::dense(input_ids, batch, cache.len);
+        self.step(&step, cache)
+    }
+
+    /// Runs one step of `inputs` after `cache` (rows of different lengths padded on the
+    /// right, see [`StepInputs`]).
+    pub fn step(&mut self, inputs: &StepInputs, cache: Cache) -> Result<StepOutput> {
+        let StepInputs {
+            input_ids,
+            attention_mask,
+            position_ids,
+            batch,
+        } = inputs;
+        let batch = *batch;
         if batch == 0 || !input_ids.len().is_multiple_of(batch) {
             bail!(
                 "input_ids of length {} do not split into {batch} rows",
@@ -197,30 +240,42 @@ impl NeedleSession {
         }
         let seq = input_ids.len() / batch;
         let total = cache.len + seq;
+        if attention_mask.len() != batch * total || position_ids.len() != batch * seq {
+            bail!(
+                "attention_mask needs {batch}×{total} values and position_ids {batch}×{seq}; \
+                 got {} and {}",
+                attention_mask.len(),
+                position_ids.len()
+            );
+        }
         let max_seq_len = self.config().max_seq_len;
+        let last_position = position_ids.iter().copied().max().unwrap_or(0);
         match cache.capacity {
             Some(capacity) if total > capacity => {
                 bail!("sequence of {total} tokens exceeds the preallocated cache's {capacity}")
             }
-            _ if total > max_seq_len => {
-                bail!("sequence of {total} tokens exceeds the model's max_seq_len {max_seq_len}")
-            }
+            _ if last_position < 0 || last_position as usize >= max_seq_len => bail!(
+                "sequence of {} tokens exceeds the model's max_seq_len {max_seq_len}",
+                last_position + 1
+            ),
             _ => {}
         }
-        let ids = Tensor::<i64>::from_array(([batch, seq], input_ids.to_vec()))?;
-        let mask = Tensor::<i64>::from_array(([batch, total], vec![1i64; batch * total]))?;
+        let ids = Tensor::<i64>::from_array(([batch, seq], input_ids.clone()))?;
+        let mask = Tensor::<i64>::from_array(([batch, total], attention_mask.clone()))?;
+        let positions = Tensor::<i64>::from_array(([batch, seq], position_ids.clone()))?;
         if cache.capacity.is_some() {
-            return self.forward_in_place(ids, mask, cache, total);
+            return self.forward_in_place(ids, mask, positions, cache, total);
         }
         let mut inputs: Vec<(&str, SessionInputValue)> =
-            Vec::with_capacity(2 * cache.layers.len() + 3);
+            Vec::with_capacity(2 * cache.layers.len() + 4);
         inputs.push((names::INPUT_IDS, ids.into()));
         inputs.push((names::ATTENTION_MASK, mask.into()));
+        inputs.push((names::POSITION_IDS, positions.into()));
         for (n, kv) in self.layer_names.iter().zip(cache.layers) {
             inputs.push((&n.past_key, kv.key.into()));
             inputs.push((&n.past_value, kv.value.into()));
         }
-        inputs.push((names::PAST_INPUT_IDS, cache.history.into()));
+        inputs.push((names::PAST_ENGRAM_IDS, cache.history.into()));
         let mut outputs = self.session.run(inputs).context("onnxruntime run failed")?;
         let logits = logits(&outputs)?;
         let layers = self
@@ -233,7 +288,7 @@ impl NeedleSession {
                 })
             })
             .collect::<Result<_>>()?;
-        let history = take(&mut outputs, names::PRESENT_INPUT_IDS)?;
+        let history = take(&mut outputs, names::PRESENT_ENGRAM_IDS)?;
         Ok(StepOutput {
             logits,
             cache: Cache {
@@ -251,28 +306,30 @@ impl NeedleSession {
         &mut self,
         ids: Tensor<i64>,
         mask: Tensor<i64>,
+        positions: Tensor<i64>,
         mut cache: Cache,
         total: usize,
     ) -> Result<StepOutput> {
         let mut binding = self.session.create_binding()?;
         binding.bind_input(names::INPUT_IDS, &ids)?;
         binding.bind_input(names::ATTENTION_MASK, &mask)?;
+        binding.bind_input(names::POSITION_IDS, &positions)?;
         for (n, kv) in self.layer_names.iter().zip(cache.layers.iter_mut()) {
             binding.bind_input(n.past_key.as_str(), &kv.key)?;
             binding.bind_input(n.past_value.as_str(), &kv.value)?;
             binding.bind_output(n.present_key.as_str(), &mut kv.key)?;
             binding.bind_output(n.present_value.as_str(), &mut kv.value)?;
         }
-        binding.bind_input(names::PAST_INPUT_IDS, &cache.history)?;
+        binding.bind_input(names::PAST_ENGRAM_IDS, &cache.history)?;
         let host = self.session.allocator().memory_info();
         binding.bind_output_to_device(names::LOGITS, host)?;
-        binding.bind_output_to_device(names::PRESENT_INPUT_IDS, host)?;
+        binding.bind_output_to_device(names::PRESENT_ENGRAM_IDS, host)?;
         let mut outputs = self
             .session
             .run_binding(&binding)
             .context("onnxruntime run failed")?;
         let logits = logits(&outputs)?;
-        let history = take(&mut outputs, names::PRESENT_INPUT_IDS)?;
+        let history = take(&mut outputs, names::PRESENT_ENGRAM_IDS)?;
         drop(outputs);
         cache.history = history;
         cache.len = total;

@@ -4,7 +4,8 @@ Usage: check_onnx.py MODEL.onnx CASES.safetensors
 
 1. `onnx.checker.check_model(full_check=True)` on the file;
 2. loads it in Python onnxruntime (CPU, no custom ops) and feeds every case of the
-   upstream fixture (`X.input_ids`, all-ones attention_mask, empty pasts);
+   upstream fixture (`X.input_ids`, all-ones attention_mask, positions 0..S-1,
+   empty pasts: zero-length KV, a zero past_engram_ids);
 3. prints one JSON line: per case, the max over rows of
    max|got - ref| / max(1, max|ref|) over the row's real positions; and the
    operator domains the graph's nodes use ("" is ai.onnx).
@@ -41,6 +42,7 @@ def main(model_path, cases_path):
         feeds = empty_feeds(sess, ids.shape[0])
         feeds["input_ids"] = ids
         feeds["attention_mask"] = np.ones_like(ids)
+        feeds["position_ids"] = np.broadcast_to(np.arange(ids.shape[1], dtype=np.int64), ids.shape).copy()
         got = sess.run(["logits"], feeds)[0]
         worst = 0.0
         for b, n in enumerate(lengths):

@@ -89,6 +89,9 @@ fn graphs_are_well_formed_and_follow_the_contract() {
                     vec!["batch".into(), "total_sequence".into()]
                 )
             );
+            // m48: 4 engram taps with dilation max(orders) = 4 reach back 16 tokens.
+            assert!(inputs.contains(&("position_ids", vec!["batch".into(), "sequence".into()])));
+            assert!(inputs.contains(&("past_engram_ids", vec!["batch".into(), "16".into()])));
             assert!(inputs.contains(&(
                 "past_key_values.4.value",
                 vec![
@@ -110,6 +113,7 @@ fn graphs_are_well_formed_and_follow_the_contract() {
                     vec!["batch".into(), "sequence".into(), "512".into()]
                 )
             );
+            assert!(outputs.contains(&("present_engram_ids", vec!["batch".into(), "16".into()])));
             assert!(outputs.contains(&(
                 "present.0.key",
                 vec![
@@ -142,6 +146,11 @@ fn graphs_are_well_formed_and_follow_the_contract() {
             ] {
                 assert!(meta.contains(key), "metadata {key} missing");
             }
+            let padding = m
+                .metadata_props
+                .iter()
+                .find(|p| p.key == "needle.padding_side");
+            assert_eq!(padding.map(|p| p.value.as_str()), Some("right"));
         }
     }
 }

@@ -25,7 +25,8 @@ pub struct AttentionCtx {
 
 /// How rotary embeddings are applied.
 pub enum Rope {
-    /// Slices and Muls (opset 21): `[sequence, 1, head_dim/2]` tables of the new positions.
+    /// Slices and Muls (opset 21): `[batch, sequence, 1, head_dim/2]` tables of the new
+    /// positions.
     Expanded { cos: Value, sin: Value },
     /// The opset-23 `RotaryEmbedding` kernel: `[max_seq_len, head_dim/2]` caches and
     /// `[batch, sequence]` positions.
@@ -55,56 +56,49 @@ pub struct KvPair {
     pub value: Value,
 }
 
-/// RoPE tables for the new positions and the core's mask inputs, built once.
-/// `past_len` is `[1]` int64, the tokens before `input_ids`.
+/// RoPE tables for the new positions and the core's mask inputs, built once, per row:
+/// `position_ids` `[batch, sequence]` is each new token's position in its own row and
+/// `mask` `[batch, total_sequence]` says which cached and new columns are real.
 pub fn attention_ctx(
     b: &mut GraphBuilder,
     ctx: &BuildContext,
-    input_ids: &Value,
     mask: &Value,
-    past_len: &Value,
+    position_ids: &Value,
 ) -> AttentionCtx {
     let cfg = ctx.cfg;
-    let seq_len = b.shape_of(input_ids, 1, 2);
-    let total_len = b.add(past_len, &seq_len);
-    let start = b.squeeze(past_len, &[0]);
-    let end = b.squeeze(&total_len, &[0]);
-    let one = b.scalar_i64(1);
-    let positions = b.op1("Range", &[&start, &end, &one], vec![]);
-    b.declare(&positions, data_type::INT64, &[Dim::Named(SEQUENCE)]);
     let (cos_table, sin_table) = rope_tables(cfg);
     let half = cfg.head_dim / 2;
     let cos = b.const_float(&[cfg.max_seq_len, half], &cos_table);
     let sin = b.const_float(&[cfg.max_seq_len, half], &sin_table);
     let rope = if ctx.kernels.rotary_embedding {
-        let row = b.unsqueeze(&positions, &[0]);
-        let batch_seq = b.shape_of(input_ids, 0, 2);
-        let position_ids = b.op1("Expand", &[&row, &batch_seq], vec![]);
-        b.declare(
-            &position_ids,
-            data_type::INT64,
-            &[Dim::Named(BATCH), Dim::Named(SEQUENCE)],
-        );
         Rope::Kernel {
             cos_cache: cos,
             sin_cache: sin,
-            position_ids,
+            position_ids: position_ids.clone(),
         }
     } else {
-        let cos = b.gather(&cos, &positions, 0);
-        let sin = b.gather(&sin, &positions, 0);
+        let cos = b.gather(&cos, position_ids, 0);
+        let sin = b.gather(&sin, position_ids, 0);
         Rope::Expanded {
-            cos: b.unsqueeze(&cos, &[1]),
-            sin: b.unsqueeze(&sin, &[1]),
+            cos: b.unsqueeze(&cos, &[2]),
+            sin: b.unsqueeze(&sin, &[2]),
         }
     };
     let window = effective_window(cfg);
+    let one = b.scalar_i64(1);
     let core = match ctx.variant.attention {
         AttentionKind::Fused(op) => {
+            // GroupQueryAttention keeps each row's keys packed from slot 0, so only the
+            // count of real columns matters. An all-padding row would give -1, which the
+            // kernel rejects; it attends to its first slot instead (finite, ignored).
             let valid = b.reduce_sum(mask, &[1], false);
             let last = b.sub(&valid, &one);
+            let zero = b.scalar_i64(0);
+            let last = b.op1("Max", &[&last, &zero], vec![]);
             let seqlens_k = b.cast(&last, data_type::INT32);
-            let total = b.cast(&end, data_type::INT32);
+            let total = b.shape_of(mask, 1, 2);
+            let total = b.squeeze(&total, &[0]);
+            let total = b.cast(&total, data_type::INT32);
             CoreInputs::Fused {
                 op,
                 seqlens_k,
@@ -113,14 +107,20 @@ pub fn attention_ctx(
             }
         }
         AttentionKind::Reference => {
-            let zero = b.scalar_i64(0);
-            let keys = b.op1("Range", &[&zero, &end, &one], vec![]);
-            b.declare(&keys, data_type::INT64, &[Dim::Named(TOTAL_SEQUENCE)]);
-            let k_row = b.unsqueeze(&keys, &[0]);
-            let q_col = b.unsqueeze(&positions, &[1]);
-            let mut visible = b.op1("LessOrEqual", &[&k_row, &q_col], vec![]);
+            // A real key's position in its row is the count of real columns before it.
+            let axis = b.scalar_i64(1);
+            let counted = b.op1("CumSum", &[mask, &axis], vec![]);
+            let key_pos = b.sub(&counted, &one);
+            b.declare(
+                &key_pos,
+                data_type::INT64,
+                &[Dim::Named(BATCH), Dim::Named(TOTAL_SEQUENCE)],
+            );
+            let k_pos = b.unsqueeze(&key_pos, &[1, 2, 3]);
+            let q_pos = b.unsqueeze(position_ids, &[1, 2, 4]);
+            let mut visible = b.op1("LessOrEqual", &[&k_pos, &q_pos], vec![]);
             if let Some(w) = window {
-                let distance = b.sub(&q_col, &k_row);
+                let distance = b.sub(&q_pos, &k_pos);
                 let limit = b.scalar_i64(w as i64);
                 let recent = b.op1("Less", &[&distance, &limit], vec![]);
                 visible = b.op1("And", &[&visible, &recent], vec![]);

@@ -29,3 +29,11 @@ pub struct Config {
     pub kv_window: usize,
     pub kv_bits: u32,
 }
+
+impl Config {
+    /// Tokens before the first new one that the engram reads (its taps reach back
+    /// `conv_taps · dilation` positions): the width of `past_engram_ids`.
+    pub fn engram_history(&self) -> usize {
+        self.engram_conv_taps * self.engram_conv_dilation
+    }
+}

@@ -8,6 +8,10 @@
 //! `max(orders)`. Hashing runs in int64 with an explicit 32-bit mask, which is
 //! exactly upstream's uint32 arithmetic (the product stays below 2⁵⁷).
 //!
+//! The window is each row's own: `past_engram_ids` (its last `W` real tokens) then the
+//! new tokens, real where `position_ids`/the mask say so, so rows of a padded batch are
+//! exact.
+//!
 //! ```text
 //! ids window [B, W+S] ─hash─ Gather(tables) ·ngram_ok ─┬ key_proj ─ rms_unit ─▶ ek [B,S,d]
 //!                                                       └ value_proj ─ Σ taps_j·shift(j·dil)·tap_ok_j ─▶ ev [B,S,d]
@@ -15,7 +19,7 @@
 //! At the site's layer (`Block.__call__` with `engram_kv`):
 //! `x + σ(⟨rms_unit(x), ek⟩ / √d) · ev`.
 
-use crate::builder::{Dim, GraphBuilder, Value};
+use crate::builder::{Attr, Dim, GraphBuilder, Value};
 use crate::contract::dims::{BATCH, ENGRAM_WINDOW, SEQUENCE};
 use crate::needle::attention::projection;
 use crate::needle::block_quant::gather_table;
@@ -27,10 +31,11 @@ const SEED: u64 = 0x9E37_79B9;
 const PRIME: i64 = 0x0100_0193;
 const MASK32: i64 = 0xFFFF_FFFF;
 
-/// Token ids and validity of the last `W + sequence` positions, where
-/// `W = conv_taps · dilation` is the history the n-grams and taps reach back.
+/// Token ids and validity of the last `W + sequence` positions of each row, where
+/// `W = conv_taps · dilation` ([`Config::engram_history`]) is the history the n-grams and
+/// taps reach back.
 pub struct EngramWindow {
-    /// `[batch, W + sequence]` int64, zeros before the first token.
+    /// `[batch, W + sequence]` int64.
     pub ids: Value,
     /// `[batch, W + sequence]` float, 1 for a valid token.
     pub valid: Value,
@@ -40,11 +45,6 @@ pub struct EngramWindow {
 pub struct EngramKv {
     pub key_unit: Value,
     pub value: Value,
-}
-
-/// The history length the engram needs before the first new token.
-pub fn history_len(cfg: &Config) -> usize {
-    cfg.engram_conv_taps * cfg.engram_conv_dilation
 }
 
 /// Flat table row per (position, table): `[batch, W + sequence, num_tables]` int64.
@@ -80,38 +80,77 @@ pub fn hashed_rows(b: &mut GraphBuilder, ids: &Value, cfg: &Config) -> Value {
     })
 }
 
-/// Keys and values of every engram site for the new positions; `all_ids` is
-/// `past_input_ids ++ input_ids`.
+/// Each row's window: `past_engram_ids ++ input_ids`, real where the row has a token there.
+/// A history slot `j` holds the token at position `p0 − W + j` (`p0`: the row's first new
+/// position), so it is real when that is ≥ 0; a new column is real where the mask says so.
+/// `new_mask`: the mask's last `sequence` columns `[batch, sequence]` int64.
+pub fn window(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext,
+    past_ids: &Value,
+    input_ids: &Value,
+    new_mask: &Value,
+    position_ids: &Value,
+) -> EngramWindow {
+    let history = ctx.cfg.engram_history() as i64;
+    let ids = b.concat(&[past_ids, input_ids], 1);
+    b.declare(&ids, data_type::INT64, &WINDOW_DIMS);
+    let first = b.slice(position_ids, 1, 0, 1);
+    let slots = b.const_i64(&(0..history).collect::<Vec<_>>());
+    let reached = b.add(&first, &slots);
+    let w = b.scalar_i64(history);
+    let seen = b.op1("GreaterOrEqual", &[&reached, &w], vec![]);
+    let seen = b.cast(&seen, data_type::INT64);
+    let valid = b.concat(&[&seen, new_mask], 1);
+    let float = b.precision().data_type();
+    let valid = b.cast(&valid, float);
+    b.declare(&valid, float, &WINDOW_DIMS);
+    EngramWindow { ids, valid }
+}
+
+/// The next `past_engram_ids` `[batch, W]`: each row's last `W` real tokens of the window.
+/// A row's real new tokens are the first columns of its chunk (right padding), so they
+/// end at window column `W + n − 1`, `n` = the row's real new tokens.
+pub fn next_history(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext,
+    window_ids: &Value,
+    new_mask: &Value,
+) -> Value {
+    let history = ctx.cfg.engram_history();
+    let real = b.reduce_sum(new_mask, &[1], true);
+    let slots = b.const_i64(&(0..history as i64).collect::<Vec<_>>());
+    let columns = b.add(&real, &slots);
+    let next = b.op1(
+        "GatherElements",
+        &[window_ids, &columns],
+        vec![("axis", Attr::Int(1))],
+    );
+    b.declare(
+        &next,
+        data_type::INT64,
+        &[Dim::Named(BATCH), Dim::Fixed(history)],
+    );
+    next
+}
+
+/// Keys and values of every engram site for the new positions.
 pub fn site_kvs(
     b: &mut GraphBuilder,
     ctx: &BuildContext,
     sites: &[EngramWeights],
-    all_ids: &Value,
-    mask: &Value,
-    past_len: &Value,
+    window: &EngramWindow,
 ) -> Vec<EngramKv> {
-    let cfg = ctx.cfg;
-    if cfg.engram_sites.is_empty() {
+    if sites.is_empty() {
         return Vec::new();
     }
-    let history = history_len(cfg) as i64;
-    let window = b.scope("engram_window", |b| {
-        let ids = b.pad_front(all_ids, 2, 1, history);
-        let ids = b.slice_from(&ids, 1, past_len);
-        let valid = b.pad_front(mask, 2, 1, history);
-        let valid = b.slice_from(&valid, 1, past_len);
-        let valid = b.cast(&valid, b.precision().data_type());
-        b.declare(&ids, data_type::INT64, &WINDOW_DIMS);
-        b.declare(&valid, b.precision().data_type(), &WINDOW_DIMS);
-        EngramWindow { ids, valid }
-    });
-    let rows = hashed_rows(b, &window.ids, cfg);
+    let rows = hashed_rows(b, &window.ids, ctx.cfg);
     sites
         .iter()
         .enumerate()
         .map(|(s, ew)| {
             b.scope(format!("engrams.{s}"), |b| {
-                engram(b, ctx, &window, &rows, ew)
+                engram(b, ctx, window, &rows, ew)
             })
         })
         .collect()
@@ -127,7 +166,7 @@ pub fn engram(
 ) -> EngramKv {
     let cfg = ctx.cfg;
     let (nt, sub) = (cfg.num_engram_tables, cfg.engram_sub_dim);
-    let history = history_len(cfg) as i64;
+    let history = cfg.engram_history() as i64;
     let float = b.precision().data_type();
     let [batch, window_len] = WINDOW_DIMS;
     let v_dims = [batch.clone(), window_len, Dim::Fixed(cfg.d_model)];

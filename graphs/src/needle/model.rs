@@ -3,7 +3,8 @@
 //! ```text
 //! input_ids ─Gather(embedding)·√d─ Expand(n lanes) ─┬─ layer 0 … layer L−1 ─ mean(lanes) ─ final_norm ─ ·embeddingᵀ ─▶ logits
 //!                                                    │   hc_pre → [engram] → block → hc_post
-//! past_input_ids ++ input_ids ─ engram hash ─────────┘ (engram sites only)
+//! past_engram_ids ++ input_ids ─ engram hash ────────┘ (engram sites only)
+//! position_ids, attention_mask ─ RoPE, attention masks, engram validity (per row)
 //! ```
 //!
 //! One function per stage: [`inputs`], [`embed_tokens`], [`layer`] (and its [`block`]),
@@ -33,19 +34,30 @@ pub fn build(desc: &ExportDescription, w: &Weights) -> ModelProto {
     // The mask, not the cache, says how many tokens came before: a caller may pass a
     // preallocated cache longer than that which the fused graph's attention updates in
     // place (`past_present_share_buffer`).
-    let past_len = b.scope("past_len", |b| {
+    let new_mask = b.scope("new_mask", |b| {
         let total = b.shape_of(&inputs.mask, 1, 2);
         let seq = b.shape_of(&inputs.input_ids, 1, 2);
-        b.sub(&total, &seq)
+        let past_len = b.sub(&total, &seq);
+        b.slice_from(&inputs.mask, 1, &past_len)
     });
+    b.declare(&new_mask, data_type::INT64, &ids_dims(SEQUENCE));
     let attn = b.scope("attn_ctx", |b| {
-        attention_ctx(b, &ctx, &inputs.input_ids, &inputs.mask, &past_len)
+        attention_ctx(b, &ctx, &inputs.mask, &inputs.position_ids)
     });
-    let all_ids = b.scope("engram_history", |b| {
-        b.concat(&[&inputs.past_ids, &inputs.input_ids], 1)
+    let window = b.scope("engram_window", |b| {
+        engram::window(
+            b,
+            &ctx,
+            &inputs.past_ids,
+            &inputs.input_ids,
+            &new_mask,
+            &inputs.position_ids,
+        )
     });
-    b.declare(&all_ids, data_type::INT64, &ids_dims(TOTAL_SEQUENCE));
-    let engram_kv = engram::site_kvs(&mut b, &ctx, &w.engrams, &all_ids, &inputs.mask, &past_len);
+    let engram_kv = engram::site_kvs(&mut b, &ctx, &w.engrams, &window);
+    let next_history = b.scope("engram_history", |b| {
+        engram::next_history(b, &ctx, &window.ids, &new_mask)
+    });
 
     let (embedding, mut x) = b.scope("embed_tokens", |b| {
         embed_tokens(b, &ctx, w, &inputs.input_ids)
@@ -62,7 +74,7 @@ pub fn build(desc: &ExportDescription, w: &Weights) -> ModelProto {
         presents.push(present);
     }
     let logits = b.scope("lm_head", |b| lm_head(b, &ctx, w, embedding.as_ref(), &x));
-    outputs(&mut b, &ctx, &logits, &presents, &all_ids);
+    outputs(&mut b, &ctx, &logits, &presents, &next_history);
     b.finish("needle", desc.doc_string(), desc.to_metadata())
 }
 
@@ -70,12 +82,18 @@ pub fn build(desc: &ExportDescription, w: &Weights) -> ModelProto {
 struct Inputs {
     input_ids: Value,
     mask: Value,
+    position_ids: Value,
     pasts: Vec<KvPair>,
     past_ids: Value,
 }
 
 fn ids_dims(len: &'static str) -> [Dim; 2] {
     [Dim::Named(BATCH), Dim::Named(len)]
+}
+
+/// `[batch, engram_history]`.
+fn history_dims(ctx: &BuildContext) -> [Dim; 2] {
+    [Dim::Named(BATCH), Dim::Fixed(ctx.cfg.engram_history())]
 }
 
 /// `[batch, num_kv_heads, len, head_dim]`.
@@ -96,6 +114,7 @@ fn inputs(b: &mut GraphBuilder, ctx: &BuildContext) -> Inputs {
         data_type::INT64,
         &ids_dims(TOTAL_SEQUENCE),
     );
+    let position_ids = b.input(names::POSITION_IDS, data_type::INT64, &ids_dims(SEQUENCE));
     let pasts = (0..ctx.cfg.num_layers)
         .map(|i| {
             let n = layer_cache(i);
@@ -105,14 +124,11 @@ fn inputs(b: &mut GraphBuilder, ctx: &BuildContext) -> Inputs {
             }
         })
         .collect();
-    let past_ids = b.input(
-        names::PAST_INPUT_IDS,
-        data_type::INT64,
-        &ids_dims(PAST_SEQUENCE),
-    );
+    let past_ids = b.input(names::PAST_ENGRAM_IDS, data_type::INT64, &history_dims(ctx));
     Inputs {
         input_ids,
         mask,
+        position_ids,
         pasts,
         past_ids,
     }
@@ -234,7 +250,7 @@ fn outputs(
     ctx: &BuildContext,
     logits: &Value,
     presents: &[KvPair],
-    all_ids: &Value,
+    next_history: &Value,
 ) {
     let float = b.precision().data_type();
     b.output(
@@ -263,9 +279,9 @@ fn outputs(
         );
     }
     b.output(
-        all_ids,
-        names::PRESENT_INPUT_IDS,
+        next_history,
+        names::PRESENT_ENGRAM_IDS,
         data_type::INT64,
-        &ids_dims(TOTAL_SEQUENCE),
+        &history_dims(ctx),
     );
 }
