@@ -6,16 +6,6 @@ use crate::builder::Opset;
 use crate::contract::{AttentionKind, MatMulWeights, Variant};
 use crate::needle::Config;
 
-/// How the Sinkhorn projection of the hyper-connections is computed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SinkhornForm {
-    /// Upstream's arithmetic: alternating `LogSoftmax` rows/columns, then `Exp`.
-    LogDomain,
-    /// A row `Softmax`, then `LpNormalization(p=1)` half-steps: the same fixed point
-    /// (1e-6-close) in fewer, cheaper kernels.
-    Normalized,
-}
-
 /// Which single-kernel forms the graph uses instead of their ai.onnx expansions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Kernels {
@@ -23,24 +13,21 @@ pub struct Kernels {
     pub rms_normalization: bool,
     /// Opset-23 `RotaryEmbedding` instead of Slice/Mul/Concat.
     pub rotary_embedding: bool,
-    pub sinkhorn: SinkhornForm,
 }
 
 impl Kernels {
     /// The fused variant is onnxruntime's fast path, so it takes every single kernel; the
     /// reference variant stays on opset-21 primitives that any runtime and execution
-    /// provider takes, with upstream's own arithmetic.
+    /// provider takes.
     pub fn for_attention(attention: AttentionKind) -> Self {
         match attention {
             AttentionKind::Fused(_) => Kernels {
                 rms_normalization: true,
                 rotary_embedding: true,
-                sinkhorn: SinkhornForm::Normalized,
             },
             AttentionKind::Reference => Kernels {
                 rms_normalization: false,
                 rotary_embedding: false,
-                sinkhorn: SinkhornForm::LogDomain,
             },
         }
     }
