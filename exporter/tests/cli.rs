@@ -2,9 +2,9 @@
 //! and reproduce the upstream fixtures in stock Python onnxruntime; bad input and
 //! unsafe destinations are refused with one line and no output.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use test_support::{fixture, python, repo_root, scratch};
+use test_support::{fixture, python_in, repo_root, scratch};
 
 fn export(args: &[&Path]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_needle-export"))
@@ -13,51 +13,85 @@ fn export(args: &[&Path]) -> Output {
         .unwrap()
 }
 
+/// fp32 graphs: the contract's bound on the relative error against upstream.
+const FP32_BOUND: f64 = 1e-4;
+/// fp16 graphs (measured up to 1.8e-3 on the fixtures).
+const FP16_BOUND: f64 = 5e-3;
+
+/// `tests/python/check_onnx.py` on `graph` with the Python of `venv`: the worst relative
+/// error against upstream over `model`'s cases (asserted within `bound`) and the node
+/// domains.
+fn check_in(venv: &str, graph: &Path, model: &str, bound: f64) -> Vec<serde_json::Value> {
+    let check = python_in(venv)
+        .arg(repo_root().join("tests/python/check_onnx.py"))
+        .arg(graph)
+        .arg(fixture(&format!("{model}.cases.safetensors")))
+        .output()
+        .unwrap();
+    let what = format!("{venv} {}", graph.display());
+    assert!(
+        check.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&check.stdout).unwrap();
+    println!("{what}: {}", report["max_rel_error"]);
+    for (case, err) in report["max_rel_error"].as_object().unwrap() {
+        assert!(err.as_f64().unwrap() <= bound, "{what} case {case}: {err}");
+    }
+    report["node_domains"].as_array().unwrap().clone()
+}
+
+/// Exports `model` with `--attention both` and `extra` flags into `dir`: (fused, reference).
+fn export_both(dir: &Path, model: &str, extra: &[&str]) -> (PathBuf, PathBuf) {
+    let out = dir.join(format!("{model}.onnx"));
+    let o = Command::new(env!("CARGO_BIN_EXE_needle-export"))
+        .arg(fixture(&format!("{model}.cact")))
+        .arg(&out)
+        .args(["--attention", "both", "--force"])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    (out, dir.join(format!("{model}.reference.onnx")))
+}
+
 #[test]
 fn both_variants_pass_the_onnx_checker_and_match_upstream_in_python_onnxruntime() {
     let dir = scratch("stock");
     for model in ["m48", "m64", "m96", "m64w"] {
-        let out = dir.join(format!("{model}.onnx"));
-        let o = Command::new(env!("CARGO_BIN_EXE_needle-export"))
-            .arg(fixture(&format!("{model}.cact")))
-            .arg(&out)
-            .args(["--attention", "both"])
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        for (variant, path) in [
-            ("fused", out.clone()),
-            ("reference", dir.join(format!("{model}.reference.onnx"))),
-        ] {
-            let check = python()
-                .arg(repo_root().join("tests/python/check_onnx.py"))
-                .arg(&path)
-                .arg(fixture(&format!("{model}.cases.safetensors")))
-                .output()
-                .unwrap();
-            assert!(
-                check.status.success(),
-                "{model} {variant}: {}",
-                String::from_utf8_lossy(&check.stderr)
-            );
-            let report: serde_json::Value = serde_json::from_slice(&check.stdout).unwrap();
-            println!("{model} {variant}: {}", report["max_rel_error"]);
-            for (case, err) in report["max_rel_error"].as_object().unwrap() {
-                assert!(
-                    err.as_f64().unwrap() <= 1e-4,
-                    "{model} {variant} case {case}: {err}"
-                );
-            }
-            let domains = report["node_domains"].as_array().unwrap();
-            if variant == "reference" {
-                assert_eq!(
-                    domains,
-                    &[serde_json::json!("")],
-                    "{model}: reference graph must be ai.onnx only"
-                );
-            }
-        }
+        let (fused, reference) = export_both(&dir, model, &[]);
+        check_in(".venv", &fused, model, FP32_BOUND);
+        let domains = check_in(".venv", &reference, model, FP32_BOUND);
+        assert_eq!(
+            domains,
+            [serde_json::json!("")],
+            "{model}: reference graph must be ai.onnx only"
+        );
         assert!(dir.join(format!("{model}.tokenizer.json")).exists());
+    }
+}
+
+/// The README's runtime table for older Python onnxruntime releases: the fused graph from
+/// 1.24 (1.23 too, but for sliding-window models: onnxruntime 1.24 changed
+/// `local_window_size` by one), the reference graph (fp32 and fp16) from 1.20.
+#[test]
+fn older_onnxruntime_releases_run_the_graphs_the_readme_lists() {
+    let dir = scratch("older-ort");
+    for model in ["m48", "m64", "m96", "m64w"] {
+        let windowed = model == "m64w";
+        let (fused, reference) = export_both(&dir, model, &[]);
+        check_in(".venv-ort-1.24.4", &fused, model, FP32_BOUND);
+        check_in(".venv-ort-1.24.4", &reference, model, FP32_BOUND);
+        if !windowed {
+            check_in(".venv-ort-1.23.2", &fused, model, FP32_BOUND);
+        }
+        check_in(".venv-ort-1.23.2", &reference, model, FP32_BOUND);
+        check_in(".venv-ort-1.20.1", &reference, model, FP32_BOUND);
+        let half = dir.join("fp16");
+        std::fs::create_dir_all(&half).unwrap();
+        let (_, reference) = export_both(&half, model, &["--precision", "fp16"]);
+        check_in(".venv-ort-1.20.1", &reference, model, FP16_BOUND);
     }
 }
 

@@ -29,7 +29,13 @@ pub fn read_fixture(name: &str) -> Vec<u8> {
 /// The project venv's Python (`scripts/setup` makes it), with onnxruntime, onnx,
 /// sentencepiece, tokenizers and upstream's package.
 pub fn python() -> Command {
-    let path = repo_root().join(".venv/bin/python");
+    python_in(".venv")
+}
+
+/// The Python of the venv `name` at the repository root (`scripts/setup` makes `.venv` and
+/// one `.venv-ort-<version>` per older onnxruntime the graphs are checked on).
+pub fn python_in(name: &str) -> Command {
+    let path = repo_root().join(name).join("bin/python");
     assert!(
         path.exists(),
         "{} is missing: run scripts/setup",
