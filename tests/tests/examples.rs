@@ -1,0 +1,93 @@
+//! The README's "Use it from…" snippets (`examples/`), run as they are on exported fixture
+//! graphs, reproduce upstream's greedy generations; and the README shows them verbatim.
+
+use exporter::model::NeedleModel;
+use exporter::output::ExportFiles;
+use exporter::tokenizer::NeedleTokenizer;
+use graphs::contract::{AttentionKind, MatMulWeights, Precision};
+use needle_tests::{fixture, generations, python, repo_root, scratch};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const PYTHON_EXAMPLE: &str = "examples/python/greedy.py";
+const NODE_EXAMPLE: &str = "examples/node/greedy.mjs";
+
+#[test]
+fn the_readme_shows_the_examples_as_they_are() {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    for example in [PYTHON_EXAMPLE, NODE_EXAMPLE] {
+        let code = std::fs::read_to_string(repo_root().join(example)).unwrap();
+        assert!(
+            readme.contains(&code),
+            "README.md must contain {example} verbatim"
+        );
+    }
+}
+
+/// Exports fixture `model` (fp32, dense) as `attention` into `dir`, tokenizer beside it.
+fn export(dir: &Path, model: &str, attention: AttentionKind) -> PathBuf {
+    let out = dir.join(format!("{model}-{attention}.onnx"));
+    let exported = NeedleModel::read(&fixture(&format!("{model}.cact"))).unwrap();
+    let tokenizer = NeedleTokenizer::from_spec(&exported.tokenizer, true).unwrap();
+    ExportFiles::beside(&out, &[attention])
+        .write(&exported, &tokenizer, Precision::Fp32, MatMulWeights::Float)
+        .unwrap();
+    out
+}
+
+/// onnxruntime-node 1.30 (`examples/node`, installed by scripts/setup) on both variants,
+/// from upstream's prompt ids.
+#[test]
+fn the_node_example_reproduces_upstream_generations() {
+    let dir = scratch("example-node");
+    let example = repo_root().join(NODE_EXAMPLE);
+    assert!(
+        repo_root()
+            .join("examples/node/node_modules/onnxruntime-node")
+            .exists(),
+        "examples/node has no onnxruntime-node: run scripts/setup"
+    );
+    for model in ["m48", "m64", "m96"] {
+        for attention in [AttentionKind::FUSED, AttentionKind::Reference] {
+            let graph = export(&dir, model, attention);
+            for g in generations(model) {
+                let prompt = serde_json::to_string(&g.prompt_ids).unwrap();
+                let o = Command::new("node")
+                    .arg(&example)
+                    .arg(&graph)
+                    .arg(&prompt)
+                    .arg("32")
+                    .output()
+                    .expect("node runs");
+                assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+                let ids: Vec<u32> = serde_json::from_slice(&o.stdout).unwrap();
+                assert_eq!(ids, g.generated_ids, "{model} {attention}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_python_example_reproduces_upstream_generations() {
+    let dir = scratch("example-python");
+    for model in ["m48", "m64", "m96"] {
+        let out = export(&dir, model, AttentionKind::FUSED);
+        let refs: Vec<serde_json::Value> = serde_json::from_str(
+            &std::fs::read_to_string(fixture(&format!("{model}.generate.json"))).unwrap(),
+        )
+        .unwrap();
+        for (r, g) in refs.iter().zip(generations(model)) {
+            let o = python()
+                .arg(repo_root().join(PYTHON_EXAMPLE))
+                .arg(&out)
+                .arg(r["prompt"].as_str().unwrap())
+                .arg("32")
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let stdout = String::from_utf8(o.stdout).unwrap();
+            let ids: Vec<u32> = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
+            assert_eq!(ids, g.generated_ids, "{model}: {:?}", r["prompt"]);
+        }
+    }
+}
