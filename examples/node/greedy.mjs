@@ -1,10 +1,12 @@
-// Greedy generation with an fp32 needle-export graph in onnxruntime-node.
+// Greedy generation with an fp32 needle-export graph in onnxruntime-node, or in
+// onnxruntime-web (wasm) with ORT_PACKAGE=onnxruntime-web.
 // Usage: node greedy.mjs MODEL.onnx '[2, 369, …]' [MAX_NEW_TOKENS]
 // (prompt token ids with BOS, e.g. from needle-run --raw TEXT --json). Prints the generated ids.
-import * as ort from "onnxruntime-node";
+import { readFileSync } from "node:fs";
 
+const ort = await import(process.env.ORT_PACKAGE ?? "onnxruntime-node");
 const [modelPath, promptJson, maxNew = "32"] = process.argv.slice(2);
-const session = await ort.InferenceSession.create(modelPath);
+const session = await ort.InferenceSession.create(readFileSync(modelPath));
 const meta = Object.fromEntries(
   session.inputNames.map((name, i) => [name, session.inputMetadata[i]]),
 );

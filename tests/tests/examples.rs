@@ -35,33 +35,42 @@ fn export(dir: &Path, model: &str, attention: AttentionKind) -> PathBuf {
     out
 }
 
-/// onnxruntime-node 1.30 (`examples/node`, installed by scripts/setup) on both variants,
-/// from upstream's prompt ids.
+/// onnxruntime-node (three models) and onnxruntime-web (wasm, m64) 1.30 (`examples/node`,
+/// installed by scripts/setup) on both variants, from upstream's prompt ids.
 #[test]
-fn the_node_example_reproduces_upstream_generations() {
+fn the_node_example_reproduces_upstream_generations_in_node_and_web() {
     let dir = scratch("example-node");
     let example = repo_root().join(NODE_EXAMPLE);
-    assert!(
-        repo_root()
-            .join("examples/node/node_modules/onnxruntime-node")
-            .exists(),
-        "examples/node has no onnxruntime-node: run scripts/setup"
-    );
+    for package in ["onnxruntime-node", "onnxruntime-web"] {
+        assert!(
+            repo_root()
+                .join("examples/node/node_modules")
+                .join(package)
+                .exists(),
+            "examples/node has no {package}: run scripts/setup"
+        );
+    }
     for model in ["m48", "m64", "m96"] {
         for attention in [AttentionKind::FUSED, AttentionKind::Reference] {
             let graph = export(&dir, model, attention);
-            for g in generations(model) {
-                let prompt = serde_json::to_string(&g.prompt_ids).unwrap();
-                let o = Command::new("node")
-                    .arg(&example)
-                    .arg(&graph)
-                    .arg(&prompt)
-                    .arg("32")
-                    .output()
-                    .expect("node runs");
-                assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-                let ids: Vec<u32> = serde_json::from_slice(&o.stdout).unwrap();
-                assert_eq!(ids, g.generated_ids, "{model} {attention}");
+            // The wasm build is several times slower: one model is enough for it.
+            let web = model == "m64";
+            let packages = ["onnxruntime-node", "onnxruntime-web"];
+            for package in &packages[..1 + web as usize] {
+                for g in generations(model) {
+                    let prompt = serde_json::to_string(&g.prompt_ids).unwrap();
+                    let o = Command::new("node")
+                        .arg(&example)
+                        .arg(&graph)
+                        .arg(&prompt)
+                        .arg("32")
+                        .env("ORT_PACKAGE", package)
+                        .output()
+                        .expect("node runs");
+                    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+                    let ids: Vec<u32> = serde_json::from_slice(&o.stdout).unwrap();
+                    assert_eq!(ids, g.generated_ids, "{package} {model} {attention}");
+                }
             }
         }
     }
