@@ -12,7 +12,7 @@ const meta = Object.fromEntries(
 );
 const eos = 1; // Needle's tokenizers: PAD 0, EOS 1, BOS 2, UNK 3
 
-// Empty caches: no past tokens, a zero engram history.
+// Empty state: no past tokens, a zero engram history.
 const feeds = {};
 for (const [name, info] of Object.entries(meta)) {
   if (!name.startsWith("past_")) continue;
@@ -40,10 +40,9 @@ while (generated.length < Number(maxNew)) {
   for (let i = 1; i < vocab; i++) if (last[i] > last[next]) next = i;
   if (next === eos) break;
   generated.push(next);
-  // present.{i}.key -> past_key_values.{i}.key, present_engram_ids -> past_engram_ids
+  // present.X -> past_key_values.X (the KV cache and the engram state)
   for (const [name, value] of Object.entries(out)) {
     if (name.startsWith("present.")) feeds["past_key_values." + name.slice(8)] = value;
-    else if (name.startsWith("present_")) feeds["past_" + name.slice(8)] = value;
   }
   past += n;
   ids = [next];

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 def generate(session, prompt_ids, max_new_tokens, eos_id):
     meta = session.get_modelmeta().custom_metadata_map
     feeds = {}
-    for i in session.get_inputs():  # empty caches: no past tokens, a zero engram history
+    for i in session.get_inputs():  # empty state: no past tokens, a zero engram history
         if i.name.startswith("past_"):
             shape = [1 if d == "batch" else 0 if d == "past_sequence" else d for d in i.shape]
             dtype = np.int64 if i.type == "tensor(int64)" else (
@@ -31,12 +31,10 @@ def generate(session, prompt_ids, max_new_tokens, eos_id):
         if next_id == eos_id:
             break
         generated.append(next_id)
-        # present.{i}.key -> past_key_values.{i}.key, present_engram_ids -> past_engram_ids
+        # present.X -> past_key_values.X (the KV cache and the engram state)
         for name, value in result.items():
             if name.startswith("present."):
                 feeds["past_key_values." + name[len("present."):]] = value
-            elif name.startswith("present_"):
-                feeds["past_" + name[len("present_"):]] = value
         past, ids = past + len(ids), [next_id]
     return generated
 

@@ -18,14 +18,8 @@ pub mod names {
     /// `int64 [batch, sequence]`: each token's position in its own row (0 for the row's
     /// first real token); drives RoPE, the engram's validity and the reference mask.
     pub const POSITION_IDS: &str = "position_ids";
-    /// `int64 [batch, engram_history]`: each row's last `engram_history` real tokens
-    /// (oldest first), which the engram n-grams and taps reach back to; zeros at the start.
-    pub const PAST_ENGRAM_IDS: &str = "past_engram_ids";
     /// `float32 [batch, sequence, vocab]`.
     pub const LOGITS: &str = "logits";
-    /// `int64 [batch, engram_history]`: the rows' last real tokens after this step, fed
-    /// back as the next `past_engram_ids`.
-    pub const PRESENT_ENGRAM_IDS: &str = "present_engram_ids";
     const PAST_KV_PREFIX: &str = "past_key_values.";
     const PRESENT_KV_PREFIX: &str = "present.";
 
@@ -38,6 +32,35 @@ pub mod names {
         /// `present.{i}.key`, `[batch, num_kv_heads, total_sequence, head_dim]`.
         pub present_key: String,
         pub present_value: String,
+    }
+
+    /// The engram's state, named as onnxruntime-genai names a layer's recurrent state
+    /// (`…{L}.conv_state` and `…{L}.recurrent_state`, `L` = num_layers, one past the
+    /// attention layers) so that genai carries it between steps itself; plain callers feed
+    /// each `present.*` back as its `past_key_values.*` like the KV cache.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct EngramState {
+        /// `past_key_values.{L}.conv_state`, int64 `[batch, engram_history]`: each row's
+        /// last `engram_history` real tokens (oldest first), which the engram n-grams and
+        /// taps reach back to; zeros at the start.
+        pub past_ids: String,
+        /// `present.{L}.conv_state`: the same after this step.
+        pub present_ids: String,
+        /// `past_key_values.{L}.recurrent_state`, float32 `[batch, 1]`: unused, passed
+        /// through to `present.{L}.recurrent_state`; genai wants the pair.
+        pub past_placeholder: String,
+        pub present_placeholder: String,
+    }
+
+    /// The engram state names of a model with `num_layers` attention layers.
+    pub fn engram_state(num_layers: usize) -> EngramState {
+        let l = num_layers;
+        EngramState {
+            past_ids: format!("{PAST_KV_PREFIX}{l}.conv_state"),
+            present_ids: format!("{PRESENT_KV_PREFIX}{l}.conv_state"),
+            past_placeholder: format!("{PAST_KV_PREFIX}{l}.recurrent_state"),
+            present_placeholder: format!("{PRESENT_KV_PREFIX}{l}.recurrent_state"),
+        }
     }
 
     /// The cache names of layer `i`.
@@ -58,7 +81,7 @@ pub mod dims {
     pub const PAST_SEQUENCE: &str = "past_sequence";
     /// `past_sequence + sequence`.
     pub const TOTAL_SEQUENCE: &str = "total_sequence";
-    /// `past_engram_ids` followed by the new tokens: `engram_history + sequence`.
+    /// The engram history followed by the new tokens: `engram_history + sequence`.
     pub const ENGRAM_WINDOW: &str = "engram_window";
 }
 
@@ -359,6 +382,7 @@ impl ExportDescription {
         source: Source,
         tokenizer: TokenizerDescription,
     ) -> Self {
+        let state = names::engram_state(config.num_layers);
         ExportDescription {
             generation,
             config,
@@ -366,7 +390,7 @@ impl ExportDescription {
             source,
             tokenizer,
             past_present_share_buffer: variant.attention.is_fused(),
-            state_inputs: vec![names::PAST_ENGRAM_IDS.to_string()],
+            state_inputs: vec![state.past_ids, state.past_placeholder],
             padding_side: PaddingSide::Right,
         }
     }
@@ -374,16 +398,19 @@ impl ExportDescription {
     /// The interface in words, for the model's `doc_string` (what a person reading the
     /// graph in Netron or onnx needs; the metadata says the same as data).
     pub fn doc_string(&self) -> String {
+        let state = names::engram_state(self.config.num_layers);
         let mut doc = format!(
             "Needle {} ({} attention, {}). Inputs: {ids} [{b}, {s}]; {mask} [{b}, {t}], 1 for \
              real tokens, each row's padding after its tokens ({pad} padding); {pos} [{b}, {s}], \
              each token's position in its row; per layer {pk}.key/.value [{b}, kv_heads, {p}, \
-             head_dim]; {past_ids} [{b}, {w}], each row's last {w} real tokens (zeros before \
-             the first), which the engram n-gram memory reads. Outputs: {logits} [{b}, {s}, \
-             vocab] float32; {pr}.key/.value [.., {t}, ..]; {present_ids} [{b}, {w}]. For the \
-             next step feed {pr}.* back as {pk}.*, {present_ids} as {past_ids}, append a column \
-             to the mask and continue each row's positions; {p} = 0, zero {past_ids}, an \
-             all-ones mask and positions 0..{s} is a plain forward.",
+             head_dim]; {past_ids} int64 [{b}, {w}], each row's last {w} real tokens (zeros \
+             before the first), which the engram n-gram memory reads, and {placeholder} float32 \
+             [{b}, 1], unused (the pair is named as onnxruntime-genai's recurrent state, so genai \
+             carries it). Outputs: {logits} [{b}, {s}, vocab] float32; {pr}.key/.value [.., {t}, \
+             ..]; {present_ids}; {present_placeholder}. For the next step feed every present.* \
+             back as its past_key_values.*, append a column to the mask and continue each row's \
+             positions; {p} = 0, zero state, an all-ones mask and positions 0..{s} is a plain \
+             forward.",
             self.generation,
             self.variant.attention,
             self.variant.precision,
@@ -391,10 +418,12 @@ impl ExportDescription {
             mask = names::ATTENTION_MASK,
             pad = self.padding_side,
             pos = names::POSITION_IDS,
-            past_ids = names::PAST_ENGRAM_IDS,
+            past_ids = state.past_ids,
+            placeholder = state.past_placeholder,
+            present_ids = state.present_ids,
+            present_placeholder = state.present_placeholder,
             w = self.config.engram_history(),
             logits = names::LOGITS,
-            present_ids = names::PRESENT_ENGRAM_IDS,
             pk = "past_key_values.{i}",
             pr = "present.{i}",
             b = dims::BATCH,
@@ -455,8 +484,8 @@ impl ExportDescription {
         let read = Metadata(&get);
         if get(keys::GENERATION).is_none() {
             return Err(format!(
-                "metadata key {} is missing: an export from before position_ids and \
-                 past_engram_ids (batch-exact graphs); export it again",
+                "metadata key {} is missing: an export from before position_ids and the \
+                 per-row engram state (batch-exact graphs); export it again",
                 keys::GENERATION
             ));
         }

@@ -5,7 +5,7 @@
 use crate::plan::RunPlan;
 use crate::provider::{self, Provider, Registered};
 use anyhow::{anyhow, bail, Context, Result};
-use graphs::contract::names::{self, layer_cache, LayerCache};
+use graphs::contract::names::{self, engram_state, layer_cache, EngramState, LayerCache};
 use graphs::contract::{ExportDescription, Precision};
 use graphs::needle::Config;
 use ort::session::{Session, SessionInputValue, SessionOutputs};
@@ -22,8 +22,10 @@ pub struct LayerKv {
 pub struct Cache {
     /// Per layer, in layer order.
     layers: Vec<LayerKv>,
-    /// `past_engram_ids` `[batch, engram_history]`: each row's last real tokens, for the engram.
+    /// The engram history `[batch, engram_history]`: each row's last real tokens.
     history: DynValue,
+    /// The engram state's unused partner `[batch, 1]` (see `names::EngramState`).
+    placeholder: DynValue,
     len: usize,
     /// `Some(tokens)`: the key/value tensors are buffers of that many positions, bound as
     /// both `past_*` and `present.*` so attention appends in place (see
@@ -55,6 +57,7 @@ pub struct NeedleSession {
     pub plan: RunPlan,
     /// The cache input/output names of each layer.
     layer_names: Vec<LayerCache>,
+    engram_names: EngramState,
 }
 
 /// One step's inputs for `batch` rows, row-major: `input_ids` `[batch, sequence]`,
@@ -126,11 +129,13 @@ impl NeedleSession {
         let layer_names = (0..description.config.num_layers)
             .map(layer_cache)
             .collect();
+        let engram_names = engram_state(description.config.num_layers);
         let s = NeedleSession {
             session,
             description,
             plan,
             layer_names,
+            engram_names,
         };
         s.check_interface()?;
         Ok(s)
@@ -152,20 +157,16 @@ impl NeedleSession {
             .layer_names
             .iter()
             .flat_map(|n| [n.past_key.as_str(), n.past_value.as_str()]);
-        if self.description.state_inputs != [names::PAST_ENGRAM_IDS] {
+        let e = &self.engram_names;
+        let carried = [e.past_ids.as_str(), e.past_placeholder.as_str()];
+        if self.description.state_inputs != carried {
             bail!(
-                "this runner carries only {} between steps; the graph needs {:?}",
-                names::PAST_ENGRAM_IDS,
+                "this runner carries {carried:?} between steps; the graph needs {:?}",
                 self.description.state_inputs
             );
         }
-        let wanted = [
-            names::INPUT_IDS,
-            names::ATTENTION_MASK,
-            names::POSITION_IDS,
-            names::PAST_ENGRAM_IDS,
-        ];
-        for w in wanted.into_iter().chain(kv) {
+        let wanted = [names::INPUT_IDS, names::ATTENTION_MASK, names::POSITION_IDS];
+        for w in wanted.into_iter().chain(kv).chain(carried) {
             if !inputs.contains(&w) {
                 bail!("not a needle-export graph: input {w} is missing");
             }
@@ -207,9 +208,11 @@ impl NeedleSession {
             .collect::<Result<_>>()?;
         let width = c.engram_history();
         let history = Tensor::<i64>::from_array(([batch, width], vec![0i64; batch * width]))?;
+        let placeholder = Tensor::<f32>::from_array(([batch, 1usize], vec![0f32; batch]))?;
         Ok(Cache {
             layers,
             history: history.into_dyn(),
+            placeholder: placeholder.into_dyn(),
             len: 0,
             capacity,
         })
@@ -275,7 +278,11 @@ impl NeedleSession {
             inputs.push((&n.past_key, kv.key.into()));
             inputs.push((&n.past_value, kv.value.into()));
         }
-        inputs.push((names::PAST_ENGRAM_IDS, cache.history.into()));
+        inputs.push((&self.engram_names.past_ids, cache.history.into()));
+        inputs.push((
+            &self.engram_names.past_placeholder,
+            cache.placeholder.into(),
+        ));
         let mut outputs = self.session.run(inputs).context("onnxruntime run failed")?;
         let logits = logits(&outputs)?;
         let layers = self
@@ -288,12 +295,14 @@ impl NeedleSession {
                 })
             })
             .collect::<Result<_>>()?;
-        let history = take(&mut outputs, names::PRESENT_ENGRAM_IDS)?;
+        let history = take(&mut outputs, &self.engram_names.present_ids)?;
+        let placeholder = take(&mut outputs, &self.engram_names.present_placeholder)?;
         Ok(StepOutput {
             logits,
             cache: Cache {
                 layers,
                 history,
+                placeholder,
                 len: total,
                 capacity: None,
             },
@@ -320,18 +329,23 @@ impl NeedleSession {
             binding.bind_output(n.present_key.as_str(), &mut kv.key)?;
             binding.bind_output(n.present_value.as_str(), &mut kv.value)?;
         }
-        binding.bind_input(names::PAST_ENGRAM_IDS, &cache.history)?;
+        let e = &self.engram_names;
+        binding.bind_input(e.past_ids.as_str(), &cache.history)?;
+        binding.bind_input(e.past_placeholder.as_str(), &cache.placeholder)?;
         let host = self.session.allocator().memory_info();
         binding.bind_output_to_device(names::LOGITS, host)?;
-        binding.bind_output_to_device(names::PRESENT_ENGRAM_IDS, host)?;
+        binding.bind_output_to_device(e.present_ids.as_str(), host)?;
+        binding.bind_output_to_device(e.present_placeholder.as_str(), host)?;
         let mut outputs = self
             .session
             .run_binding(&binding)
             .context("onnxruntime run failed")?;
         let logits = logits(&outputs)?;
-        let history = take(&mut outputs, names::PRESENT_ENGRAM_IDS)?;
+        let history = take(&mut outputs, &e.present_ids)?;
+        let placeholder = take(&mut outputs, &e.present_placeholder)?;
         drop(outputs);
         cache.history = history;
+        cache.placeholder = placeholder;
         cache.len = total;
         Ok(StepOutput { logits, cache })
     }

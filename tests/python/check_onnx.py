@@ -5,7 +5,7 @@ Usage: check_onnx.py MODEL.onnx CASES.safetensors
 1. `onnx.checker.check_model(full_check=True)` on the file;
 2. loads it in Python onnxruntime (CPU, no custom ops) and feeds every case of the
    upstream fixture (`X.input_ids`, all-ones attention_mask, positions 0..S-1,
-   empty pasts: zero-length KV, a zero past_engram_ids);
+   empty pasts: zero-length KV, zero engram state);
 3. prints one JSON line: per case, the max over rows of
    max|got - ref| / max(1, max|ref|) over the row's real positions; and the
    operator domains the graph's nodes use ("" is ai.onnx).

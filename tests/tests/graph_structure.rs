@@ -91,7 +91,15 @@ fn graphs_are_well_formed_and_follow_the_contract() {
             );
             // m48: 4 engram taps with dilation max(orders) = 4 reach back 16 tokens.
             assert!(inputs.contains(&("position_ids", vec!["batch".into(), "sequence".into()])));
-            assert!(inputs.contains(&("past_engram_ids", vec!["batch".into(), "16".into()])));
+            // The engram state is named as onnxruntime-genai's recurrent state of layer 5.
+            assert!(inputs.contains(&(
+                "past_key_values.5.conv_state",
+                vec!["batch".into(), "16".into()]
+            )));
+            assert!(inputs.contains(&(
+                "past_key_values.5.recurrent_state",
+                vec!["batch".into(), "1".into()]
+            )));
             assert!(inputs.contains(&(
                 "past_key_values.4.value",
                 vec![
@@ -113,7 +121,11 @@ fn graphs_are_well_formed_and_follow_the_contract() {
                     vec!["batch".into(), "sequence".into(), "512".into()]
                 )
             );
-            assert!(outputs.contains(&("present_engram_ids", vec!["batch".into(), "16".into()])));
+            assert!(outputs.contains(&("present.5.conv_state", vec!["batch".into(), "16".into()])));
+            assert!(outputs.contains(&(
+                "present.5.recurrent_state",
+                vec!["batch".into(), "1".into()]
+            )));
             assert!(outputs.contains(&(
                 "present.0.key",
                 vec![

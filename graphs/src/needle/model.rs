@@ -3,7 +3,7 @@
 //! ```text
 //! input_ids ─Gather(embedding)·√d─ Expand(n lanes) ─┬─ layer 0 … layer L−1 ─ mean(lanes) ─ final_norm ─ ·embeddingᵀ ─▶ logits
 //!                                                    │   hc_pre → [engram] → block → hc_post
-//! past_engram_ids ++ input_ids ─ engram hash ────────┘ (engram sites only)
+//! engram history ++ input_ids ─ engram hash ─────────┘ (engram sites only)
 //! position_ids, attention_mask ─ RoPE, attention masks, engram validity (per row)
 //! ```
 //!
@@ -74,7 +74,13 @@ pub fn build(desc: &ExportDescription, w: &Weights) -> ModelProto {
         presents.push(present);
     }
     let logits = b.scope("lm_head", |b| lm_head(b, &ctx, w, embedding.as_ref(), &x));
-    outputs(&mut b, &ctx, &logits, &presents, &next_history);
+    outputs(
+        &mut b,
+        &ctx,
+        &logits,
+        &presents,
+        [&next_history, &inputs.placeholder],
+    );
     b.finish("needle", desc.doc_string(), desc.to_metadata())
 }
 
@@ -84,7 +90,10 @@ struct Inputs {
     mask: Value,
     position_ids: Value,
     pasts: Vec<KvPair>,
+    /// The engram history, `[batch, engram_history]`.
     past_ids: Value,
+    /// The engram state's unused partner, `[batch, 1]` (see `names::EngramState`).
+    placeholder: Value,
 }
 
 fn ids_dims(len: &'static str) -> [Dim; 2] {
@@ -124,13 +133,20 @@ fn inputs(b: &mut GraphBuilder, ctx: &BuildContext) -> Inputs {
             }
         })
         .collect();
-    let past_ids = b.input(names::PAST_ENGRAM_IDS, data_type::INT64, &history_dims(ctx));
+    let state = names::engram_state(ctx.cfg.num_layers);
+    let past_ids = b.input(&state.past_ids, data_type::INT64, &history_dims(ctx));
+    let placeholder = b.input(
+        &state.past_placeholder,
+        data_type::FLOAT,
+        &[Dim::Named(BATCH), Dim::Fixed(1)],
+    );
     Inputs {
         input_ids,
         mask,
         position_ids,
         pasts,
         past_ids,
+        placeholder,
     }
 }
 
@@ -250,7 +266,7 @@ fn outputs(
     ctx: &BuildContext,
     logits: &Value,
     presents: &[KvPair],
-    next_history: &Value,
+    [next_history, placeholder]: [&Value; 2],
 ) {
     let float = b.precision().data_type();
     b.output(
@@ -278,10 +294,17 @@ fn outputs(
             &cache_dims(ctx, TOTAL_SEQUENCE),
         );
     }
+    let state = names::engram_state(ctx.cfg.num_layers);
     b.output(
         next_history,
-        names::PRESENT_ENGRAM_IDS,
+        &state.present_ids,
         data_type::INT64,
         &history_dims(ctx),
+    );
+    b.output(
+        placeholder,
+        &state.present_placeholder,
+        data_type::FLOAT,
+        &[Dim::Named(BATCH), Dim::Fixed(1)],
     );
 }
