@@ -3,6 +3,7 @@
 pub mod cact;
 pub mod cli;
 pub mod export;
+pub mod genai;
 pub mod model;
 pub mod output;
 pub mod tokenizer;

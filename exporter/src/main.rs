@@ -1,6 +1,6 @@
 //! `needle-export MODEL.cact OUT.onnx [--attention fused|reference|both] [--precision fp32|fp16]`
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Parser;
 use exporter::cli::spelled;
@@ -18,7 +18,8 @@ use std::process::ExitCode;
 struct Args {
     /// The Needle 2 `.cact` file.
     model: PathBuf,
-    /// The graph to write; `--attention both` also writes `OUT.reference.onnx`.
+    /// The graph to write; `--attention both` also writes `OUT.reference.onnx`. With
+    /// `--genai`, the folder to write.
     out: PathBuf,
     /// Attention core: onnxruntime's fused kernel, a plain ai.onnx subgraph, or both files.
     #[arg(long, value_parser = attention_targets(), default_value_t = Targets::One(AttentionKind::FUSED))]
@@ -34,6 +35,10 @@ struct Args {
     /// record it; sentencepiece's default is true): drop leading, trailing and repeated spaces.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     remove_extra_whitespaces: bool,
+    /// Write an onnxruntime-genai folder OUT: model.onnx, genai_config.json,
+    /// tokenizer.json, tokenizer_config.json (one attention variant).
+    #[arg(long)]
+    genai: bool,
     /// Replace existing output files.
     #[arg(long)]
     force: bool,
@@ -81,7 +86,11 @@ fn run(args: Args) -> Result<()> {
         Targets::One(kind) => vec![kind],
         Targets::Both => vec![AttentionKind::FUSED, AttentionKind::Reference],
     };
-    let files = ExportFiles::beside(&args.out, &attentions);
+    let files = match (args.genai, attentions.as_slice()) {
+        (false, _) => ExportFiles::beside(&args.out, &attentions),
+        (true, [attention]) => ExportFiles::genai_folder(&args.out, *attention),
+        (true, _) => bail!("--genai writes one graph: choose --attention fused or reference"),
+    };
     files.check(&args.model, args.force)?;
     let model = NeedleModel::read(&args.model)?;
     let tokenizer = NeedleTokenizer::from_spec(&model.tokenizer, args.remove_extra_whitespaces)

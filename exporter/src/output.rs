@@ -1,21 +1,26 @@
-//! The files of one export (each graph and the `tokenizer.json` beside them), checked
-//! before anything is read and written atomically: a temporary file in the destination
-//! directory, renamed into place.
+//! The files of one export (each graph and the `tokenizer.json` beside them, or an
+//! onnxruntime-genai folder), checked before anything is read and written atomically: a
+//! temporary file in the destination directory, renamed into place.
 
 use crate::export::ExportOptions;
+use crate::genai;
 use crate::model::NeedleModel;
-use crate::tokenizer::NeedleTokenizer;
+use crate::tokenizer::{NeedleTokenizer, IM_END};
 use anyhow::{bail, Context, Result};
 use graphs::contract::{AttentionKind, MatMulWeights, Precision, Variant};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Where one export goes: `OUT.onnx` for the first graph, `OUT.reference.onnx` for a
-/// reference graph beside a fused one, `OUT.tokenizer.json` for the tokenizer.
+/// reference graph beside a fused one, `OUT.tokenizer.json` for the tokenizer; or an
+/// onnxruntime-genai folder.
 #[derive(Clone, Debug)]
 pub struct ExportFiles {
     pub graphs: Vec<(AttentionKind, PathBuf)>,
     pub tokenizer: PathBuf,
+    /// The folder of an onnxruntime-genai export (one graph), which also gets
+    /// `genai_config.json` and `tokenizer_config.json`.
+    pub genai_dir: Option<PathBuf>,
 }
 
 impl ExportFiles {
@@ -32,17 +37,37 @@ impl ExportFiles {
         ExportFiles {
             graphs,
             tokenizer: out.with_extension("tokenizer.json"),
+            genai_dir: None,
         }
     }
 
-    fn paths(&self) -> impl Iterator<Item = &Path> {
-        let graphs = self.graphs.iter().map(|(_, p)| p.as_path());
-        graphs.chain([self.tokenizer.as_path()])
+    /// An onnxruntime-genai folder `dir` with the `attention` graph as `model.onnx`.
+    pub fn genai_folder(dir: &Path, attention: AttentionKind) -> Self {
+        ExportFiles {
+            graphs: vec![(attention, dir.join(genai::MODEL_FILE))],
+            tokenizer: dir.join(genai::TOKENIZER_FILE),
+            genai_dir: Some(dir.to_path_buf()),
+        }
+    }
+
+    /// `genai_config.json` and `tokenizer_config.json` of a genai folder.
+    fn genai_files(&self) -> Vec<PathBuf> {
+        let configs = [genai::CONFIG_FILE, genai::TOKENIZER_CONFIG_FILE];
+        let dir = self.genai_dir.iter();
+        dir.flat_map(|d| configs.map(|f| d.join(f))).collect()
+    }
+
+    fn paths(&self) -> Vec<PathBuf> {
+        let graphs = self.graphs.iter().map(|(_, p)| p.clone());
+        graphs
+            .chain([self.tokenizer.clone()])
+            .chain(self.genai_files())
+            .collect()
     }
 
     /// Refuses to write over `input`, and over an existing file unless `force`.
     pub fn check(&self, input: &Path, force: bool) -> Result<()> {
-        for out in self.paths() {
+        for out in &self.paths() {
             if let (Ok(a), Ok(b)) = (input.canonicalize(), out.canonicalize()) {
                 if a == b {
                     bail!("{}: refusing to write over the input model", out.display());
@@ -69,6 +94,10 @@ impl ExportFiles {
         matmul_weights: MatMulWeights,
     ) -> Result<Vec<(PathBuf, usize)>> {
         let tokenizer_file = file_name(&self.tokenizer);
+        if let Some(dir) = &self.genai_dir {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("{}: cannot create the folder", dir.display()))?;
+        }
         let mut written = Vec::new();
         for (attention, path) in &self.graphs {
             let opts = ExportOptions {
@@ -84,6 +113,14 @@ impl ExportFiles {
             write_atomically(path, &onnx)
                 .with_context(|| format!("{}: cannot write", path.display()))?;
             written.push((path.clone(), onnx.len()));
+            if self.genai_dir.is_some() {
+                written.extend(write_genai_configs(
+                    model,
+                    tokenizer,
+                    &opts,
+                    &self.genai_files(),
+                )?);
+            }
         }
         let json = tokenizer.to_json();
         write_atomically(&self.tokenizer, json.as_bytes())
@@ -91,6 +128,43 @@ impl ExportFiles {
         written.push((self.tokenizer.clone(), json.len()));
         Ok(written)
     }
+}
+
+/// The genai config files for the graph `opts` exports, into `paths` (config, tokenizer config).
+fn write_genai_configs(
+    model: &NeedleModel,
+    tokenizer: &NeedleTokenizer,
+    opts: &ExportOptions,
+    paths: &[PathBuf],
+) -> Result<Vec<(PathBuf, usize)>> {
+    let desc = model.describe(opts);
+    let t = &desc.tokenizer;
+    let mut stop_ids = vec![t.eos_id];
+    stop_ids.extend(tokenizer.token_id(IM_END));
+    let piece = |id: u32| {
+        let pieces = &model.tokenizer.pieces;
+        pieces
+            .get(id as usize)
+            .map(|p| p.text.clone())
+            .unwrap_or_default()
+    };
+    let special = genai::SpecialPieces {
+        bos: piece(t.bos_id),
+        eos: piece(t.eos_id),
+        unk: piece(t.unk_id),
+        pad: piece(t.pad_id),
+    };
+    let texts = [
+        genai::config(&desc, &stop_ids),
+        genai::tokenizer_config(&desc, &special),
+    ];
+    let mut written = Vec::new();
+    for (path, text) in paths.iter().zip(texts) {
+        write_atomically(path, text.as_bytes())
+            .with_context(|| format!("{}: cannot write", path.display()))?;
+        written.push((path.clone(), text.len()));
+    }
+    Ok(written)
 }
 
 /// The last component of `p`, or "" when it has none.

@@ -38,6 +38,11 @@ pub struct SpecialIds {
     pub unk: u32,
 }
 
+/// Opens a chat turn (a user-defined piece of every Needle tokenizer).
+pub const IM_START: &str = "<|im_start|>";
+/// Closes a chat turn; tool-mode generation stops at it.
+pub const IM_END: &str = "<|im_end|>";
+
 /// A SentencePiece BPE tokenizer built from a `.cact` tokenizer blob.
 pub struct NeedleTokenizer {
     inner: Tokenizer,

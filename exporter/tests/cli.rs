@@ -172,3 +172,33 @@ fn an_invalid_model_is_one_error_line_and_no_output() {
         );
     }
 }
+
+#[test]
+fn genai_writes_one_folder_and_refuses_two_graphs_or_overwrites() {
+    let dir = scratch("genai-cli").join("folder");
+    let o = export(&[&fixture("m64.cact"), &dir, Path::new("--genai")]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for file in [
+        "model.onnx",
+        "genai_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        assert!(dir.join(file).is_file(), "{file} missing");
+    }
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("genai_config.json")).unwrap()).unwrap();
+    assert_eq!(config["model"]["decoder"]["num_hidden_layers"], 4);
+    let again = export(&[&fixture("m64.cact"), &dir, Path::new("--genai")]);
+    assert!(String::from_utf8_lossy(&again.stderr).contains("--force"));
+    let both = export(&[
+        &fixture("m64.cact"),
+        &dir,
+        Path::new("--genai"),
+        Path::new("--attention"),
+        Path::new("both"),
+        Path::new("--force"),
+    ]);
+    assert!(!both.status.success());
+    assert!(String::from_utf8_lossy(&both.stderr).contains("one graph"));
+}

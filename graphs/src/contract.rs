@@ -65,11 +65,20 @@ pub mod names {
 
     /// The cache names of layer `i`.
     pub fn layer_cache(i: usize) -> LayerCache {
+        layer_cache_named(&i.to_string())
+    }
+
+    /// The cache names with `%d` for the layer, as onnxruntime-genai's config takes them.
+    pub fn layer_cache_template() -> LayerCache {
+        layer_cache_named("%d")
+    }
+
+    fn layer_cache_named(layer: &str) -> LayerCache {
         LayerCache {
-            past_key: format!("{PAST_KV_PREFIX}{i}.key"),
-            past_value: format!("{PAST_KV_PREFIX}{i}.value"),
-            present_key: format!("{PRESENT_KV_PREFIX}{i}.key"),
-            present_value: format!("{PRESENT_KV_PREFIX}{i}.value"),
+            past_key: format!("{PAST_KV_PREFIX}{layer}.key"),
+            past_value: format!("{PAST_KV_PREFIX}{layer}.value"),
+            present_key: format!("{PRESENT_KV_PREFIX}{layer}.key"),
+            present_value: format!("{PRESENT_KV_PREFIX}{layer}.value"),
         }
     }
 }

@@ -9,10 +9,7 @@
 
 use serde_json::Value;
 
-/// Opens a chat turn.
-pub const IM_START: &str = "<|im_start|>";
-/// Closes a chat turn; tool-mode generation stops at it.
-pub const IM_END: &str = "<|im_end|>";
+pub use exporter::tokenizer::{IM_END, IM_START};
 const THINK_START: &str = "<think>";
 const THINK_END: &str = "</think>";
 const TOOLS_START: &str = "<tools>";

@@ -7,7 +7,7 @@ use graphs::contract::{AttentionKind, MatMulWeights, Precision, Variant};
 use runner::provider::Provider;
 use runner::session::NeedleSession;
 use safetensors::SafeTensors;
-pub use test_support::{fixture, python, read_fixture, repo_root, scratch};
+pub use test_support::{fixture, python, python_in, read_fixture, repo_root, scratch};
 
 /// The conformance models (upstream fixtures) and the sliding-window model.
 pub const MODELS: [&str; 4] = ["m48", "m64", "m96", "m64w"];

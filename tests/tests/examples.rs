@@ -11,11 +11,13 @@ use std::process::Command;
 
 const PYTHON_EXAMPLE: &str = "examples/python/greedy.py";
 const NODE_EXAMPLE: &str = "examples/node/greedy.mjs";
+/// Run by `genai.rs`.
+const GENAI_EXAMPLE: &str = "examples/genai/generate.py";
 
 #[test]
 fn the_readme_shows_the_examples_as_they_are() {
     let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
-    for example in [PYTHON_EXAMPLE, NODE_EXAMPLE] {
+    for example in [PYTHON_EXAMPLE, NODE_EXAMPLE, GENAI_EXAMPLE] {
         let code = std::fs::read_to_string(repo_root().join(example)).unwrap();
         assert!(
             readme.contains(&code),

@@ -1,0 +1,100 @@
+//! The onnxruntime-genai flavour of an export: the `genai_config.json` and
+//! `tokenizer_config.json` beside `model.onnx` and `tokenizer.json` that make a folder
+//! stock onnxruntime-genai runs. The graph is the same one plain onnxruntime callers get:
+//! genai carries the KV cache and, because of how it is named, the engram state itself.
+
+use graphs::contract::names::{self, layer_cache_template};
+use graphs::contract::ExportDescription;
+use serde_json::{json, Value};
+
+/// The graph's file name inside a genai folder.
+pub const MODEL_FILE: &str = "model.onnx";
+/// The tokenizer's file name inside a genai folder (genai looks for it there).
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+pub const CONFIG_FILE: &str = "genai_config.json";
+pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+
+/// `genai_config.json` for the graph `desc` describes. Generation stops at any of
+/// `stop_ids` (EOS, and the end of an assistant turn); greedy search by default.
+pub fn config(desc: &ExportDescription, stop_ids: &[u32]) -> String {
+    let c = &desc.config;
+    let cache = layer_cache_template();
+    let config = json!({
+        "model": {
+            "bos_token_id": desc.tokenizer.bos_id,
+            "eos_token_id": stop_ids,
+            "pad_token_id": desc.tokenizer.pad_id,
+            "context_length": c.max_seq_len,
+            "vocab_size": c.vocab,
+            "type": "decoder",
+            "decoder": {
+                "filename": MODEL_FILE,
+                "head_size": c.head_dim,
+                "hidden_size": c.d_model,
+                "num_attention_heads": c.num_heads,
+                "num_key_value_heads": c.num_kv_heads,
+                "num_hidden_layers": c.num_layers,
+                "session_options": {"log_id": "needle", "provider_options": []},
+                "inputs": {
+                    "input_ids": names::INPUT_IDS,
+                    "attention_mask": names::ATTENTION_MASK,
+                    "position_ids": names::POSITION_IDS,
+                    "past_key_names": cache.past_key,
+                    "past_value_names": cache.past_value,
+                },
+                "outputs": {
+                    "logits": names::LOGITS,
+                    "present_key_names": cache.present_key,
+                    "present_value_names": cache.present_value,
+                },
+            },
+        },
+        "search": {
+            "do_sample": false,
+            "early_stopping": true,
+            "max_length": c.max_seq_len,
+            "min_length": 0,
+            "num_beams": 1,
+            "num_return_sequences": 1,
+            "past_present_share_buffer": desc.past_present_share_buffer,
+            "repetition_penalty": 1.0,
+            "temperature": 1.0,
+            "top_k": 1,
+            "top_p": 1.0,
+        },
+    });
+    pretty(&config)
+}
+
+/// `tokenizer_config.json`, which genai needs to start. Genai's own tokenizer does not
+/// split Needle's tool prompts like sentencepiece does (README), so callers should pass
+/// token ids from `tokenizer.json` read by HF `tokenizers`; the BOS is the caller's to add,
+/// as `needle-run` adds it.
+pub fn tokenizer_config(desc: &ExportDescription, special: &SpecialPieces) -> String {
+    pretty(&json!({
+        "tokenizer_class": "LlamaTokenizer",
+        "add_bos_token": false,
+        "add_eos_token": false,
+        "bos_token": special.bos,
+        "eos_token": special.eos,
+        "unk_token": special.unk,
+        "pad_token": special.pad,
+        "model_max_length": desc.config.max_seq_len,
+        "clean_up_tokenization_spaces": false,
+        "legacy": false,
+    }))
+}
+
+/// The spellings of the special pieces.
+pub struct SpecialPieces {
+    pub bos: String,
+    pub eos: String,
+    pub unk: String,
+    pub pad: String,
+}
+
+fn pretty(v: &Value) -> String {
+    let mut text = serde_json::to_string_pretty(v).expect("JSON values serialize");
+    text.push('\n');
+    text
+}
