@@ -222,19 +222,18 @@ impl NeedleSession {
     /// (all-ones attention mask, positions continuing each row).
     pub fn forward(&mut self, input_ids: &[i64], batch: usize, cache: Cache) -> Result<StepOutput> {
         let step = StepInputs::dense(input_ids, batch, cache.len);
-        self.step(&step, cache)
+        self.step(step, cache)
     }
 
     /// Runs one step of `inputs` after `cache` (rows of different lengths padded on the
     /// right, see [`StepInputs`]).
-    pub fn step(&mut self, inputs: &StepInputs, cache: Cache) -> Result<StepOutput> {
+    pub fn step(&mut self, inputs: StepInputs, cache: Cache) -> Result<StepOutput> {
         let StepInputs {
             input_ids,
             attention_mask,
             position_ids,
             batch,
         } = inputs;
-        let batch = *batch;
         if batch == 0 || !input_ids.len().is_multiple_of(batch) {
             bail!(
                 "input_ids of length {} do not split into {batch} rows",
@@ -263,9 +262,9 @@ impl NeedleSession {
             ),
             _ => {}
         }
-        let ids = Tensor::<i64>::from_array(([batch, seq], input_ids.clone()))?;
-        let mask = Tensor::<i64>::from_array(([batch, total], attention_mask.clone()))?;
-        let positions = Tensor::<i64>::from_array(([batch, seq], position_ids.clone()))?;
+        let ids = Tensor::<i64>::from_array(([batch, seq], input_ids))?;
+        let mask = Tensor::<i64>::from_array(([batch, total], attention_mask))?;
+        let positions = Tensor::<i64>::from_array(([batch, seq], position_ids))?;
         if cache.capacity.is_some() {
             return self.forward_in_place(ids, mask, positions, cache, total);
         }

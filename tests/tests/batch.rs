@@ -76,7 +76,7 @@ fn batched(
         position_ids: positions,
         batch,
     };
-    let mut step = s.step(&inputs, c).unwrap();
+    let mut step = s.step(inputs, c).unwrap();
     let prefill = step.logits.clone();
     let mut rows: Vec<Vec<i64>> = mask.chunks(longest).map(<[i64]>::to_vec).collect();
     let mut decode = Vec::new();
@@ -96,7 +96,7 @@ fn batched(
             position_ids: positions,
             batch,
         };
-        step = s.step(&inputs, step.cache).unwrap();
+        step = s.step(inputs, step.cache).unwrap();
         decode.push(step.logits.clone());
     }
     (prefill, decode)
