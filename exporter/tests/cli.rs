@@ -45,13 +45,13 @@ fn check_in(venv: &str, graph: &Path, model: &str, bound: f64) -> Vec<serde_json
 /// Exports `model` with `--attention both` and `extra` flags into `dir`: (fused, reference).
 fn export_both(dir: &Path, model: &str, extra: &[&str]) -> (PathBuf, PathBuf) {
     let out = dir.join(format!("{model}.onnx"));
-    let o = Command::new(env!("CARGO_BIN_EXE_needle-export"))
-        .arg(fixture(&format!("{model}.cact")))
-        .arg(&out)
-        .args(["--attention", "both", "--force"])
-        .args(extra)
-        .output()
-        .unwrap();
+    let cact = fixture(&format!("{model}.cact"));
+    let flags = ["--attention", "both", "--force"].iter().chain(extra);
+    let args: Vec<&Path> = [cact.as_path(), &out]
+        .into_iter()
+        .chain(flags.map(Path::new))
+        .collect();
+    let o = export(&args);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     (out, dir.join(format!("{model}.reference.onnx")))
 }
