@@ -56,6 +56,51 @@ pub struct KvPair {
     pub value: Value,
 }
 
+/// The head layout of one attention: `heads` query heads of width `qk_dim` over
+/// `kv_heads` key heads of width `qk_dim` and value heads of width `v_dim`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub qk_dim: usize,
+    pub v_dim: usize,
+}
+
+impl HeadShape {
+    /// Needle 2: one head width for queries, keys and values.
+    pub fn of(cfg: &Config) -> Self {
+        HeadShape {
+            heads: cfg.num_heads,
+            kv_heads: cfg.num_kv_heads,
+            qk_dim: cfg.head_dim,
+            v_dim: cfg.head_dim,
+        }
+    }
+
+    /// The head width `GroupQueryAttention` runs at: it takes one width for q, k and v,
+    /// so the narrower ones are zero-padded to the wider (upstream's flash path does the
+    /// same), which leaves every score and output unchanged.
+    pub fn fused_dim(self) -> usize {
+        self.qk_dim.max(self.v_dim)
+    }
+
+    /// Width of the cached keys in `attention`'s variant.
+    pub fn cached_key_dim(self, attention: AttentionKind) -> usize {
+        match attention {
+            AttentionKind::Fused(_) => self.fused_dim(),
+            AttentionKind::Reference => self.qk_dim,
+        }
+    }
+
+    /// Width of the cached values in `attention`'s variant.
+    pub fn cached_value_dim(self, attention: AttentionKind) -> usize {
+        match attention {
+            AttentionKind::Fused(_) => self.fused_dim(),
+            AttentionKind::Reference => self.v_dim,
+        }
+    }
+}
+
 /// RoPE tables for the new positions and the core's mask inputs, built once, per row:
 /// `position_ids` `[batch, sequence]` is each new token's position in its own row and
 /// `mask` `[batch, total_sequence]` says which cached and new columns are real.
@@ -66,11 +111,33 @@ pub fn attention_ctx(
     position_ids: &Value,
 ) -> AttentionCtx {
     let cfg = ctx.cfg;
-    let (cos_table, sin_table) = rope_tables(cfg);
-    let half = cfg.head_dim / 2;
-    let cos = b.const_float(&[cfg.max_seq_len, half], &cos_table);
-    let sin = b.const_float(&[cfg.max_seq_len, half], &sin_table);
-    let rope = if ctx.kernels.rotary_embedding {
+    let rope = rope(
+        b,
+        ctx,
+        cfg.head_dim,
+        cfg.max_seq_len,
+        cfg.rope_theta,
+        position_ids,
+    );
+    let core = core_inputs(b, ctx, mask, position_ids, effective_window(cfg));
+    AttentionCtx { rope, core }
+}
+
+/// The rotary tables of `head_dim`-wide heads for `position_ids`, in the form the
+/// build's kernels take.
+pub fn rope<C>(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext<C>,
+    head_dim: usize,
+    max_seq_len: usize,
+    theta: f32,
+    position_ids: &Value,
+) -> Rope {
+    let (cos_table, sin_table) = rope_tables(head_dim, max_seq_len, theta);
+    let half = head_dim / 2;
+    let cos = b.const_float(&[max_seq_len, half], &cos_table);
+    let sin = b.const_float(&[max_seq_len, half], &sin_table);
+    if ctx.kernels.rotary_embedding {
         Rope::Kernel {
             cos_cache: cos,
             sin_cache: sin,
@@ -83,10 +150,20 @@ pub fn attention_ctx(
             cos: b.unsqueeze(&cos, &[2]),
             sin: b.unsqueeze(&sin, &[2]),
         }
-    };
-    let window = effective_window(cfg);
+    }
+}
+
+/// The core's mask-derived inputs for keys within `window` positions (`None`: all
+/// earlier keys).
+pub fn core_inputs<C>(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext<C>,
+    mask: &Value,
+    position_ids: &Value,
+    window: Option<usize>,
+) -> CoreInputs {
     let one = b.scalar_i64(1);
-    let core = match ctx.variant.attention {
+    match ctx.variant.attention {
         AttentionKind::Fused(op) => {
             // GroupQueryAttention keeps each row's keys packed from slot 0, so only the
             // count of real columns matters. An all-padding row would give -1, which the
@@ -138,8 +215,7 @@ pub fn attention_ctx(
             b.declare(&visible, data_type::BOOL, &dims);
             CoreInputs::Reference { visible }
         }
-    };
-    AttentionCtx { rope, core }
+    }
 }
 
 /// The sliding window when it can bind (shorter than `max_seq_len`).
@@ -149,17 +225,17 @@ fn effective_window(cfg: &Config) -> Option<usize> {
 
 /// `cos`/`sin` of `t · inv_freq` for `t < max_seq_len`, `[max_seq_len, head_dim/2]`,
 /// with upstream's float32 steps: `inv_freq = 1 / θ^(2i/hd)`, angle `f32(t) · inv_freq`.
-pub fn rope_tables(cfg: &Config) -> (Vec<f32>, Vec<f32>) {
-    let half = cfg.head_dim / 2;
+pub fn rope_tables(head_dim: usize, max_seq_len: usize, theta: f32) -> (Vec<f32>, Vec<f32>) {
+    let half = head_dim / 2;
     let inv_freq: Vec<f32> = (0..half)
         .map(|i| {
-            let exponent = (2 * i) as f32 / cfg.head_dim as f32;
-            1.0f32 / ((cfg.rope_theta as f64).powf(exponent as f64) as f32)
+            let exponent = (2 * i) as f32 / head_dim as f32;
+            1.0f32 / ((theta as f64).powf(exponent as f64) as f32)
         })
         .collect();
-    let mut cos = Vec::with_capacity(cfg.max_seq_len * half);
-    let mut sin = Vec::with_capacity(cfg.max_seq_len * half);
-    for t in 0..cfg.max_seq_len {
+    let mut cos = Vec::with_capacity(max_seq_len * half);
+    let mut sin = Vec::with_capacity(max_seq_len * half);
+    for t in 0..max_seq_len {
         for f in &inv_freq {
             let angle = (t as f32 * f) as f64;
             cos.push(angle.cos() as f32);
@@ -219,11 +295,11 @@ pub fn attention(
                 seqlens_k,
                 total_len,
                 *local_window,
-                cfg,
+                HeadShape::of(cfg),
             )
         }),
         CoreInputs::Reference { visible } => b.scope("sdpa", |b| {
-            reference_core(b, [&q, &k, &v], past, visible, cfg)
+            reference_core(b, [&q, &k, &v], past, visible, HeadShape::of(cfg))
         }),
     };
     let gate = b.sigmoid(&gate);
@@ -232,9 +308,9 @@ pub fn attention(
 }
 
 /// `x @ W^T` for a `.cact` matrix `W` stored `[out, in]`; the initializer is `[in, out]`.
-pub fn projection(
+pub fn projection<C>(
     b: &mut GraphBuilder,
-    ctx: &BuildContext,
+    ctx: &BuildContext<C>,
     x: &Value,
     name: &str,
     w: &Tensor,
@@ -245,9 +321,9 @@ pub fn projection(
 /// `x @ W_i^T` for several matrices with the same input: one MatMul over their
 /// concatenation (initializer `[in, Σ out_i]`), then a Split, so `x` is read once.
 /// With block-quantized MatMul weights, the concatenation is one `MatMulNBits`.
-pub fn projections(
+pub fn projections<C>(
     b: &mut GraphBuilder,
-    ctx: &BuildContext,
+    ctx: &BuildContext<C>,
     x: &Value,
     name: &str,
     ws: &[&Tensor],
@@ -298,7 +374,7 @@ fn split_last(b: &mut GraphBuilder, y: &Value, sizes: &[usize]) -> Vec<Value> {
 
 /// `[x1·cos − x2·sin, x2·cos + x1·sin]` over the halves of each head of `[B,S,N,hd]`;
 /// returns `[B,S,N·hd]`.
-fn rotate_half_rope(
+pub fn rotate_half_rope(
     b: &mut GraphBuilder,
     x: &Value,
     rope: &Rope,
@@ -339,25 +415,41 @@ fn rotate_half_rope(
     }
 }
 
-/// `GroupQueryAttention` on `[B,S,N·hd]` inputs; the cache stays BNSH.
-fn gqa_core(
+/// `GroupQueryAttention` on `[B,S,N·hd]` inputs; the cache stays BNSH. With unequal
+/// q/k and v widths every head is zero-padded to [`HeadShape::fused_dim`] and the score
+/// scale stays `1/√qk_dim`; the output is cut back to `v_dim` per head.
+pub fn gqa_core(
     b: &mut GraphBuilder,
     [q, k, v]: [&Value; 3],
     past: &KvPair,
     seqlens_k: &Value,
     total_len: &Value,
     local_window: Option<usize>,
-    cfg: &Config,
+    shape: HeadShape,
 ) -> (Value, KvPair) {
-    let (h, kv) = (cfg.num_heads as i64, cfg.num_kv_heads as i64);
+    let (h, kv) = (shape.heads as i64, shape.kv_heads as i64);
+    let fused = shape.fused_dim();
     let mut attrs = vec![("num_heads", Attr::Int(h)), ("kv_num_heads", Attr::Int(kv))];
     if let Some(w) = local_window {
         attrs.push(("local_window_size", Attr::Int(w as i64)));
     }
+    let (q, k) = if shape.qk_dim < fused {
+        attrs.push(("scale", Attr::Float(1.0 / (shape.qk_dim as f32).sqrt())));
+        let q = pad_heads(b, q, shape.heads, shape.qk_dim, fused);
+        let k = pad_heads(b, k, shape.kv_heads, shape.qk_dim, fused);
+        (q, k)
+    } else {
+        (q.clone(), k.clone())
+    };
+    let v = if shape.v_dim < fused {
+        pad_heads(b, v, shape.kv_heads, shape.v_dim, fused)
+    } else {
+        v.clone()
+    };
     let mut outs = b.op_in(
         MS_DOMAIN,
         "GroupQueryAttention",
-        &[q, k, v, &past.key, &past.value, seqlens_k, total_len],
+        &[&q, &k, &v, &past.key, &past.value, seqlens_k, total_len],
         attrs,
         3,
     );
@@ -371,58 +463,74 @@ fn gqa_core(
         &[
             Dim::Named(BATCH),
             Dim::Named(SEQUENCE),
-            Dim::Fixed(cfg.num_heads * cfg.head_dim),
+            Dim::Fixed(shape.heads * fused),
         ],
     );
+    let out = if shape.v_dim < fused {
+        let out = b.reshape(&out, &[0, 0, h, fused as i64]);
+        let out = b.slice(&out, 3, 0, shape.v_dim as i64);
+        b.reshape(&out, &[0, 0, h * shape.v_dim as i64])
+    } else {
+        out
+    };
     let pair = KvPair { key, value };
-    declare_present(b, &pair, cfg);
+    let dim = |_| fused;
+    declare_present(b, &pair, shape.kv_heads, [dim(0), dim(1)]);
     (out, pair)
 }
 
-/// Plain scaled-dot-product attention with grouped KV heads (q, k, v `[B,S,N·hd]`):
+/// `[B,S,n·from]` heads zero-padded to `[B,S,n·to]`.
+fn pad_heads(b: &mut GraphBuilder, x: &Value, n: usize, from: usize, to: usize) -> Value {
+    let x = b.reshape(x, &[0, 0, n as i64, from as i64]);
+    let x = b.pad_back(&x, 4, 3, (to - from) as i64);
+    b.reshape(&x, &[0, 0, (n * to) as i64])
+}
+
+/// Plain scaled-dot-product attention with grouped KV heads (q, k `[B,S,N·qk]`, v `[B,S,KV·v]`):
 ///
 /// ```text
-/// q [B,S,H,hd] ─T─ [B,KV,rep,S,hd] ─MatMul(Kᵀ)─ /√hd ─Where(visible)─ Softmax ─MatMul(V)─ [B,S,H·hd]
-/// k,v [B,S,KV,hd] ─T─ Concat(past) ─▶ present [B,KV,T,hd]
+/// q [B,S,H,qk] ─T─ [B,KV,rep,S,qk] ─MatMul(Kᵀ)─ /√qk ─Where(visible)─ Softmax ─MatMul(V)─ [B,S,H·v]
+/// k,v [B,S,KV,·] ─T─ Concat(past) ─▶ present [B,KV,T,·]
 /// ```
-fn reference_core(
+pub fn reference_core(
     b: &mut GraphBuilder,
     [q, k, v]: [&Value; 3],
     past: &KvPair,
     visible: &Value,
-    cfg: &Config,
+    shape: HeadShape,
 ) -> (Value, KvPair) {
-    let (h, kv, hd) = (
-        cfg.num_heads as i64,
-        cfg.num_kv_heads as i64,
-        cfg.head_dim as i64,
+    let (h, kv, qk, vd) = (
+        shape.heads as i64,
+        shape.kv_heads as i64,
+        shape.qk_dim as i64,
+        shape.v_dim as i64,
     );
-    let k = b.reshape(k, &[0, 0, kv, hd]);
-    let v = b.reshape(v, &[0, 0, kv, hd]);
+    let k = b.reshape(k, &[0, 0, kv, qk]);
+    let v = b.reshape(v, &[0, 0, kv, vd]);
     let k_new = b.transpose(&k, &[0, 2, 1, 3]);
     let v_new = b.transpose(&v, &[0, 2, 1, 3]);
     let key = b.concat(&[&past.key, &k_new], 2);
     let value = b.concat(&[&past.value, &v_new], 2);
     let present = KvPair { key, value };
-    declare_present(b, &present, cfg);
+    declare_present(b, &present, shape.kv_heads, [shape.qk_dim, shape.v_dim]);
     let KvPair { key, value } = present;
 
-    let q = b.reshape(q, &[0, 0, h, hd]);
+    let q = b.reshape(q, &[0, 0, h, qk]);
     let q = b.transpose(&q, &[0, 2, 1, 3]);
-    let q = b.reshape(&q, &[0, kv, h / kv, -1, hd]);
+    let q = b.reshape(&q, &[0, kv, h / kv, -1, qk]);
     let float = b.precision().data_type();
     let dims = [
         Dim::Named(BATCH),
-        Dim::Fixed(cfg.num_kv_heads),
-        Dim::Fixed(cfg.num_heads / cfg.num_kv_heads),
+        Dim::Fixed(shape.kv_heads),
+        Dim::Fixed(shape.heads / shape.kv_heads),
         Dim::Named(SEQUENCE),
-        Dim::Fixed(cfg.head_dim),
+        Dim::Fixed(shape.qk_dim),
     ];
     b.declare(&q, float, &dims);
     let kt = b.transpose(&key, &[0, 1, 3, 2]);
     let kt = b.unsqueeze(&kt, &[2]);
     let scores = b.matmul(&q, &kt);
-    let scale = b.scalar_float((cfg.head_dim as f32).sqrt());
+    let scale = b.scalar_float((shape.qk_dim as f32).sqrt());
     let scores = b.div(&scores, &scale);
     let lowest = b.scalar_float(match b.precision() {
         Precision::Fp32 => f32::MIN,
@@ -432,28 +540,29 @@ fn reference_core(
     let probs = b.softmax(&scores, -1);
     let v5 = b.unsqueeze(&value, &[2]);
     let out = b.matmul(&probs, &v5);
-    let out = b.reshape(&out, &[0, h, -1, hd]);
+    let out = b.reshape(&out, &[0, h, -1, vd]);
     let dims = [
         Dim::Named(BATCH),
-        Dim::Fixed(cfg.num_heads),
+        Dim::Fixed(shape.heads),
         Dim::Named(SEQUENCE),
-        Dim::Fixed(cfg.head_dim),
+        Dim::Fixed(shape.v_dim),
     ];
     b.declare(&out, float, &dims);
     let out = b.transpose(&out, &[0, 2, 1, 3]);
-    let out = b.reshape(&out, &[0, 0, h * hd]);
+    let out = b.reshape(&out, &[0, 0, h * vd]);
     (out, KvPair { key, value })
 }
 
-/// `[batch, num_kv_heads, total_sequence, head_dim]` on both present tensors.
-fn declare_present(b: &mut GraphBuilder, present: &KvPair, cfg: &Config) {
+/// `[batch, kv_heads, total_sequence, width]` on both present tensors (`[key, value]` widths).
+fn declare_present(b: &mut GraphBuilder, present: &KvPair, kv_heads: usize, widths: [usize; 2]) {
     let float = b.precision().data_type();
-    let dims = [
-        Dim::Named(BATCH),
-        Dim::Fixed(cfg.num_kv_heads),
-        Dim::Named(TOTAL_SEQUENCE),
-        Dim::Fixed(cfg.head_dim),
-    ];
-    b.declare(&present.key, float, &dims);
-    b.declare(&present.value, float, &dims);
+    for (t, width) in [&present.key, &present.value].into_iter().zip(widths) {
+        let dims = [
+            Dim::Named(BATCH),
+            Dim::Fixed(kv_heads),
+            Dim::Named(TOTAL_SEQUENCE),
+            Dim::Fixed(width),
+        ];
+        b.declare(t, float, &dims);
+    }
 }

@@ -42,23 +42,88 @@ impl Kernels {
     }
 }
 
-/// Everything the model functions need besides the builder and the weights.
-pub struct BuildContext<'a> {
-    pub cfg: &'a Config,
+/// Everything the model functions need besides the builder and the weights. `C` is the
+/// generation's config; the blocks both generations share read [`SharedGeometry`] only.
+pub struct BuildContext<'a, C = Config> {
+    pub cfg: &'a C,
     pub variant: Variant,
     pub kernels: Kernels,
+    pub shared: SharedGeometry,
 }
 
-impl<'a> BuildContext<'a> {
+/// The geometry of the blocks Needle 2 and 3 share: the hyper-connection stream and
+/// the engram memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SharedGeometry {
+    pub d_model: usize,
+    pub mhc_lanes: usize,
+    pub engram: EngramGeometry,
+}
+
+/// The engram memory's geometry (see `engram.rs`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngramGeometry {
+    pub orders: Vec<usize>,
+    /// `len(orders) * heads`.
+    pub num_tables: usize,
+    pub slots: usize,
+    pub sub_dim: usize,
+    pub conv_taps: usize,
+    /// `max(orders)`.
+    pub dilation: usize,
+    /// Hash seeds of order `o`, head `h` are `SEED · (o·stride + h + 1)`: `heads` in
+    /// Needle 2, `engram_seed_heads` (when set) in Needle 3.
+    pub seed_stride: usize,
+}
+
+impl EngramGeometry {
+    /// Tables per order.
+    pub fn heads(&self) -> usize {
+        self.num_tables / self.orders.len()
+    }
+
+    /// Tokens before the first new one that the n-grams and taps reach back.
+    pub fn history(&self) -> usize {
+        self.conv_taps * self.dilation
+    }
+}
+
+/// A generation's config, as the shared blocks see it.
+pub trait Geometry {
+    fn shared(&self) -> SharedGeometry;
+}
+
+impl Geometry for Config {
+    fn shared(&self) -> SharedGeometry {
+        SharedGeometry {
+            d_model: self.d_model,
+            mhc_lanes: self.mhc_lanes,
+            engram: EngramGeometry {
+                orders: self.engram_orders.clone(),
+                num_tables: self.num_engram_tables,
+                slots: self.engram_slots,
+                sub_dim: self.engram_sub_dim,
+                conv_taps: self.engram_conv_taps,
+                dilation: self.engram_conv_dilation,
+                seed_stride: self.num_engram_tables / self.engram_orders.len(),
+            },
+        }
+    }
+}
+
+impl<'a, C: Geometry> BuildContext<'a, C> {
     /// The context of one build of `variant` over `cfg`.
-    pub fn new(cfg: &'a Config, variant: Variant) -> Self {
+    pub fn new(cfg: &'a C, variant: Variant) -> Self {
         BuildContext {
             cfg,
             variant,
             kernels: Kernels::for_attention(variant.attention),
+            shared: cfg.shared(),
         }
     }
+}
 
+impl<C> BuildContext<'_, C> {
     /// Whether the large MatMuls are block-quantized, and how.
     pub fn matmul_weights(&self) -> MatMulWeights {
         self.variant.matmul_weights

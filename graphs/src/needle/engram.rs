@@ -23,8 +23,9 @@ use crate::builder::{Attr, Dim, GraphBuilder, Value};
 use crate::contract::dims::{BATCH, ENGRAM_WINDOW, SEQUENCE};
 use crate::needle::attention::projection;
 use crate::needle::block_quant::gather_table;
+use crate::needle::context::EngramGeometry;
 use crate::needle::norms::rms_unit;
-use crate::needle::{BuildContext, Config, EngramWeights};
+use crate::needle::{BuildContext, EngramWeights};
 use crate::onnx::data_type;
 
 const SEED: u64 = 0x9E37_79B9;
@@ -32,7 +33,7 @@ const PRIME: i64 = 0x0100_0193;
 const MASK32: i64 = 0xFFFF_FFFF;
 
 /// Token ids and validity of the last `W + sequence` positions of each row, where
-/// `W = conv_taps · dilation` ([`Config::engram_history`]) is the history the n-grams and
+/// `W = conv_taps · dilation` ([`EngramGeometry::history`]) is the history the n-grams and
 /// taps reach back.
 pub struct EngramWindow {
     /// `[batch, W + sequence]` int64.
@@ -48,14 +49,14 @@ pub struct EngramKv {
 }
 
 /// Flat table row per (position, table): `[batch, W + sequence, num_tables]` int64.
-pub fn hashed_rows(b: &mut GraphBuilder, ids: &Value, cfg: &Config) -> Value {
+pub fn hashed_rows(b: &mut GraphBuilder, ids: &Value, e: &EngramGeometry) -> Value {
     b.scope("engram_hash", |b| {
-        let heads = cfg.num_engram_tables / cfg.engram_orders.len();
+        let heads = e.heads();
         let mut rows = Vec::new();
-        for (oi, &order) in cfg.engram_orders.iter().enumerate() {
+        for (oi, &order) in e.orders.iter().enumerate() {
             for h in 0..heads {
                 let table = oi * heads + h;
-                let seed = (SEED * (table as u64 + 1)) & MASK32 as u64;
+                let seed = (SEED * ((oi * e.seed_stride + h) as u64 + 1)) & MASK32 as u64;
                 let mut acc = b.scalar_i64(seed as i64);
                 for j in 0..order {
                     let tok = shift_right(b, ids, j, data_type::INT64, &WINDOW_DIMS);
@@ -68,9 +69,9 @@ pub fn hashed_rows(b: &mut GraphBuilder, ids: &Value, cfg: &Config) -> Value {
                 let div = b.scalar_i64(1 << 15);
                 let high = b.div(&acc, &div);
                 let acc = b.op1("BitwiseXor", &[&acc, &high], vec![]);
-                let slots = b.scalar_i64(cfg.engram_slots as i64);
+                let slots = b.scalar_i64(e.slots as i64);
                 let slot = b.op1("Mod", &[&acc, &slots], vec![]);
-                let base = b.scalar_i64((table * cfg.engram_slots) as i64);
+                let base = b.scalar_i64((table * e.slots) as i64);
                 let row = b.add(&slot, &base);
                 rows.push(b.unsqueeze(&row, &[-1]));
             }
@@ -84,15 +85,15 @@ pub fn hashed_rows(b: &mut GraphBuilder, ids: &Value, cfg: &Config) -> Value {
 /// A history slot `j` holds the token at position `p0 − W + j` (`p0`: the row's first new
 /// position), so it is real when that is ≥ 0; a new column is real where the mask says so.
 /// `new_mask`: the mask's last `sequence` columns `[batch, sequence]` int64.
-pub fn window(
+pub fn window<C>(
     b: &mut GraphBuilder,
-    ctx: &BuildContext,
+    ctx: &BuildContext<C>,
     past_ids: &Value,
     input_ids: &Value,
     new_mask: &Value,
     position_ids: &Value,
 ) -> EngramWindow {
-    let history = ctx.cfg.engram_history() as i64;
+    let history = ctx.shared.engram.history() as i64;
     let ids = b.concat(&[past_ids, input_ids], 1);
     b.declare(&ids, data_type::INT64, &WINDOW_DIMS);
     let first = b.slice(position_ids, 1, 0, 1);
@@ -111,13 +112,13 @@ pub fn window(
 /// The next `past_engram_ids` `[batch, W]`: each row's last `W` real tokens of the window.
 /// A row's real new tokens are the first columns of its chunk (right padding), so they
 /// end at window column `W + n − 1`, `n` = the row's real new tokens.
-pub fn next_history(
+pub fn next_history<C>(
     b: &mut GraphBuilder,
-    ctx: &BuildContext,
+    ctx: &BuildContext<C>,
     window_ids: &Value,
     new_mask: &Value,
 ) -> Value {
-    let history = ctx.cfg.engram_history();
+    let history = ctx.shared.engram.history();
     let real = b.reduce_sum(new_mask, &[1], true);
     let slots = b.const_i64(&(0..history as i64).collect::<Vec<_>>());
     let columns = b.add(&real, &slots);
@@ -135,16 +136,16 @@ pub fn next_history(
 }
 
 /// Keys and values of every engram site for the new positions.
-pub fn site_kvs(
+pub fn site_kvs<C>(
     b: &mut GraphBuilder,
-    ctx: &BuildContext,
+    ctx: &BuildContext<C>,
     sites: &[EngramWeights],
     window: &EngramWindow,
 ) -> Vec<EngramKv> {
     if sites.is_empty() {
         return Vec::new();
     }
-    let rows = hashed_rows(b, &window.ids, ctx.cfg);
+    let rows = hashed_rows(b, &window.ids, &ctx.shared.engram);
     sites
         .iter()
         .enumerate()
@@ -157,24 +158,25 @@ pub fn site_kvs(
 }
 
 /// Keys and values of one engram site. `rows`: from [`hashed_rows`].
-pub fn engram(
+pub fn engram<C>(
     b: &mut GraphBuilder,
-    ctx: &BuildContext,
+    ctx: &BuildContext<C>,
     window: &EngramWindow,
     rows: &Value,
     w: &EngramWeights,
 ) -> EngramKv {
-    let cfg = ctx.cfg;
-    let (nt, sub) = (cfg.num_engram_tables, cfg.engram_sub_dim);
-    let history = cfg.engram_history() as i64;
+    let e = &ctx.shared.engram;
+    let d_model = ctx.shared.d_model;
+    let (nt, sub) = (e.num_tables, e.sub_dim);
+    let history = e.history() as i64;
     let float = b.precision().data_type();
     let [batch, window_len] = WINDOW_DIMS;
-    let v_dims = [batch.clone(), window_len, Dim::Fixed(cfg.d_model)];
-    let new_dims = [batch, Dim::Named(SEQUENCE), Dim::Fixed(cfg.d_model)];
+    let v_dims = [batch.clone(), window_len, Dim::Fixed(d_model)];
+    let new_dims = [batch, Dim::Named(SEQUENCE), Dim::Fixed(d_model)];
     let fetched = gather_table(b, ctx.matmul_weights(), "embedding", &w.tables, rows);
     let per_table: Vec<Value> = (0..nt)
         .map(|t| {
-            let order = cfg.engram_orders[t / (nt / cfg.engram_orders.len())];
+            let order = e.orders[t / e.heads()];
             shift_right(b, &window.valid, order - 1, float, &WINDOW_DIMS)
         })
         .collect();
@@ -185,9 +187,9 @@ pub fn engram(
     let refs: Vec<&Value> = per_table.iter().collect();
     let ngram_ok = b.concat(&refs, 2);
     let fetched = b.mul(&fetched, &ngram_ok);
-    let e = b.reshape(&fetched, &[0, 0, (nt * sub) as i64]);
+    let concatenated = b.reshape(&fetched, &[0, 0, (nt * sub) as i64]);
 
-    let e_new = b.slice(&e, 1, history, i64::MAX);
+    let e_new = b.slice(&concatenated, 1, history, i64::MAX);
     b.declare(
         &e_new,
         float,
@@ -198,15 +200,15 @@ pub fn engram(
         ],
     );
     let key = projection(b, ctx, &e_new, "key_proj", &w.key_proj);
-    let key_unit = rms_unit(b, ctx, &key, cfg.d_model);
+    let key_unit = rms_unit(b, ctx, &key, d_model);
 
-    let v = projection(b, ctx, &e, "value_proj", &w.value_proj);
+    let v = projection(b, ctx, &concatenated, "value_proj", &w.value_proj);
     let taps = b.weight("taps", &w.taps.shape, &w.taps.data);
     let mut conv: Option<Value> = None;
-    for j in 0..cfg.engram_conv_taps {
+    for j in 0..e.conv_taps {
         let tap = b.scalar_i64(j as i64);
         let tap = b.gather(&taps, &tap, 0);
-        let shift = j * cfg.engram_conv_dilation;
+        let shift = j * e.dilation;
         let shifted = shift_right(b, &v, shift, float, &v_dims);
         let ok = shift_right(b, &window.valid, shift, float, &WINDOW_DIMS);
         let ok = b.unsqueeze(&ok, &[-1]);
@@ -223,8 +225,8 @@ pub fn engram(
 }
 
 /// `x + σ(Σ_d rms_unit(x)·ek / √d) · ev` at an engram site's layer.
-pub fn inject(b: &mut GraphBuilder, ctx: &BuildContext, x: &Value, kv: &EngramKv) -> Value {
-    let d_model = ctx.cfg.d_model;
+pub fn inject<C>(b: &mut GraphBuilder, ctx: &BuildContext<C>, x: &Value, kv: &EngramKv) -> Value {
+    let d_model = ctx.shared.d_model;
     b.scope("engram_gate", |b| {
         let xu = rms_unit(b, ctx, x, d_model);
         let dot = b.mul(&xu, &kv.key_unit);

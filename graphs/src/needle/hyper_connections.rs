@@ -22,14 +22,14 @@ pub struct LaneMix {
 }
 
 /// Block input `u` `[batch, sequence, C]` of layer `layer` and the mixes for [`hc_post`].
-pub fn hc_pre(
+pub fn hc_pre<C>(
     b: &mut GraphBuilder,
-    ctx: &BuildContext,
+    ctx: &BuildContext<C>,
     x: &Value,
     w: &MhcWeights,
     layer: usize,
 ) -> (Value, LaneMix) {
-    let (n, c) = (ctx.cfg.mhc_lanes, ctx.cfg.d_model);
+    let (n, c) = (ctx.shared.mhc_lanes, ctx.shared.d_model);
     let flat = b.reshape(x, &[0, 0, (n * c) as i64]);
     let nx = rms_unit(b, ctx, &flat, n * c);
     let (phi, bias) = folded_projection(w, layer, n, c);
@@ -47,14 +47,14 @@ pub fn hc_pre(
 }
 
 /// The new stream `h_res·x + h_post ⊗ y`, `y` `[batch, sequence, C]`.
-pub fn hc_post(
+pub fn hc_post<C>(
     b: &mut GraphBuilder,
-    ctx: &BuildContext,
+    ctx: &BuildContext<C>,
     x: &Value,
     y: &Value,
     mix: &LaneMix,
 ) -> Value {
-    let n = ctx.cfg.mhc_lanes as i64;
+    let n = ctx.shared.mhc_lanes as i64;
     let h_post = b.sigmoid(&mix.post);
     let two = b.scalar_float(2.0);
     let h_post = b.mul(&two, &h_post);

@@ -11,9 +11,9 @@ const EPSILON: f32 = 1e-6;
 /// Needle `ZCRMSNorm`: `(1 + scale) * x / sqrt(mean(x²) + 1e-6)` over the last axis.
 /// The initializer `<name>.gain` holds `1 + scale`, added in float32 before any
 /// fp16 rounding (the same sum the graph would compute in fp32).
-pub fn zc_rms_norm(
+pub fn zc_rms_norm<C>(
     b: &mut GraphBuilder,
-    ctx: &BuildContext,
+    ctx: &BuildContext<C>,
     x: &Value,
     name: &str,
     scale: &[f32],
@@ -31,7 +31,7 @@ pub fn zc_rms_norm(
 }
 
 /// Needle `_rms_unit`: `x * rsqrt(mean(x²) + 1e-6)` over the last axis, `width` wide.
-pub fn rms_unit(b: &mut GraphBuilder, ctx: &BuildContext, x: &Value, width: usize) -> Value {
+pub fn rms_unit<C>(b: &mut GraphBuilder, ctx: &BuildContext<C>, x: &Value, width: usize) -> Value {
     b.scope("rms_unit", |b| {
         if ctx.kernels.rms_normalization {
             // A scale as wide as the axis, not a broadcast scalar: onnxruntime's CUDA
