@@ -8,7 +8,7 @@
 //!        one LSB-first bitstream per row) | out * in_pad/group FP16 norms
 //! ```
 
-use super::directory::{index_bits, padded_in, Encoding, Entry, TERNARY_BITS};
+use super::directory::{index_bits, padded_in, Encoding, Entry, BINARY_BITS, TERNARY_BITS};
 use super::header::Codebooks;
 use super::CactError;
 
@@ -88,10 +88,13 @@ pub(crate) fn f16_to_f32(h: u16) -> f32 {
 /// the file header: upstream `read_export` recomputes it with
 /// `_cq_codebook_np(bits, group)` instead, but the writer stores exactly that
 /// array (cb / sqrt(group) rounded to f32), so both agree bit for bit (the
-/// dequant parity test checks it). Ternary is analytic and not stored.
+/// dequant parity test checks it). Ternary and binary are analytic and not stored.
 fn codebook(bits: u32, group: u32, codebooks: &Codebooks) -> Vec<f32> {
     if bits == TERNARY_BITS {
         return Codebooks::ternary(group).to_vec();
+    }
+    if bits == BINARY_BITS {
+        return Codebooks::binary(group).to_vec();
     }
     codebooks.for_bits(bits).unwrap_or_default().to_vec()
 }

@@ -9,6 +9,27 @@ use super::CactError;
 
 /// Record `bits` value of a ternary (1.58-bit) CQ tensor.
 pub const TERNARY_BITS: u32 = 5;
+/// Record `bits` value of a binary CQ tensor (Needle 3 only).
+pub const BINARY_BITS: u32 = 1;
+
+/// The CQ record widths a generation stores, and how an error lists them.
+#[derive(Clone, Copy, Debug)]
+pub struct CqWidths {
+    pub bits: &'static [u32],
+    pub text: &'static str,
+}
+
+/// Needle 2: 2, 3, 4 bits and ternary.
+pub const NEEDLE2_CQ: CqWidths = CqWidths {
+    bits: &[2, 3, 4, TERNARY_BITS],
+    text: "2, 3, 4 or 5 (ternary)",
+};
+
+/// Needle 3 adds binary.
+pub const NEEDLE3_CQ: CqWidths = CqWidths {
+    bits: &[BINARY_BITS, 2, 3, 4, TERNARY_BITS],
+    text: "1 (binary), 2, 3, 4 or 5 (ternary)",
+};
 /// Largest CQ group size accepted (upstream writes 128; the Hadamard matrix is `group^2`).
 pub const MAX_GROUP: u32 = 1024;
 
@@ -19,7 +40,7 @@ pub enum Encoding {
     Fp16,
     /// dtype 2: little-endian IEEE floats.
     Fp32,
-    /// dtype 3: Cactus-Quants; `bits` is 2, 3, 4 or 5 (= ternary crumbs).
+    /// dtype 3: Cactus-Quants; `bits` is 1 (binary), 2, 3, 4 or 5 (= ternary crumbs).
     Cq { bits: u32, group: u32 },
     /// dtype 4: opaque bytes (the tokenizer).
     Raw,
@@ -128,15 +149,16 @@ impl Record {
     }
 
     /// Checks this record against `slot` and the file; `data_start` is the
-    /// first byte after the directory.
+    /// first byte after the directory, `widths` the CQ widths of the file's generation.
     pub(crate) fn check(
         &self,
         slot: &Slot,
         file_len: u64,
         data_start: u64,
+        widths: CqWidths,
     ) -> Result<Entry, CactError> {
         let tensor = || slot.name.clone();
-        let encoding = self.encoding(slot)?;
+        let encoding = self.encoding(slot, widths)?;
         if self.ndim as usize != slot.shape.len() {
             return Err(CactError::Ndim {
                 tensor: tensor(),
@@ -199,7 +221,7 @@ impl Record {
         })
     }
 
-    fn encoding(&self, slot: &Slot) -> Result<Encoding, CactError> {
+    fn encoding(&self, slot: &Slot, widths: CqWidths) -> Result<Encoding, CactError> {
         let expected = match (slot.raw, slot.shape.len()) {
             (true, _) => "4 (RAW)",
             (false, 2) => "1 (FP16), 2 (FP32) or 3 (CQ)",
@@ -223,11 +245,12 @@ impl Record {
             }
         };
         if let Encoding::Cq { bits, group } = encoding {
-            if !matches!(bits, 2..=4 | TERNARY_BITS) {
+            if !widths.bits.contains(&bits) {
                 return Err(CactError::Bits {
                     tensor: slot.name.clone(),
                     offset: self.offset,
                     found: bits,
+                    expected: widths.text,
                 });
             }
             if !(group.is_power_of_two() && (8..=MAX_GROUP).contains(&group)) {
@@ -294,4 +317,46 @@ pub(crate) fn check_overlaps(entries: &[Entry]) -> Result<(), CactError> {
         }
     }
     Ok(())
+}
+
+/// Reads a directory record by record, checking each against the slot the caller's
+/// walk assigns it.
+pub(crate) struct DirectoryWalk<'f> {
+    file: &'f [u8],
+    dir_start: u64,
+    data_start: u64,
+    widths: CqWidths,
+    pub entries: Vec<Entry>,
+}
+
+impl<'f> DirectoryWalk<'f> {
+    /// A walk over `num_tensors` records from `dir_start`; the caller has checked that
+    /// the directory fits in `file`, which bounds the allocation.
+    pub(crate) fn new(file: &'f [u8], dir_start: u64, num_tensors: u64, widths: CqWidths) -> Self {
+        DirectoryWalk {
+            file,
+            dir_start,
+            data_start: dir_start + num_tensors * RECORD_BYTES,
+            widths,
+            entries: Vec::with_capacity(num_tensors as usize),
+        }
+    }
+
+    /// The next record, not yet checked.
+    pub(crate) fn peek(&self) -> Result<Record, CactError> {
+        Record::read(self.file, self.dir_start, self.entries.len() as u64)
+    }
+
+    /// Checks the next record against the slot `slot` makes of it; returns its index.
+    pub(crate) fn next(&mut self, slot: impl FnOnce(&Record) -> Slot) -> Result<usize, CactError> {
+        let record = self.peek()?;
+        let entry = record.check(
+            &slot(&record),
+            self.file.len() as u64,
+            self.data_start,
+            self.widths,
+        )?;
+        self.entries.push(entry);
+        Ok(self.entries.len() - 1)
+    }
 }

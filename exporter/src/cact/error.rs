@@ -91,11 +91,12 @@ pub enum CactError {
         start: u64,
         other: String,
     },
-    /// A CQ record's `bits` is not 2, 3, 4 or 5 (ternary).
+    /// A CQ record's `bits` is not one its generation stores.
     Bits {
         tensor: String,
         offset: u64,
         found: u32,
+        expected: &'static str,
     },
     /// A CQ record's group size is not a power of two in `8..=1024`.
     Group {
@@ -108,7 +109,19 @@ pub enum CactError {
         offset: u64,
         index: usize,
         found: f32,
+        expected: &'static str,
     },
+    /// A Monarch permutation entry is not an unused index below its length.
+    Permutation {
+        tensor: String,
+        offset: u64,
+        index: usize,
+        found: f32,
+    },
+    /// `heads.manifest` lists no heads or more than the generation has.
+    HeadCount { offset: u64, found: u64, most: u64 },
+    /// The tensor after the heads is not a Whistle `audio.manifest`.
+    AudioManifest { offset: u64, found: String },
     /// A ternary CQ tensor holds the unused crumb code 2 (`index` is the element).
     TernaryCode {
         tensor: String,
@@ -266,9 +279,10 @@ impl fmt::Display for CactError {
                 tensor,
                 offset,
                 found,
+                expected,
             } => write!(
                 f,
-                "{tensor} (record at byte {offset}): CQ bits {found}, expected 2, 3, 4 or 5 (ternary)"
+                "{tensor} (record at byte {offset}): CQ bits {found}, expected {expected}"
             ),
             Group {
                 tensor,
@@ -282,9 +296,28 @@ impl fmt::Display for CactError {
                 offset,
                 index,
                 found,
+                expected,
             } => write!(
                 f,
-                "heads.manifest entry {index} at byte {offset} is {found}, expected distinct head codes 1 (contrastive) or 2 (confidence)"
+                "heads.manifest entry {index} at byte {offset} is {found}, expected {expected}"
+            ),
+            Permutation {
+                tensor,
+                offset,
+                index,
+                found,
+            } => write!(
+                f,
+                "{tensor} entry {index} at byte {offset} is {found}, expected a permutation of 0..len"
+            ),
+            HeadCount { offset, found, most } => write!(
+                f,
+                "heads.manifest (record at byte {offset}) lists {found} heads, expected 1 to {most}"
+            ),
+            AudioManifest { offset, found } => write!(
+                f,
+                "the record at byte {offset} after the probe heads is {found}, expected the \
+                 Whistle audio.manifest (13 FP32 values starting with 3246) or the tokenizer"
             ),
             TernaryCode {
                 tensor,

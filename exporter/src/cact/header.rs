@@ -2,7 +2,7 @@
 
 use super::bytes::Reader;
 use super::layout::{
-    header_element_offset, header_field_index, CODEBOOK_LEN, HEADER_BYTES, HEADER_FIELDS,
+    header_field_index, HeaderLayout, CODEBOOK_LEN, HEADER_BYTES, HEADER_FIELDS, NEEDLE2_HEADER,
 };
 use super::CactError;
 use graphs::contract::Generation;
@@ -66,20 +66,43 @@ impl Codebooks {
     }
 }
 
+impl Codebooks {
+    /// The binary (record bits 1, Needle 3) codebook, which the file does not store:
+    /// `{-c, c} / sqrt(group)` with `c = sqrt(2/pi)`, the centroids of a Gaussian's two
+    /// halves, computed in f64 and rounded to f32 like upstream `_cq_codebook_np(1, group)`.
+    pub fn binary(group: u32) -> [f32; 2] {
+        let c = ((2.0 / std::f64::consts::PI).sqrt() / (group as f64).sqrt()) as f32;
+        [-c, c]
+    }
+}
+
 /// Lloyd-Max centroid of the 3-level Gaussian quantizer (upstream `_TERNARY_CB`).
 const TERNARY_C: f64 = 1.224_006_4;
 
-/// The header's bytes, addressed by field name through the layout. Holds
-/// exactly [`HEADER_BYTES`] bytes, so every field is in range.
+/// A header's bytes, addressed by field name through its generation's layout.
+/// Holds exactly `layout.bytes()` bytes, so every field is in range.
 #[derive(Clone, Copy)]
 pub(crate) struct RawHeader<'a> {
+    layout: HeaderLayout,
     bytes: &'a [u8],
 }
 
-impl RawHeader<'_> {
+impl<'a> RawHeader<'a> {
+    /// The header at the start of `file`, which holds at least `layout.bytes()` bytes.
+    pub(crate) fn new(layout: HeaderLayout, file: &'a [u8]) -> Self {
+        RawHeader {
+            layout,
+            bytes: &file[..layout.bytes() as usize],
+        }
+    }
+
+    pub(crate) fn layout(&self) -> HeaderLayout {
+        self.layout
+    }
+
     /// Element `element` of the u32 header field `name`.
     pub(crate) fn element(&self, name: &str, element: usize) -> u32 {
-        let at = header_element_offset(name, element) as usize;
+        let at = self.layout.element_offset(name, element) as usize;
         u32::from_le_bytes(std::array::from_fn(|k| self.bytes[at + k]))
     }
 
@@ -88,31 +111,34 @@ impl RawHeader<'_> {
         self.element(name, 0)
     }
 
-    fn f32(&self, name: &str) -> f32 {
+    pub(crate) fn f32(&self, name: &str) -> f32 {
         f32::from_bits(self.u32(name))
     }
-}
 
-/// The error for header field `field` (element 0 of an array).
-pub(crate) fn bad(
-    field: &'static str,
-    value: impl ToString,
-    expected: impl Into<String>,
-) -> CactError {
-    bad_element(field, 0, value, expected)
-}
+    /// The error for element `element` of header field `field`.
+    pub(crate) fn bad_element(
+        &self,
+        field: &'static str,
+        element: usize,
+        value: impl ToString,
+        expected: impl Into<String>,
+    ) -> CactError {
+        CactError::Header {
+            field,
+            offset: self.layout.element_offset(field, element),
+            value: value.to_string(),
+            expected: expected.into(),
+        }
+    }
 
-fn bad_element(
-    field: &'static str,
-    element: usize,
-    value: impl ToString,
-    expected: impl Into<String>,
-) -> CactError {
-    CactError::Header {
-        field,
-        offset: header_element_offset(field, element),
-        value: value.to_string(),
-        expected: expected.into(),
+    /// The error for header field `field` (element 0 of an array).
+    pub(crate) fn bad(
+        &self,
+        field: &'static str,
+        value: impl ToString,
+        expected: impl Into<String>,
+    ) -> CactError {
+        self.bad_element(field, 0, value, expected)
     }
 }
 
@@ -125,9 +151,7 @@ impl Header {
         let Generation::Needle2 = crate::model::generation_of(super::read_tag(&mut r)?)?;
         let rest = (HEADER_BYTES - r.offset()) as usize;
         r.take(rest, || "header".to_string())?;
-        let raw = RawHeader {
-            bytes: &file[..HEADER_BYTES as usize],
-        };
+        let raw = RawHeader::new(NEEDLE2_HEADER, file);
         let header = Self::from_fields(&raw)?;
         let codebooks = read_codebooks(&mut r)?;
         Ok((header, raw, codebooks))
@@ -137,10 +161,10 @@ impl Header {
         let num_orders = raw.u32("num_engram_orders");
         let num_sites = raw.u32("num_engram_sites");
         if !(1..=4).contains(&num_orders) {
-            return Err(bad("num_engram_orders", num_orders, "1..=4"));
+            return Err(raw.bad("num_engram_orders", num_orders, "1..=4"));
         }
         if num_sites > 4 {
-            return Err(bad("num_engram_sites", num_sites, "0..=4"));
+            return Err(raw.bad("num_engram_sites", num_sites, "0..=4"));
         }
         let array = |name, len| (0..len as usize).map(|i| raw.element(name, i)).collect();
         let header = Header {
@@ -172,35 +196,35 @@ impl Header {
 
     fn validate(&self, raw: &RawHeader<'_>) -> Result<(), CactError> {
         if self.codebook_len != CODEBOOK_LEN {
-            return Err(bad(
+            return Err(raw.bad(
                 "codebook_len",
                 self.codebook_len,
                 "28 (cb2[4] | cb3[8] | cb4[16])",
             ));
         }
         if ![2, 3, 4, 8].contains(&self.kv_bits) {
-            return Err(bad("kv_bits", self.kv_bits, "2, 3, 4 or 8"));
+            return Err(raw.bad("kv_bits", self.kv_bits, "2, 3, 4 or 8"));
         }
         // The geometry sizes, checked in file order.
         let sizes = header_field_index("vocab")..=header_field_index("engram_conv_dilation");
         for field in &HEADER_FIELDS[sizes] {
             if raw.u32(field.name) == 0 {
-                return Err(bad(field.name, 0, "a nonzero size"));
+                return Err(raw.bad(field.name, 0, "a nonzero size"));
             }
         }
         if !self.num_heads.is_multiple_of(self.num_kv_heads) {
-            return Err(bad(
+            return Err(raw.bad(
                 "num_kv_heads",
                 self.num_kv_heads,
                 format!("a divisor of num_heads ({})", self.num_heads),
             ));
         }
         if !self.head_dim.is_multiple_of(2) {
-            return Err(bad("head_dim", self.head_dim, "even (RoPE rotates pairs)"));
+            return Err(raw.bad("head_dim", self.head_dim, "even (RoPE rotates pairs)"));
         }
         let hada_n = self.d_model.checked_next_power_of_two();
         if hada_n != Some(self.hada_n) {
-            return Err(bad(
+            return Err(raw.bad(
                 "hada_n",
                 self.hada_n,
                 format!("d_model ({}) rounded up to a power of two", self.d_model),
@@ -208,7 +232,7 @@ impl Header {
         }
         let num_orders = self.engram_orders.len() as u32;
         if !self.num_engram_tables.is_multiple_of(num_orders) {
-            return Err(bad(
+            return Err(raw.bad(
                 "num_engram_tables",
                 self.num_engram_tables,
                 format!("a multiple of num_engram_orders ({num_orders})"),
@@ -216,17 +240,12 @@ impl Header {
         }
         for (i, &order) in self.engram_orders.iter().enumerate() {
             if order == 0 {
-                return Err(bad_element(
-                    "engram_orders",
-                    i,
-                    order,
-                    "a nonzero n-gram order",
-                ));
+                return Err(raw.bad_element("engram_orders", i, order, "a nonzero n-gram order"));
             }
         }
         for (i, &site) in self.engram_sites.iter().enumerate() {
             if site >= self.num_layers {
-                return Err(bad_element(
+                return Err(raw.bad_element(
                     "engram_sites",
                     i,
                     site,
@@ -235,17 +254,13 @@ impl Header {
             }
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            return Err(bad(
-                "rope_theta",
-                self.rope_theta,
-                "a finite positive number",
-            ));
+            return Err(raw.bad("rope_theta", self.rope_theta, "a finite positive number"));
         }
         Ok(())
     }
 }
 
-fn read_codebooks(r: &mut Reader<'_>) -> Result<Codebooks, CactError> {
+pub(crate) fn read_codebooks(r: &mut Reader<'_>) -> Result<Codebooks, CactError> {
     let start = r.offset();
     let bytes = r.take(CODEBOOK_LEN as usize * 4, || "codebook".to_string())?;
     let mut values = [0f32; CODEBOOK_LEN as usize];

@@ -9,7 +9,7 @@
 //! ```
 
 use super::directory::Slot;
-use super::header::{bad, RawHeader};
+use super::header::RawHeader;
 use super::CactError;
 
 /// First u32 of a Needle 2 `.cact`.
@@ -192,37 +192,89 @@ const fn same(a: &str, b: &str) -> bool {
     true
 }
 
-/// Position of the header field `name` in [`HEADER_FIELDS`].
+/// A generation's header, addressed by field name: its fields in file order,
+/// packed, every one a whole number of u32 words.
+#[derive(Clone, Copy, Debug)]
+pub struct HeaderLayout {
+    pub fields: &'static [Field],
+    /// Dimension symbols of the tensor walk that are functions of the header rather
+    /// than fields of it (Needle 3's Monarch factor sizes), with their values.
+    pub(crate) derived: &'static [(&'static str, fn(&RawHeader<'_>) -> u64)],
+}
+
+impl HeaderLayout {
+    /// Position of the field `name` in `fields`, if there is one.
+    pub const fn find(&self, name: &str) -> Option<usize> {
+        let mut i = 0;
+        while i < self.fields.len() {
+            if same(self.fields[i].name, name) {
+                return Some(i);
+            }
+            i += 1;
+        }
+        None
+    }
+
+    /// Size of the header in bytes.
+    pub const fn bytes(&self) -> u64 {
+        struct_bytes(self.fields)
+    }
+
+    /// Position of the field `name` in `fields`.
+    ///
+    /// # Panics
+    /// When no header field has that name (at compile time in a const context).
+    pub const fn index(&self, name: &str) -> usize {
+        match self.find(name) {
+            Some(i) => i,
+            None => panic!("no header field of this name"),
+        }
+    }
+
+    /// File offset of field `name` (its first element for the arrays).
+    pub const fn offset(&self, name: &str) -> u64 {
+        offset_in(self.fields, self.index(name))
+    }
+
+    /// File offset of element `element` of field `name`.
+    ///
+    /// # Panics
+    /// When no header field has that name or `element` is not below its count.
+    pub const fn element_offset(&self, name: &str, element: usize) -> u64 {
+        element_offset_in(self.fields, self.index(name), element)
+    }
+}
+
+/// The Needle 2 header.
+pub const NEEDLE2_HEADER: HeaderLayout = HeaderLayout {
+    fields: &HEADER_FIELDS,
+    derived: &[],
+};
+
+/// Position of the Needle 2 header field `name` in [`HEADER_FIELDS`].
 ///
 /// # Panics
 /// When no header field has that name (at compile time in a const context).
 pub const fn header_field_index(name: &str) -> usize {
-    let mut i = 0;
-    while i < HEADER_FIELDS.len() {
-        if same(HEADER_FIELDS[i].name, name) {
-            return i;
-        }
-        i += 1;
-    }
-    panic!("no Needle 2 header field of this name");
+    NEEDLE2_HEADER.index(name)
 }
 
-/// File offset of header field `name` (its first element for the arrays),
+/// File offset of Needle 2 header field `name` (its first element for the arrays),
 /// e.g. `header_offset("num_layers") == 36`.
 ///
 /// # Panics
 /// When no header field has that name.
 pub const fn header_offset(name: &str) -> u64 {
-    offset_in(&HEADER_FIELDS, header_field_index(name))
+    NEEDLE2_HEADER.offset(name)
 }
 
-/// File offset of element `element` of header field `name`, e.g.
+/// File offset of element `element` of Needle 2 header field `name`, e.g.
 /// `header_element_offset("engram_sites", 1) == 104`.
 ///
 /// # Panics
 /// When no header field has that name or `element` is not below its count.
 pub const fn header_element_offset(name: &str, element: usize) -> u64 {
-    element_offset_in(&HEADER_FIELDS, header_field_index(name), element)
+    NEEDLE2_HEADER.element_offset(name, element)
 }
 
 /// Offset of `field` from the start of its directory record, e.g.
@@ -240,19 +292,22 @@ pub const fn record_element_offset(field: RecordField, element: usize) -> u64 {
     element_offset_in(&RECORD_FIELDS, field as usize, element)
 }
 
-/// File offset of the directory: after the header and `codebook_len` f32 codebook entries.
+/// File offset of a Needle 2 directory: after the header and `codebook_len` f32 codebook entries.
 pub const fn directory_start(codebook_len: u32) -> u64 {
     HEADER_BYTES + 4 * codebook_len as u64
 }
 
-/// One tensor of the walk. Each dimension is a product of header fields
-/// written `a*b*c` (`1` for a literal one), e.g. `["num_heads*head_dim", "d_model"]`.
+/// One tensor of the walk. Each dimension is a product of header fields, integer
+/// literals and the layout's derived sizes, written `a*b*c`, e.g.
+/// `["num_heads*head_dim", "d_model"]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TensorSpec {
     /// Upstream name within its group (`q_proj`, `mhc_phi_res`, ...).
     pub name: &'static str,
     /// Symbolic dimensions, outermost first.
     pub shape: &'static [&'static str],
+    /// The header field that must be nonzero for the tensor to be stored (`None`: always).
+    pub when: Option<&'static str>,
 }
 
 /// How often a group of tensors appears in the walk and how its copies are named.
@@ -287,8 +342,25 @@ impl TensorGroup {
     }
 }
 
-const fn tensor(name: &'static str, shape: &'static [&'static str]) -> TensorSpec {
-    TensorSpec { name, shape }
+pub(crate) const fn tensor(name: &'static str, shape: &'static [&'static str]) -> TensorSpec {
+    TensorSpec {
+        name,
+        shape,
+        when: None,
+    }
+}
+
+/// A tensor stored only when header field `field` is nonzero.
+pub(crate) const fn tensor_if(
+    field: &'static str,
+    name: &'static str,
+    shape: &'static [&'static str],
+) -> TensorSpec {
+    TensorSpec {
+        name,
+        shape,
+        when: Some(field),
+    }
 }
 
 /// `embedding`, `[vocab, d_model]`.
@@ -388,20 +460,41 @@ fn copies(group: &TensorGroup, header: &RawHeader<'_>) -> u64 {
     }
 }
 
+/// The tensors of `group` this header stores.
+fn stored<'g>(group: &'g TensorGroup, header: &RawHeader<'_>) -> Vec<&'g TensorSpec> {
+    group
+        .tensors
+        .iter()
+        .filter(|t| t.when.is_none_or(|field| header.u32(field) != 0))
+        .collect()
+}
+
 /// The value of one symbolic dimension, or the error naming the header field
-/// whose factor overflows 64 bits (only three-factor products can).
+/// whose factor overflows 64 bits (only products of several factors can).
 fn dimension(dim: &str, header: &RawHeader<'_>) -> Result<u64, CactError> {
+    let layout = header.layout();
     let mut value = 1u64;
+    let mut last_field = None;
     for factor in dim.split('*') {
-        if factor == "1" {
-            continue;
-        }
-        let field = HEADER_FIELDS[header_field_index(factor)].name;
-        let size = header.u32(factor);
-        value = value.checked_mul(size.into()).ok_or_else(|| {
-            bad(
+        let size = match layout.find(factor) {
+            Some(index) => {
+                last_field = Some(layout.fields[index].name);
+                header.u32(factor).into()
+            }
+            None => factor
+                .parse::<u64>()
+                .ok()
+                .or_else(|| {
+                    let derived = layout.derived.iter().find(|(name, _)| *name == factor);
+                    derived.map(|(_, size)| size(header))
+                })
+                .expect("a walk names only header fields, literals and its derived sizes"),
+        };
+        value = value.checked_mul(size).ok_or_else(|| {
+            let field = last_field.unwrap_or(layout.fields[0].name);
+            header.bad(
                 field,
-                size,
+                header.u32(field),
                 format!("small enough that {} fits in 64 bits", product_text(dim)),
             )
         })?;
@@ -431,33 +524,38 @@ fn product_text(dim: &str) -> String {
     terms.join(" * ")
 }
 
-/// Number of tensors from `embedding` through `final_norm`.
-pub(crate) fn core_count(header: &RawHeader<'_>) -> u64 {
-    CORE_WALK
-        .iter()
-        .map(|g| g.tensors.len() as u64 * copies(g, header))
+/// Number of tensors the fixed walk `walk` holds for this header.
+pub(crate) fn core_count(walk: &[TensorGroup], header: &RawHeader<'_>) -> u64 {
+    walk.iter()
+        .map(|g| stored(g, header).len() as u64 * copies(g, header))
         .sum()
 }
 
-/// Slots from `embedding` through `final_norm`; call only once `num_tensors`
-/// is known to fit in the file, since this allocates [`core_count`] slots.
-/// Every shape is evaluated before any slot is built, so an overflowing
-/// dimension is reported before anything else about the walk.
-pub(crate) fn core_slots(header: &RawHeader<'_>) -> Result<Vec<Slot>, CactError> {
-    let shapes = CORE_WALK
+/// Slots of the fixed walk `walk`; call only once `num_tensors` is known to fit in
+/// the file, since this allocates [`core_count`] slots. Every shape is evaluated
+/// before any slot is built, so an overflowing dimension is reported before anything
+/// else about the walk.
+pub(crate) fn core_slots(
+    walk: &[TensorGroup],
+    header: &RawHeader<'_>,
+) -> Result<Vec<Slot>, CactError> {
+    let groups = walk
         .iter()
         .map(|g| {
-            g.tensors
-                .iter()
-                .map(|t| t.shape.iter().map(|d| dimension(d, header)).collect())
-                .collect::<Result<Vec<Vec<u64>>, CactError>>()
+            stored(g, header)
+                .into_iter()
+                .map(|t| {
+                    let shape = t.shape.iter().map(|d| dimension(d, header));
+                    Ok((t.name, shape.collect::<Result<Vec<u64>, CactError>>()?))
+                })
+                .collect::<Result<Vec<_>, CactError>>()
         })
         .collect::<Result<Vec<_>, CactError>>()?;
-    let mut out = Vec::with_capacity(core_count(header) as usize);
-    for (group, shapes) in CORE_WALK.iter().zip(&shapes) {
+    let mut out = Vec::with_capacity(core_count(walk, header) as usize);
+    for (group, tensors) in walk.iter().zip(&groups) {
         for index in 0..copies(group, header) as usize {
-            for (t, shape) in group.tensors.iter().zip(shapes) {
-                out.push(Slot::float(group.tensor_name(index, t.name), shape));
+            for (name, shape) in tensors {
+                out.push(Slot::float(group.tensor_name(index, name), shape));
             }
         }
     }
@@ -515,7 +613,7 @@ mod tests {
             }
             for t in group.tensors {
                 for factor in t.shape.iter().flat_map(|d| d.split('*')) {
-                    if factor != "1" {
+                    if factor.parse::<u64>().is_err() {
                         header_field_index(factor);
                     }
                 }

@@ -8,6 +8,7 @@ pub mod directory;
 pub mod error;
 pub mod header;
 pub mod layout;
+pub mod needle3;
 pub mod tokenizer_blob;
 mod weights;
 
@@ -15,7 +16,7 @@ use std::path::Path;
 
 use graphs::needle::Tensor;
 
-use directory::{check_overlaps, Record, Slot};
+use directory::{check_overlaps, DirectoryWalk, Slot, NEEDLE2_CQ};
 pub use directory::{Encoding, Entry};
 pub use error::CactError;
 pub use header::{Codebooks, Header};
@@ -87,18 +88,27 @@ impl CactFile {
     /// `layer03.k_proj`, `[out, in]`), CQ tensors dequantized exactly like
     /// upstream `read_export`.
     pub fn tensor(&self, name: &str) -> Result<Tensor, CactError> {
-        let entry = self
-            .entries
-            .iter()
-            .find(|e| e.name == name)
-            .ok_or_else(|| CactError::Missing {
-                tensor: name.to_string(),
-            })?;
-        Ok(Tensor {
-            shape: entry.shape.clone(),
-            data: cq::decode(entry, entry.blob(&self.bytes), &self.codebooks)?,
-        })
+        named_tensor(&self.entries, &self.bytes, &self.codebooks, name)
     }
+}
+
+/// The float32 values of the entry named `name` among `entries` of `file`.
+pub(crate) fn named_tensor(
+    entries: &[Entry],
+    file: &[u8],
+    codebooks: &Codebooks,
+    name: &str,
+) -> Result<Tensor, CactError> {
+    let entry = entries
+        .iter()
+        .find(|e| e.name == name)
+        .ok_or_else(|| CactError::Missing {
+            tensor: name.to_string(),
+        })?;
+    Ok(Tensor {
+        shape: entry.shape.clone(),
+        data: cq::decode(entry, entry.blob(file), codebooks)?,
+    })
 }
 
 impl std::fmt::Debug for CactFile {
@@ -137,7 +147,7 @@ impl Parsed {
     fn parse(file: &[u8]) -> Result<Parsed, CactError> {
         let file_len = file.len() as u64;
         let (header, raw_header, codebooks) = Header::parse(file)?;
-        let core = layout::core_count(&raw_header);
+        let core = layout::core_count(&layout::CORE_WALK, &raw_header);
         let num_tensors = header.num_tensors as u64;
         let head_count = match num_tensors.checked_sub(core + 1) {
             Some(0) => 0,
@@ -167,41 +177,31 @@ impl Parsed {
             });
         }
 
-        let mut entries = Vec::with_capacity(num_tensors as usize);
-        let next = |entries: &mut Vec<Entry>, slot: &dyn Fn(&Record) -> Slot| {
-            let record = Record::read(file, dir_start, entries.len() as u64)?;
-            let entry = record.check(&slot(&record), file_len, data_start)?;
-            entries.push(entry);
-            Ok::<_, CactError>(entries.len() - 1)
-        };
-        for slot in layout::core_slots(&raw_header)? {
-            next(&mut entries, &|_| slot.clone())?;
+        let mut walk = DirectoryWalk::new(file, dir_start, num_tensors, NEEDLE2_CQ);
+        for slot in layout::core_slots(&layout::CORE_WALK, &raw_header)? {
+            walk.next(|_| slot)?;
         }
         let mut heads = Vec::new();
         if head_count > 0 {
-            let i = next(&mut entries, &|_| {
-                Slot::float("heads.manifest", &[head_count])
-            })?;
-            let manifest = &entries[i];
+            let i = walk.next(|_| Slot::float("heads.manifest", &[head_count]))?;
+            let manifest = &walk.entries[i];
             let codes = cq::decode(manifest, manifest.blob(file), &codebooks)?;
             heads = weights::head_kinds(manifest, &codes)?;
             let d = header.d_model as u64;
             for kind in &heads {
                 let name = kind.name();
-                let p = next(&mut entries, &|r| {
-                    Slot::float(format!("{name}.probes"), &[r.dims[0].into(), d])
-                })?;
-                let probes = entries[p].shape[0] as u64;
-                let j = next(&mut entries, &|r| {
+                let p =
+                    walk.next(|r| Slot::float(format!("{name}.probes"), &[r.dims[0].into(), d]))?;
+                let probes = walk.entries[p].shape[0] as u64;
+                let j = walk.next(|r| {
                     Slot::float(format!("{name}.proj"), &[r.dims[0].into(), probes * d])
                 })?;
-                let out = entries[j].shape[0] as u64;
-                next(&mut entries, &|_| {
-                    Slot::float(format!("{name}.bias"), &[out])
-                })?;
+                let out = walk.entries[j].shape[0] as u64;
+                walk.next(|_| Slot::float(format!("{name}.bias"), &[out]))?;
             }
         }
-        let t = next(&mut entries, &|_| Slot::raw("tokenizer"))?;
+        let t = walk.next(|_| Slot::raw("tokenizer"))?;
+        let entries = walk.entries;
         check_overlaps(&entries)?;
 
         let blob = &entries[t];

@@ -60,6 +60,7 @@ pub(crate) fn head_kinds(manifest: &Entry, codes: &[f32]) -> Result<Vec<HeadKind
                     offset: manifest.blob_offset + width * index as u64,
                     index,
                     found: code,
+                    expected: "distinct head codes 1 (contrastive) or 2 (confidence)",
                 })
             }
         }

@@ -1,0 +1,187 @@
+//! From a validated Needle 3 file to the graph crate's typed, dequantized weights.
+
+use graphs::needle::{EngramWeights, MhcWeights};
+use graphs::needle3::{Config, LayerWeights, MonarchWeights, ProbeHead, QkvTaps, Weights};
+
+use super::layout::{ENGRAM, LAYER};
+use super::Cact3File;
+use crate::cact::CactError;
+
+impl Cact3File {
+    /// The model geometry, from the header (`out_vocab` and the seed stride resolved).
+    pub fn config(&self) -> Config {
+        let h = self.header();
+        let us = |v: u32| v as usize;
+        let heads = h.num_engram_tables / h.engram_orders.len() as u32;
+        Config {
+            vocab: us(h.vocab),
+            out_vocab: us(h.output_rows()),
+            d_model: us(h.d_model),
+            num_heads: us(h.num_heads),
+            num_kv_heads: us(h.num_kv_heads),
+            num_layers: us(h.num_layers),
+            qk_head_dim: us(h.qk_head_dim),
+            v_head_dim: us(h.v_head_dim),
+            max_seq_len: us(h.max_seq_len),
+            hada_n: us(h.hada_n),
+            mhc_lanes: us(h.mhc_lanes),
+            sliding_window: us(h.sliding_window),
+            global_layers: h.global_layers.iter().copied().map(us).collect(),
+            qkv_conv_taps: us(h.qkv_conv_taps),
+            engram_slots: us(h.engram_slots),
+            engram_sub_dim: us(h.engram_sub_dim),
+            num_engram_tables: us(h.num_engram_tables),
+            engram_conv_taps: us(h.engram_conv_taps),
+            engram_conv_dilation: us(h.engram_conv_dilation),
+            engram_seed_stride: us(if h.engram_seed_heads == 0 {
+                heads
+            } else {
+                h.engram_seed_heads
+            }),
+            engram_orders: h.engram_orders.iter().copied().map(us).collect(),
+            engram_sites: h.engram_sites.iter().copied().map(us).collect(),
+            rope_theta: h.rope_theta,
+            kv_window: us(h.kv_window),
+            kv_bits: h.kv_bits,
+        }
+    }
+
+    /// Every weight of the logits graph, dequantized to float32 in the file layout.
+    /// Fails on a NaN or infinite value, or permutations that are not permutations.
+    pub fn weights(&self) -> Result<Weights, CactError> {
+        let layers = (0..self.header().num_layers as usize)
+            .map(|i| self.layer(i))
+            .collect::<Result<Vec<_>, _>>()?;
+        let engrams = (0..self.header().engram_sites.len())
+            .map(|s| {
+                let t = |name| self.tensor(&ENGRAM.tensor_name(s, name));
+                Ok(EngramWeights {
+                    tables: t("tables")?,
+                    key_proj: t("key_proj")?,
+                    value_proj: t("value_proj")?,
+                    taps: t("taps")?,
+                })
+            })
+            .collect::<Result<_, CactError>>()?;
+        let mhc = MhcWeights {
+            a_pre: self.tensor("mhc_a_pre")?,
+            a_post: self.tensor("mhc_a_post")?,
+            a_res: self.tensor("mhc_a_res")?,
+            b_pre: self.tensor("mhc_b_pre")?,
+            b_post: self.tensor("mhc_b_post")?,
+            b_res: self.tensor("mhc_b_res")?,
+            phi_pre: self.tensor("mhc_phi_pre")?,
+            phi_post: self.tensor("mhc_phi_post")?,
+            phi_res: self.tensor("mhc_phi_res")?,
+        };
+        Ok(Weights {
+            embedding: self.tensor("embedding")?,
+            layers,
+            mhc,
+            hada_p1: self.permutation("hada_p1")?,
+            hada_p2: self.permutation("hada_p2")?,
+            engrams,
+            final_norm: self.tensor("final_norm")?,
+        })
+    }
+
+    fn layer(&self, i: usize) -> Result<LayerWeights, CactError> {
+        let t = |name| self.tensor(&LAYER.tensor_name(i, name));
+        let qkv_taps = if self.header().qkv_conv_taps > 0 {
+            Some(QkvTaps {
+                q: t("q_taps")?,
+                k: t("k_taps")?,
+                v: t("v_taps")?,
+            })
+        } else {
+            None
+        };
+        Ok(LayerWeights {
+            norm_in: t("norm_in")?,
+            q_proj: t("q_proj")?,
+            k_proj: t("k_proj")?,
+            v_proj: t("v_proj")?,
+            qkv_taps,
+            q_norm: t("q_norm")?,
+            k_norm: t("k_norm")?,
+            gate_proj: t("gate_proj")?,
+            out_proj: t("out_proj")?,
+            post_norm: t("post_norm")?,
+            attn_gate: t("attn_gate")?,
+            pre_hada: t("pre_hada")?,
+            mlp: MonarchWeights {
+                d1: t("d1")?,
+                d2: t("d2")?,
+                b2: t("b2")?,
+                d3: t("d3")?,
+                d4: t("d4")?,
+                w1a: t("w1a")?,
+                w1b: t("w1b")?,
+                w2a: t("w2a")?,
+                w2b: t("w2b")?,
+                w3a: t("w3a")?,
+                w3b: t("w3b")?,
+                cond_v: t("cond_v")?,
+                cond_u: t("cond_u")?,
+            },
+        })
+    }
+
+    /// A stored permutation of `0..hada_n` (float indices), as integers.
+    fn permutation(&self, name: &str) -> Result<Vec<i64>, CactError> {
+        let values = self.tensor(name)?.data;
+        let n = values.len();
+        let mut seen = vec![false; n];
+        let mut out = Vec::with_capacity(n);
+        for (index, &v) in values.iter().enumerate() {
+            let i = v as usize;
+            if v.fract() != 0.0 || v < 0.0 || i >= n || seen[i] {
+                let entry = self
+                    .entries()
+                    .iter()
+                    .find(|e| e.name == name)
+                    .expect("read above");
+                return Err(CactError::Permutation {
+                    tensor: name.to_string(),
+                    offset: entry.blob_offset + 4 * index as u64,
+                    index,
+                    found: v,
+                });
+            }
+            seen[i] = true;
+            out.push(i as i64);
+        }
+        Ok(out)
+    }
+
+    /// The probe heads, in manifest order (empty when the file has none), probes as
+    /// `[rows, k, d_model]` whichever way the file stores them.
+    pub fn probe_heads(&self) -> Result<Vec<ProbeHead>, CactError> {
+        self.head_kinds()
+            .iter()
+            .map(|&kind| {
+                let t = |part| self.tensor(&format!("{}.{part}", kind.name()));
+                let gain = t("gain")?;
+                let mut probes = t("probes")?;
+                probes.shape = vec![
+                    gain.shape[0],
+                    gain.shape[1],
+                    probes.shape[probes.shape.len() - 1],
+                ];
+                Ok(ProbeHead {
+                    kind,
+                    probes,
+                    gain,
+                    query: t("query")?,
+                    row_bias: t("row_bias")?,
+                    proj: t("proj")?,
+                    bias: t("bias")?,
+                    calibration: match kind {
+                        graphs::needle3::HeadKind::Router => Some(t("calibration")?),
+                        _ => None,
+                    },
+                })
+            })
+            .collect()
+    }
+}
