@@ -64,7 +64,7 @@ pub fn one_config(model: &Path, variant: Variant, threads: usize, plan: &Plan) -
     drop(onnx);
     let peak_rss_session = vm_hwm();
     reset_hwm();
-    let vocab = session.config().vocab;
+    let vocab = session.config().vocab();
 
     let mut prefill = Vec::new();
     for &t in &plan.prefill {

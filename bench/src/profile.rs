@@ -44,7 +44,7 @@ pub fn run(model: &Path, threads: usize, plan: &Plan, dir: &Path) -> Result<()> 
             .map_err(|e| anyhow!("{e}"))?;
         let mut session = NeedleSession::from_memory(&onnx, registered)?;
         let cpu = CpuShare::start();
-        let vocab = session.config().vocab;
+        let vocab = session.config().vocab();
         let out = generate::prefill(
             &mut session,
             &tokens(past, vocab, 7),

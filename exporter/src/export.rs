@@ -3,7 +3,7 @@
 
 use crate::model::NeedleModel;
 use graphs::contract::{ExportDescription, TokenizerDescription, Variant};
-use graphs::needle::build;
+use graphs::model::build;
 use prost::Message;
 
 /// What a caller asks of one export.
@@ -33,7 +33,6 @@ impl NeedleModel {
     pub fn describe(&self, opts: &ExportOptions) -> ExportDescription {
         let t = &self.tokenizer;
         ExportDescription::new(
-            self.generation,
             self.config.clone(),
             opts.variant,
             self.source.clone(),

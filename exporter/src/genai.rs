@@ -5,6 +5,7 @@
 
 use graphs::contract::names::{self, layer_cache_template};
 use graphs::contract::ExportDescription;
+use graphs::needle::Config;
 use serde_json::{json, Value};
 
 /// The graph's file name inside a genai folder.
@@ -16,8 +17,7 @@ pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
 
 /// `genai_config.json` for the graph `desc` describes. Generation stops at any of
 /// `stop_ids` (EOS, and the end of an assistant turn); greedy search by default.
-pub fn config(desc: &ExportDescription, stop_ids: &[u32]) -> String {
-    let c = &desc.config;
+pub fn config(desc: &ExportDescription, c: &Config, stop_ids: &[u32]) -> String {
     let cache = layer_cache_template();
     let config = json!({
         "model": {
@@ -79,7 +79,7 @@ pub fn tokenizer_config(desc: &ExportDescription, special: &SpecialPieces) -> St
         "eos_token": special.eos,
         "unk_token": special.unk,
         "pad_token": special.pad,
-        "model_max_length": desc.config.max_seq_len,
+        "model_max_length": desc.config.max_seq_len(),
         "clean_up_tokenization_spaces": false,
         "legacy": false,
     }))

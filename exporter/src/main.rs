@@ -7,16 +7,18 @@ use exporter::cli::spelled;
 use exporter::model::NeedleModel;
 use exporter::output::ExportFiles;
 use exporter::tokenizer::NeedleTokenizer;
-use graphs::contract::{parse_spelled, AttentionKind, MatMulWeights, Precision, Spelled};
+use graphs::contract::{
+    parse_spelled, AttentionKind, Generation, MatMulWeights, Precision, Spelled,
+};
 use std::io::{stdout, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// Converts a Needle 2 `.cact` model into ONNX graphs for onnxruntime.
+/// Converts a Needle 2 or Needle 3 `.cact` model into ONNX graphs for onnxruntime.
 #[derive(Parser)]
 #[command(version)]
 struct Args {
-    /// The Needle 2 `.cact` file.
+    /// The `.cact` file (Needle 2 or 3; the file says which).
     model: PathBuf,
     /// The graph to write; `--attention both` also writes `OUT.reference.onnx`. With
     /// `--genai`, the folder to write.
@@ -93,6 +95,21 @@ fn run(args: Args) -> Result<()> {
     };
     files.check(&args.model, args.force)?;
     let model = NeedleModel::read(&args.model)?;
+    if args.genai && model.generation() != Generation::Needle2 {
+        bail!(
+            "{}: --genai writes onnxruntime-genai folders for Needle 2 models only; this is a \
+             Needle 3 file (its per-layer QKV-conv state has no genai form yet)",
+            args.model.display()
+        );
+    }
+    if model.skipped_audio_tensors > 0 {
+        eprintln!(
+            "needle-export: note: {} carries a Whistle audio section ({} tensors); audio is not \
+             supported, so the graphs are text-only",
+            args.model.display(),
+            model.skipped_audio_tensors
+        );
+    }
     let tokenizer = NeedleTokenizer::from_spec(&model.tokenizer, args.remove_extra_whitespaces)
         .with_context(|| format!("{}: tokenizer", args.model.display()))?;
     for (path, bytes) in files.write(&model, &tokenizer, args.precision, args.weights)? {

@@ -3,22 +3,24 @@
 
 use crate::cact::bytes::Reader;
 use crate::cact::layout::{NEEDLE3_TAG, TAG};
+use crate::cact::needle3::Cact3File;
 use crate::cact::{read_tag, CactError, CactFile, TokenizerSpec};
 use crate::output::file_name;
 use anyhow::Context;
-use graphs::contract::{Generation, Source};
-use graphs::needle::{Config, Weights};
+use graphs::contract::{Generation, ModelConfig, Source};
+use graphs::model::ModelWeights;
 use sha2::{Digest, Sha256};
 use std::path::Path;
 
 /// A model ready to export: geometry, dequantized float32 weights, tokenizer, provenance.
 #[derive(Clone, Debug)]
 pub struct NeedleModel {
-    pub generation: Generation,
-    pub config: Config,
-    pub weights: Weights,
+    pub config: ModelConfig,
+    pub weights: ModelWeights,
     pub tokenizer: TokenizerSpec,
     pub source: Source,
+    /// Tensors of a Whistle audio section the file carries, which the export leaves out.
+    pub skipped_audio_tensors: usize,
 }
 
 impl NeedleModel {
@@ -30,21 +32,43 @@ impl NeedleModel {
             Generation::Needle2 => {
                 let file = CactFile::parse(bytes)?;
                 Ok(NeedleModel {
-                    generation: Generation::Needle2,
-                    config: file.config(),
-                    weights: file.weights()?,
+                    config: ModelConfig::Needle2(file.config()),
+                    weights: ModelWeights::Needle2(file.weights()?),
                     tokenizer: file.tokenizer().clone(),
                     source,
+                    skipped_audio_tensors: 0,
+                })
+            }
+            Generation::Needle3 => {
+                let file = Cact3File::parse(bytes)?;
+                Ok(NeedleModel {
+                    config: ModelConfig::Needle3(file.config()),
+                    weights: ModelWeights::Needle3(file.weights()?),
+                    tokenizer: file.tokenizer().clone(),
+                    source,
+                    skipped_audio_tensors: file.audio_tensors(),
                 })
             }
         }
+    }
+
+    pub fn generation(&self) -> Generation {
+        self.config.generation()
     }
 
     /// Reads the `.cact` file at `path` (see [`Self::from_bytes`]); the error names the path.
     pub fn read(path: &Path) -> anyhow::Result<Self> {
         let bytes =
             std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-        Self::from_bytes(&file_name(path), &bytes).with_context(|| path.display().to_string())
+        // Name the generation in errors once the tag says which it is.
+        let generation = read_tag(&mut Reader::new(&bytes, 0))
+            .ok()
+            .and_then(|tag| generation_of(tag).ok());
+        let what = match generation {
+            Some(g) => format!("{} (Needle {g})", path.display()),
+            None => path.display().to_string(),
+        };
+        Self::from_bytes(&file_name(path), &bytes).with_context(|| what)
     }
 }
 
@@ -52,7 +76,7 @@ impl NeedleModel {
 pub fn generation_of(tag: u32) -> Result<Generation, CactError> {
     match tag {
         TAG => Ok(Generation::Needle2),
-        NEEDLE3_TAG => Err(CactError::Needle3),
+        NEEDLE3_TAG => Ok(Generation::Needle3),
         found => Err(CactError::BadTag { found }),
     }
 }

@@ -7,7 +7,7 @@ use crate::genai;
 use crate::model::NeedleModel;
 use crate::tokenizer::{NeedleTokenizer, IM_END};
 use anyhow::{bail, Context, Result};
-use graphs::contract::{AttentionKind, MatMulWeights, Precision, Variant};
+use graphs::contract::{AttentionKind, MatMulWeights, ModelConfig, Precision, Variant};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -138,6 +138,9 @@ fn write_genai_configs(
     paths: &[PathBuf],
 ) -> Result<Vec<(PathBuf, usize)>> {
     let desc = model.describe(opts);
+    let ModelConfig::Needle2(config) = &desc.config else {
+        bail!("onnxruntime-genai folders are written for Needle 2 models only");
+    };
     let t = &desc.tokenizer;
     let mut stop_ids = vec![t.eos_id];
     stop_ids.extend(tokenizer.token_id(IM_END));
@@ -155,7 +158,7 @@ fn write_genai_configs(
         pad: piece(t.pad_id),
     };
     let texts = [
-        genai::config(&desc, &stop_ids),
+        genai::config(&desc, config, &stop_ids),
         genai::tokenizer_config(&desc, &special),
     ];
     let mut written = Vec::new();

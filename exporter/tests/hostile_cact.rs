@@ -6,6 +6,7 @@ use exporter::cact::layout::{
     NEEDLE3_TAG, RECORD_BYTES,
 };
 use exporter::cact::{CactError, CactFile};
+use graphs::contract::Generation;
 use test_support::read_fixture;
 
 const HEADER: usize = HEADER_BYTES as usize;
@@ -193,8 +194,11 @@ fn header_cases(map: &Map, cases: &mut Vec<Case>) {
         "needle 3 tag",
         |b| put_u32(b, field("tag"), NEEDLE3_TAG),
         |e| {
-            *e == CactError::Needle3
-                && e.to_string() == "this is a Needle 3 .cact file; only Needle 2 is supported"
+            *e == CactError::OtherGeneration {
+                found: Generation::Needle3,
+                reader: Generation::Needle2,
+            } && e.to_string()
+                == "this is a Needle 3 .cact file; the Needle 2 reader cannot read it"
         },
     );
     let count = |e: &CactError| matches!(e, CactError::TensorCount { .. });

@@ -4,7 +4,9 @@
 //! `to_metadata` / `from_metadata`. The exporter writes through it, the runner and the
 //! benchmarks read through it; no other file spells a graph name or a metadata key.
 
+use crate::needle::attention::HeadShape;
 use crate::needle::Config;
+use crate::needle3::Config as Config3;
 use std::fmt;
 use std::str::FromStr;
 
@@ -63,6 +65,16 @@ pub mod names {
         }
     }
 
+    /// Needle 3's QKV-conv state of layer `i`: `past_key_values.{i}.qkv_conv` /
+    /// `present.{i}.qkv_conv`, `[batch, qkv_conv_taps − 1, q + k + v width]`, each row's
+    /// raw projections of its last real tokens (oldest first), zeros at the start.
+    pub fn qkv_conv_state(i: usize) -> (String, String) {
+        (
+            format!("{PAST_KV_PREFIX}{i}.qkv_conv"),
+            format!("{PRESENT_KV_PREFIX}{i}.qkv_conv"),
+        )
+    }
+
     /// The cache names of layer `i`.
     pub fn layer_cache(i: usize) -> LayerCache {
         layer_cache_named(&i.to_string())
@@ -115,6 +127,14 @@ pub mod keys {
     pub const ROPE_THETA: &str = "needle.rope_theta";
     pub const KV_WINDOW: &str = "needle.kv_window";
     pub const KV_BITS: &str = "needle.kv_bits";
+    // Needle 3's geometry besides the keys above (`head_dim` is not written for it).
+    pub const OUT_VOCAB: &str = "needle.out_vocab";
+    pub const QK_HEAD_DIM: &str = "needle.qk_head_dim";
+    pub const V_HEAD_DIM: &str = "needle.v_head_dim";
+    pub const SLIDING_WINDOW: &str = "needle.sliding_window";
+    pub const GLOBAL_LAYERS: &str = "needle.global_layers";
+    pub const QKV_CONV_TAPS: &str = "needle.qkv_conv_taps";
+    pub const ENGRAM_SEED_STRIDE: &str = "needle.engram_seed_stride";
     pub const GENERATION: &str = "needle.generation";
     pub const PADDING_SIDE: &str = "needle.padding_side";
     pub const ATTENTION: &str = "needle.attention";
@@ -196,20 +216,111 @@ macro_rules! spelled_traits {
     };
 }
 
-/// The model generation a graph implements (`.cact` tag `0x05E12A83` is Needle 2).
+/// The model generation a graph implements (`.cact` tag `0x05E12A83` is Needle 2,
+/// `0x05E12A84` Needle 3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Generation {
     /// `cactus-needle==2.0.15`.
     Needle2,
+    /// `cactus-needle==3.2.8`.
+    Needle3,
 }
 
 impl Spelled for Generation {
     const WHAT: &'static str = "model generation";
-    const ALL: &'static [Self] = &[Generation::Needle2];
+    const ALL: &'static [Self] = &[Generation::Needle2, Generation::Needle3];
     fn name(self) -> &'static str {
         match self {
             Generation::Needle2 => "2",
+            Generation::Needle3 => "3",
         }
+    }
+}
+
+/// A model's geometry, whatever its generation.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ModelConfig {
+    Needle2(Config),
+    Needle3(Config3),
+}
+
+impl ModelConfig {
+    pub fn generation(&self) -> Generation {
+        match self {
+            ModelConfig::Needle2(_) => Generation::Needle2,
+            ModelConfig::Needle3(_) => Generation::Needle3,
+        }
+    }
+
+    pub fn num_layers(&self) -> usize {
+        match self {
+            ModelConfig::Needle2(c) => c.num_layers,
+            ModelConfig::Needle3(c) => c.num_layers,
+        }
+    }
+
+    pub fn max_seq_len(&self) -> usize {
+        match self {
+            ModelConfig::Needle2(c) => c.max_seq_len,
+            ModelConfig::Needle3(c) => c.max_seq_len,
+        }
+    }
+
+    /// Token ids the model reads.
+    pub fn vocab(&self) -> usize {
+        match self {
+            ModelConfig::Needle2(c) => c.vocab,
+            ModelConfig::Needle3(c) => c.vocab,
+        }
+    }
+
+    /// Width of `logits`: the ids the model can produce.
+    pub fn output_vocab(&self) -> usize {
+        match self {
+            ModelConfig::Needle2(c) => c.vocab,
+            ModelConfig::Needle3(c) => c.out_vocab,
+        }
+    }
+
+    /// The attention heads' layout.
+    pub fn head_shape(&self) -> HeadShape {
+        match self {
+            ModelConfig::Needle2(c) => HeadShape::of(c),
+            ModelConfig::Needle3(c) => c.head_shape(),
+        }
+    }
+
+    /// Width of the engram token history state.
+    pub fn engram_history(&self) -> usize {
+        match self {
+            ModelConfig::Needle2(c) => c.engram_history(),
+            ModelConfig::Needle3(c) => c.engram_history(),
+        }
+    }
+
+    /// `(slots, width)` of each layer's QKV-conv state (Needle 3 with conv taps).
+    pub fn qkv_conv_state(&self) -> Option<(usize, usize)> {
+        match self {
+            ModelConfig::Needle2(_) => None,
+            ModelConfig::Needle3(c) => c.qkv_conv_state(),
+        }
+    }
+
+    fn to_metadata(&self) -> Vec<(String, String)> {
+        match self {
+            ModelConfig::Needle2(c) => c.to_metadata(),
+            ModelConfig::Needle3(c) => c.to_metadata(),
+        }
+    }
+
+    fn from_metadata(
+        generation: Generation,
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, String> {
+        Ok(match generation {
+            Generation::Needle2 => ModelConfig::Needle2(Config::from_metadata(get)?),
+            Generation::Needle3 => ModelConfig::Needle3(Config3::from_metadata(get)?),
+        })
     }
 }
 spelled_traits!(Generation);
@@ -365,8 +476,7 @@ pub struct TokenizerDescription {
 /// Everything an exported graph says about itself in `metadata_props`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ExportDescription {
-    pub generation: Generation,
-    pub config: Config,
+    pub config: ModelConfig,
     pub variant: Variant,
     pub source: Source,
     pub tokenizer: TokenizerDescription,
@@ -385,34 +495,43 @@ impl ExportDescription {
     /// from `attention_mask`, so it takes shared past/present buffers; the reference graph
     /// reads it from the cache's shape, so it does not.
     pub fn new(
-        generation: Generation,
-        config: Config,
+        config: ModelConfig,
         variant: Variant,
         source: Source,
         tokenizer: TokenizerDescription,
     ) -> Self {
-        let state = names::engram_state(config.num_layers);
+        let state = names::engram_state(config.num_layers());
+        let mut state_inputs = Vec::new();
+        if config.qkv_conv_state().is_some() {
+            state_inputs.extend((0..config.num_layers()).map(|i| names::qkv_conv_state(i).0));
+        }
+        state_inputs.extend([state.past_ids, state.past_placeholder]);
         ExportDescription {
-            generation,
             config,
             variant,
             source,
             tokenizer,
             past_present_share_buffer: variant.attention.is_fused(),
-            state_inputs: vec![state.past_ids, state.past_placeholder],
+            state_inputs,
             padding_side: PaddingSide::Right,
         }
+    }
+
+    pub fn generation(&self) -> Generation {
+        self.config.generation()
     }
 
     /// The interface in words, for the model's `doc_string` (what a person reading the
     /// graph in Netron or onnx needs; the metadata says the same as data).
     pub fn doc_string(&self) -> String {
-        let state = names::engram_state(self.config.num_layers);
+        let state = names::engram_state(self.config.num_layers());
+        let shape = self.config.head_shape();
+        let attention = self.variant.attention;
         let mut doc = format!(
             "Needle {} ({} attention, {}). Inputs: {ids} [{b}, {s}]; {mask} [{b}, {t}], 1 for \
              real tokens, each row's padding after its tokens ({pad} padding); {pos} [{b}, {s}], \
-             each token's position in its row; per layer {pk}.key/.value [{b}, kv_heads, {p}, \
-             head_dim]; {past_ids} int64 [{b}, {w}], each row's last {w} real tokens (zeros \
+             each token's position in its row; per layer {pk}.key [{b}, {kv}, {p}, {kd}] and \
+             .value [{b}, {kv}, {p}, {vd}]; {past_ids} int64 [{b}, {w}], each row's last {w} real tokens (zeros \
              before the first), which the engram n-gram memory reads, and {placeholder} float32 \
              [{b}, 1], unused (the pair is named as onnxruntime-genai's recurrent state, so genai \
              carries it). Outputs: {logits} [{b}, {s}, vocab] float32; {pr}.key/.value [.., {t}, \
@@ -420,7 +539,7 @@ impl ExportDescription {
              back as its past_key_values.*, append a column to the mask and continue each row's \
              positions; {p} = 0, zero state, an all-ones mask and positions 0..{s} is a plain \
              forward.",
-            self.generation,
+            self.generation(),
             self.variant.attention,
             self.variant.precision,
             ids = names::INPUT_IDS,
@@ -432,6 +551,9 @@ impl ExportDescription {
             present_ids = state.present_ids,
             present_placeholder = state.present_placeholder,
             w = self.config.engram_history(),
+            kv = shape.kv_heads,
+            kd = shape.cached_key_dim(attention),
+            vd = shape.cached_value_dim(attention),
             logits = names::LOGITS,
             pk = "past_key_values.{i}",
             pr = "present.{i}",
@@ -440,6 +562,17 @@ impl ExportDescription {
             p = dims::PAST_SEQUENCE,
             t = dims::TOTAL_SEQUENCE,
         );
+        if let Some((slots, width)) = self.config.qkv_conv_state() {
+            let (past, present) = names::qkv_conv_state(0);
+            doc.push_str(&format!(
+                " Per layer also {} [{b}, {slots}, {width}] (.0 for layer 0, and so on): the \
+                 raw q, k and v projections of each row's last {slots} real tokens, which the \
+                 causal conv over them reads; zeros at the start; returned as {}.",
+                past.replace(".0.", ".{i}."),
+                present.replace(".0.", ".{i}."),
+                b = dims::BATCH,
+            ));
+        }
         if self.past_present_share_buffer {
             doc.push_str(
                 " The KV inputs may be buffers longer than past_sequence (attention_mask gives \
@@ -452,7 +585,7 @@ impl ExportDescription {
 
     /// The description as `metadata_props` entries.
     pub fn to_metadata(&self) -> Vec<(String, String)> {
-        let mut meta = vec![(keys::GENERATION.to_string(), self.generation.to_string())];
+        let mut meta = vec![(keys::GENERATION.to_string(), self.generation().to_string())];
         meta.extend(self.config.to_metadata());
         let mut add = |k: &str, v: String| meta.push((k.to_string(), v));
         let v = &self.variant;
@@ -489,7 +622,6 @@ impl ExportDescription {
     /// Reads the description back; `get` looks a key up. The error names the missing or
     /// malformed key.
     pub fn from_metadata(get: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
-        let config = Config::from_metadata(&get)?;
         let read = Metadata(&get);
         if get(keys::GENERATION).is_none() {
             return Err(format!(
@@ -498,13 +630,12 @@ impl ExportDescription {
                 keys::GENERATION
             ));
         }
-        let generation = read.spelled(keys::GENERATION)?;
+        let config = ModelConfig::from_metadata(read.spelled(keys::GENERATION)?, &get)?;
         let attention = match read.spelled::<AttentionKind>(keys::ATTENTION)? {
             AttentionKind::Fused(_) => AttentionKind::Fused(read.spelled(keys::FUSED_OP)?),
             AttentionKind::Reference => AttentionKind::Reference,
         };
         Ok(ExportDescription {
-            generation,
             config,
             variant: Variant {
                 attention,
@@ -575,12 +706,6 @@ impl<F: Fn(&str) -> Option<String>> Metadata<'_, F> {
 impl Config {
     /// The geometry as `metadata_props` entries (lists comma-separated).
     pub fn to_metadata(&self) -> Vec<(String, String)> {
-        let list = |v: &[usize]| {
-            v.iter()
-                .map(|x| x.to_string())
-                .collect::<Vec<_>>()
-                .join(",")
-        };
         [
             (keys::VOCAB, self.vocab.to_string()),
             (keys::D_MODEL, self.d_model.to_string()),
@@ -638,6 +763,88 @@ impl Config {
     }
 }
 
+impl Config3 {
+    /// The geometry as `metadata_props` entries (lists comma-separated).
+    pub fn to_metadata(&self) -> Vec<(String, String)> {
+        [
+            (keys::VOCAB, self.vocab.to_string()),
+            (keys::OUT_VOCAB, self.out_vocab.to_string()),
+            (keys::D_MODEL, self.d_model.to_string()),
+            (keys::NUM_HEADS, self.num_heads.to_string()),
+            (keys::NUM_KV_HEADS, self.num_kv_heads.to_string()),
+            (keys::NUM_LAYERS, self.num_layers.to_string()),
+            (keys::QK_HEAD_DIM, self.qk_head_dim.to_string()),
+            (keys::V_HEAD_DIM, self.v_head_dim.to_string()),
+            (keys::MAX_SEQ_LEN, self.max_seq_len.to_string()),
+            (keys::HADA_N, self.hada_n.to_string()),
+            (keys::MHC_LANES, self.mhc_lanes.to_string()),
+            (keys::SLIDING_WINDOW, self.sliding_window.to_string()),
+            (keys::GLOBAL_LAYERS, list(&self.global_layers)),
+            (keys::QKV_CONV_TAPS, self.qkv_conv_taps.to_string()),
+            (keys::ENGRAM_SLOTS, self.engram_slots.to_string()),
+            (keys::ENGRAM_SUB_DIM, self.engram_sub_dim.to_string()),
+            (keys::ENGRAM_TABLES, self.num_engram_tables.to_string()),
+            (keys::ENGRAM_CONV_TAPS, self.engram_conv_taps.to_string()),
+            (
+                keys::ENGRAM_CONV_DILATION,
+                self.engram_conv_dilation.to_string(),
+            ),
+            (
+                keys::ENGRAM_SEED_STRIDE,
+                self.engram_seed_stride.to_string(),
+            ),
+            (keys::ENGRAM_ORDERS, list(&self.engram_orders)),
+            (keys::ENGRAM_SITES, list(&self.engram_sites)),
+            (keys::ROPE_THETA, self.rope_theta.to_string()),
+            (keys::KV_WINDOW, self.kv_window.to_string()),
+            (keys::KV_BITS, self.kv_bits.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+
+    /// Reads the geometry back from metadata; the error names the missing or malformed key.
+    pub fn from_metadata(get: impl Fn(&str) -> Option<String>) -> Result<Config3, String> {
+        let read = Metadata(&get);
+        Ok(Config3 {
+            vocab: read.parsed(keys::VOCAB)?,
+            out_vocab: read.parsed(keys::OUT_VOCAB)?,
+            d_model: read.parsed(keys::D_MODEL)?,
+            num_heads: read.parsed(keys::NUM_HEADS)?,
+            num_kv_heads: read.parsed(keys::NUM_KV_HEADS)?,
+            num_layers: read.parsed(keys::NUM_LAYERS)?,
+            qk_head_dim: read.parsed(keys::QK_HEAD_DIM)?,
+            v_head_dim: read.parsed(keys::V_HEAD_DIM)?,
+            max_seq_len: read.parsed(keys::MAX_SEQ_LEN)?,
+            hada_n: read.parsed(keys::HADA_N)?,
+            mhc_lanes: read.parsed(keys::MHC_LANES)?,
+            sliding_window: read.parsed(keys::SLIDING_WINDOW)?,
+            global_layers: read.list(keys::GLOBAL_LAYERS)?,
+            qkv_conv_taps: read.parsed(keys::QKV_CONV_TAPS)?,
+            engram_slots: read.parsed(keys::ENGRAM_SLOTS)?,
+            engram_sub_dim: read.parsed(keys::ENGRAM_SUB_DIM)?,
+            num_engram_tables: read.parsed(keys::ENGRAM_TABLES)?,
+            engram_conv_taps: read.parsed(keys::ENGRAM_CONV_TAPS)?,
+            engram_conv_dilation: read.parsed(keys::ENGRAM_CONV_DILATION)?,
+            engram_seed_stride: read.parsed(keys::ENGRAM_SEED_STRIDE)?,
+            engram_orders: read.list(keys::ENGRAM_ORDERS)?,
+            engram_sites: read.list(keys::ENGRAM_SITES)?,
+            rope_theta: read.parsed(keys::ROPE_THETA)?,
+            kv_window: read.parsed(keys::KV_WINDOW)?,
+            kv_bits: read.parsed(keys::KV_BITS)?,
+        })
+    }
+}
+
+/// `v` comma-separated.
+fn list(v: &[usize]) -> String {
+    v.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -690,7 +897,7 @@ mod tests {
             bos_id: 2,
             unk_id: 3,
         };
-        ExportDescription::new(Generation::Needle2, config, variant, source, tokenizer)
+        ExportDescription::new(ModelConfig::Needle2(config), variant, source, tokenizer)
     }
 
     #[test]

@@ -62,7 +62,7 @@ pub fn generate(
     prompt_ids: &[u32],
     opts: &GenerateOptions,
 ) -> Result<Generation> {
-    let max_len = session.config().max_seq_len;
+    let max_len = session.config().max_seq_len();
     if prompt_ids.is_empty() {
         bail!("the prompt is empty");
     }
@@ -78,7 +78,7 @@ pub fn generate(
     let mut step = prefill(session, &ids, prompt_ids.len() + opts.max_new_tokens)?;
     let prefill_secs = start.elapsed().as_secs_f64();
 
-    let vocab = session.config().vocab;
+    let vocab = session.config().output_vocab();
     let mut generated = Vec::new();
     let mut stopped_on = None;
     let mut decode_tokens = 0;

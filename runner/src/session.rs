@@ -6,13 +6,12 @@ use crate::plan::RunPlan;
 use crate::provider::{self, Provider, Registered};
 use anyhow::{anyhow, bail, Context, Result};
 use graphs::contract::names::{self, engram_state, layer_cache, EngramState, LayerCache};
-use graphs::contract::{ExportDescription, Precision};
-use graphs::needle::Config;
+use graphs::contract::{ExportDescription, ModelConfig, Precision};
 use ort::session::{Session, SessionInputValue, SessionOutputs};
 use ort::value::TensorElementType;
 use ort::value::{DynTensor, DynValue, Tensor};
 
-/// One layer's cache, `[batch, num_kv_heads, len or capacity, head_dim]` each.
+/// One layer's cache, `[batch, num_kv_heads, len or capacity, width]` each.
 pub struct LayerKv {
     pub key: DynValue,
     pub value: DynValue,
@@ -26,6 +25,9 @@ pub struct Cache {
     history: DynValue,
     /// The engram state's unused partner `[batch, 1]` (see `names::EngramState`).
     placeholder: DynValue,
+    /// Needle 3's per-layer QKV-conv state, float32 `[batch, taps − 1, width]`; empty
+    /// without the conv.
+    qkv_conv: Vec<DynValue>,
     len: usize,
     /// `Some(tokens)`: the key/value tensors are buffers of that many positions, bound as
     /// both `past_*` and `present.*` so attention appends in place (see
@@ -58,6 +60,8 @@ pub struct NeedleSession {
     /// The cache input/output names of each layer.
     layer_names: Vec<LayerCache>,
     engram_names: EngramState,
+    /// `(past, present)` names of each layer's QKV-conv state; empty without the conv.
+    conv_names: Vec<(String, String)>,
 }
 
 /// One step's inputs for `batch` rows, row-major: `input_ids` `[batch, sequence]`,
@@ -126,23 +130,27 @@ impl NeedleSession {
             .map_err(|e| anyhow!("not a needle-export graph: {e}"))?;
         drop(meta);
         let plan = RunPlan::new(registered.provider, &description, registered.threads);
-        let layer_names = (0..description.config.num_layers)
-            .map(layer_cache)
-            .collect();
-        let engram_names = engram_state(description.config.num_layers);
+        let layers = description.config.num_layers();
+        let layer_names = (0..layers).map(layer_cache).collect();
+        let engram_names = engram_state(layers);
+        let conv_names = match description.config.qkv_conv_state() {
+            Some(_) => (0..layers).map(names::qkv_conv_state).collect(),
+            None => Vec::new(),
+        };
         let s = NeedleSession {
             session,
             description,
             plan,
             layer_names,
             engram_names,
+            conv_names,
         };
         s.check_interface()?;
         Ok(s)
     }
 
     /// The model geometry.
-    pub fn config(&self) -> &Config {
+    pub fn config(&self) -> &ModelConfig {
         &self.description.config
     }
 
@@ -158,7 +166,10 @@ impl NeedleSession {
             .iter()
             .flat_map(|n| [n.past_key.as_str(), n.past_value.as_str()]);
         let e = &self.engram_names;
-        let carried = [e.past_ids.as_str(), e.past_placeholder.as_str()];
+        let conv = self.conv_names.iter().map(|(past, _)| past.as_str());
+        let carried: Vec<&str> = conv
+            .chain([e.past_ids.as_str(), e.past_placeholder.as_str()])
+            .collect();
         if self.description.state_inputs != carried {
             bail!(
                 "this runner carries {carried:?} between steps; the graph needs {:?}",
@@ -185,7 +196,7 @@ impl NeedleSession {
         if !self.plan.in_place_cache {
             return self.empty_cache(batch);
         }
-        let capacity = capacity.min(self.config().max_seq_len);
+        let capacity = capacity.min(self.config().max_seq_len());
         self.new_cache(batch, Some(capacity))
     }
 
@@ -196,16 +207,34 @@ impl NeedleSession {
             Precision::Fp32 => TensorElementType::Float32,
             Precision::Fp16 => TensorElementType::Float16,
         };
-        let shape = [batch, c.num_kv_heads, capacity.unwrap_or(0), c.head_dim];
+        let heads = c.head_shape();
+        let attention = self.description.variant.attention;
+        let len = capacity.unwrap_or(0);
+        let key_shape = [batch, heads.kv_heads, len, heads.cached_key_dim(attention)];
+        let value_shape = [
+            batch,
+            heads.kv_heads,
+            len,
+            heads.cached_value_dim(attention),
+        ];
         let alloc = self.session.allocator();
-        let layers = (0..c.num_layers)
+        let layers = (0..c.num_layers())
             .map(|_| {
                 Ok(LayerKv {
-                    key: DynTensor::new(alloc, float, shape)?.into_dyn(),
-                    value: DynTensor::new(alloc, float, shape)?.into_dyn(),
+                    key: DynTensor::new(alloc, float, key_shape)?.into_dyn(),
+                    value: DynTensor::new(alloc, float, value_shape)?.into_dyn(),
                 })
             })
             .collect::<Result<_>>()?;
+        let qkv_conv = match c.qkv_conv_state() {
+            Some((slots, width)) => (0..c.num_layers())
+                .map(|_| {
+                    let zeros = vec![0f32; batch * slots * width];
+                    Ok(Tensor::<f32>::from_array(([batch, slots, width], zeros))?.into_dyn())
+                })
+                .collect::<Result<_>>()?,
+            None => Vec::new(),
+        };
         let width = c.engram_history();
         let history = Tensor::<i64>::from_array(([batch, width], vec![0i64; batch * width]))?;
         let placeholder = Tensor::<f32>::from_array(([batch, 1usize], vec![0f32; batch]))?;
@@ -213,6 +242,7 @@ impl NeedleSession {
             layers,
             history: history.into_dyn(),
             placeholder: placeholder.into_dyn(),
+            qkv_conv,
             len: 0,
             capacity,
         })
@@ -250,7 +280,7 @@ impl NeedleSession {
                 position_ids.len()
             );
         }
-        let max_seq_len = self.config().max_seq_len;
+        let max_seq_len = self.config().max_seq_len();
         let last_position = position_ids.iter().copied().max().unwrap_or(0);
         match cache.capacity {
             Some(capacity) if total > capacity => {
@@ -277,6 +307,9 @@ impl NeedleSession {
             inputs.push((&n.past_key, kv.key.into()));
             inputs.push((&n.past_value, kv.value.into()));
         }
+        for ((past, _), state) in self.conv_names.iter().zip(cache.qkv_conv) {
+            inputs.push((past, state.into()));
+        }
         inputs.push((&self.engram_names.past_ids, cache.history.into()));
         inputs.push((
             &self.engram_names.past_placeholder,
@@ -294,6 +327,11 @@ impl NeedleSession {
                 })
             })
             .collect::<Result<_>>()?;
+        let qkv_conv = self
+            .conv_names
+            .iter()
+            .map(|(_, present)| take(&mut outputs, present))
+            .collect::<Result<_>>()?;
         let history = take(&mut outputs, &self.engram_names.present_ids)?;
         let placeholder = take(&mut outputs, &self.engram_names.present_placeholder)?;
         Ok(StepOutput {
@@ -302,6 +340,7 @@ impl NeedleSession {
                 layers,
                 history,
                 placeholder,
+                qkv_conv,
                 len: total,
                 capacity: None,
             },
@@ -332,6 +371,10 @@ impl NeedleSession {
         binding.bind_input(e.past_ids.as_str(), &cache.history)?;
         binding.bind_input(e.past_placeholder.as_str(), &cache.placeholder)?;
         let host = self.session.allocator().memory_info();
+        for ((past, present), state) in self.conv_names.iter().zip(&cache.qkv_conv) {
+            binding.bind_input(past.as_str(), state)?;
+            binding.bind_output_to_device(present.as_str(), host)?;
+        }
         binding.bind_output_to_device(names::LOGITS, host)?;
         binding.bind_output_to_device(e.present_ids.as_str(), host)?;
         binding.bind_output_to_device(e.present_placeholder.as_str(), host)?;
@@ -342,6 +385,11 @@ impl NeedleSession {
         let logits = logits(&outputs)?;
         let history = take(&mut outputs, &e.present_ids)?;
         let placeholder = take(&mut outputs, &e.present_placeholder)?;
+        cache.qkv_conv = self
+            .conv_names
+            .iter()
+            .map(|(_, present)| take(&mut outputs, present))
+            .collect::<Result<_>>()?;
         drop(outputs);
         cache.history = history;
         cache.placeholder = placeholder;

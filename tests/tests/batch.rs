@@ -35,7 +35,7 @@ fn solo(
     forced: &[i64],
     in_place: bool,
 ) -> (Vec<f32>, Vec<Vec<f32>>) {
-    let vocab = s.config().vocab;
+    let vocab = s.config().output_vocab();
     let c = cache(s, 1, in_place, ids.len() + forced.len());
     let mut step = s.forward(ids, 1, c).unwrap();
     let prefill = step.logits.clone();
@@ -108,7 +108,7 @@ fn padded_rows_match_their_single_runs_in_prefill_and_decode() {
     for model in MODELS {
         for (kind, in_place) in [(FUSED, false), (FUSED, true), (Reference, false)] {
             let mut s = session(model, kind);
-            let vocab = s.config().vocab;
+            let vocab = s.config().output_vocab();
             let mut prompts: Vec<Vec<i64>> = LENGTHS
                 .iter()
                 .enumerate()

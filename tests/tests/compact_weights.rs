@@ -28,7 +28,7 @@ fn agreement(weights: MatMulWeights) -> (usize, usize) {
         NeedleTokenizer::from_spec(CactFile::parse(&bytes).unwrap().tokenizer(), true).unwrap();
     let mut exact = session(&bytes, MatMulWeights::Float);
     let mut compact = session(&bytes, weights);
-    let vocab = exact.config().vocab;
+    let vocab = exact.config().output_vocab();
     let text = std::fs::read_to_string(repo_root().join("runner/demo/eval.jsonl")).unwrap();
     let (mut same, mut total) = (0, 0);
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
@@ -66,7 +66,7 @@ fn logit_error(weights: MatMulWeights) -> f32 {
         .forward(&case.input_ids, 1, s.empty_cache(1).unwrap())
         .unwrap()
         .logits;
-    row_error(&got, &case.logits, case.seq, s.config().vocab)
+    row_error(&got, &case.logits, case.seq, s.config().output_vocab())
 }
 
 #[test]

@@ -18,7 +18,7 @@ fn every_case_of_every_model_matches_upstream_in_both_variants() {
     for model in MODELS {
         for kind in [FUSED, Reference] {
             let mut s = session(model, kind);
-            let vocab = s.config().vocab;
+            let vocab = s.config().output_vocab();
             for case in cases(model) {
                 let cache = s.empty_cache(case.batch).unwrap();
                 let got = s
@@ -56,7 +56,7 @@ fn prefill_then_one_token_steps_equals_the_full_forward() {
         for (kind, preallocated) in [(FUSED, false), (FUSED, true), (Reference, false)] {
             let full = full_forward(model, kind, ids, 1);
             let mut s = session(model, kind);
-            let vocab = s.config().vocab;
+            let vocab = s.config().output_vocab();
             let prefill = ids.len() / 2;
             let cache = match preallocated {
                 true => s.preallocated_cache(1, ids.len() + 7).unwrap(),
@@ -114,7 +114,7 @@ fn fp16_graphs_stay_close_to_upstream() {
             let opts = options(kind, Precision::Fp16, MatMulWeights::Float);
             let mut s = session_of(&bytes, &opts, Provider::Cpu);
             let case = cases(model).into_iter().find(|c| c.name == "D").unwrap();
-            let vocab = s.config().vocab;
+            let vocab = s.config().output_vocab();
             let got = s
                 .forward(&case.input_ids, 1, s.empty_cache(1).unwrap())
                 .unwrap()
@@ -161,7 +161,7 @@ fn chunked_prefill_equals_the_full_forward() {
     for kind in [FUSED, Reference] {
         let full = full_forward("m64", kind, &ids, 1);
         let mut s = session("m64", kind);
-        let vocab = s.config().vocab;
+        let vocab = s.config().output_vocab();
         let got = prefill(&mut s, &ids, len + 1).unwrap().logits;
         let last = &full[(len - 1) * vocab..];
         let err = row_error(&got[got.len() - vocab..], last, 1, vocab);

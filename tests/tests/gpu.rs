@@ -36,7 +36,7 @@ fn check(provider: Provider, attention: AttentionKind, precision: Precision, bou
                 )
                 .unwrap()
                 .logits;
-            let vocab = s.config().vocab;
+            let vocab = s.config().output_vocab();
             let row = case.seq * vocab;
             for b in 0..case.batch {
                 let r = b * row..(b + 1) * row;

@@ -1,6 +1,7 @@
 //! Everything that can be wrong with a `.cact` file, each case naming the
 //! field or tensor (by its upstream name) and the byte offset in the file.
 
+use graphs::contract::Generation;
 use std::fmt;
 
 /// Why a `.cact` file was rejected. `Display` is one line; every `offset` is
@@ -19,11 +20,14 @@ pub enum CactError {
         needed: u64,
         available: u64,
     },
-    /// The first u32 is not the Needle 2 tag `0x05E12A83`.
+    /// The first u32 is no generation's tag (`0x05E12A83` Needle 2, `0x05E12A84` Needle 3).
     BadTag { found: u32 },
-    /// The first u32 is the Needle 3 tag `0x05E12A84`.
-    Needle3,
-    /// A header field has a value the Needle 2 architecture cannot have.
+    /// A generation's reader was handed another generation's file.
+    OtherGeneration {
+        found: Generation,
+        reader: Generation,
+    },
+    /// A header field has a value the architecture cannot have.
     Header {
         field: &'static str,
         offset: u64,
@@ -181,11 +185,12 @@ impl fmt::Display for CactError {
             ),
             BadTag { found } => write!(
                 f,
-                "not a Needle 2 .cact file: tag {found:#010x} at byte 0, expected 0x05e12a83"
+                "not a Needle .cact file: tag {found:#010x} at byte 0, expected 0x05e12a83 \
+                 (Needle 2) or 0x05e12a84 (Needle 3)"
             ),
-            Needle3 => write!(
+            OtherGeneration { found, reader } => write!(
                 f,
-                "this is a Needle 3 .cact file; only Needle 2 is supported"
+                "this is a Needle {found} .cact file; the Needle {reader} reader cannot read it"
             ),
             Header {
                 field,

@@ -147,8 +147,14 @@ impl Header {
     /// also returns the header's bytes for the layout's tensor walk.
     pub(crate) fn parse(file: &[u8]) -> Result<(Header, RawHeader<'_>, Codebooks), CactError> {
         let mut r = Reader::new(file, 0);
-        // This is the Needle 2 reader: a file of another generation is refused by the dispatch.
-        let Generation::Needle2 = crate::model::generation_of(super::read_tag(&mut r)?)?;
+        // This is the Needle 2 reader: a file of another generation is refused here.
+        let found = crate::model::generation_of(super::read_tag(&mut r)?)?;
+        if found != Generation::Needle2 {
+            return Err(CactError::OtherGeneration {
+                found,
+                reader: Generation::Needle2,
+            });
+        }
         let rest = (HEADER_BYTES - r.offset()) as usize;
         r.take(rest, || "header".to_string())?;
         let raw = RawHeader::new(NEEDLE2_HEADER, file);

@@ -20,15 +20,15 @@ use crate::needle::engram::{self, EngramKv};
 use crate::needle::hadamard_mlp::hadamard_mlp;
 use crate::needle::hyper_connections::{hc_post, hc_pre};
 use crate::needle::norms::zc_rms_norm;
-use crate::needle::{BuildContext, LayerWeights, Weights};
+use crate::needle::{BuildContext, Config, LayerWeights, Tensor, Weights};
 use crate::onnx::{data_type, ModelProto};
 
 /// Builds the graph `desc` describes, with `desc`'s metadata in `metadata_props`.
 /// The fused variant is onnxruntime's fast path (single-kernel norms and RoPE,
 /// `GroupQueryAttention`); the reference variant stays on opset-21 primitives so that any
 /// runtime and execution provider takes all of it (see [`BuildContext`]).
-pub fn build(desc: &ExportDescription, w: &Weights) -> ModelProto {
-    let ctx = BuildContext::new(&desc.config, desc.variant);
+pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto {
+    let ctx = BuildContext::new(cfg, desc.variant);
     let mut b = GraphBuilder::new(ctx.kernels.opset(), desc.variant.precision);
     let inputs = inputs(&mut b, &ctx);
     // The mask, not the cache, says how many tokens came before: a caller may pass a
@@ -60,7 +60,7 @@ pub fn build(desc: &ExportDescription, w: &Weights) -> ModelProto {
     });
 
     let (embedding, mut x) = b.scope("embed_tokens", |b| {
-        embed_tokens(b, &ctx, w, &inputs.input_ids)
+        embed_tokens(b, &ctx, &w.embedding, &inputs.input_ids)
     });
     let shared = LayerInputs {
         attn,
@@ -73,7 +73,18 @@ pub fn build(desc: &ExportDescription, w: &Weights) -> ModelProto {
         x = next;
         presents.push(present);
     }
-    let logits = b.scope("lm_head", |b| lm_head(b, &ctx, w, embedding.as_ref(), &x));
+    let logits = b.scope("lm_head", |b| {
+        let rows = cfg.vocab;
+        lm_head(
+            b,
+            &ctx,
+            &w.final_norm,
+            &w.embedding,
+            embedding.as_ref(),
+            rows,
+            &x,
+        )
+    });
     outputs(
         &mut b,
         &ctx,
@@ -96,7 +107,7 @@ struct Inputs {
     placeholder: Value,
 }
 
-fn ids_dims(len: &'static str) -> [Dim; 2] {
+pub(crate) fn ids_dims(len: &'static str) -> [Dim; 2] {
     [Dim::Named(BATCH), Dim::Named(len)]
 }
 
@@ -152,25 +163,24 @@ fn inputs(b: &mut GraphBuilder, ctx: &BuildContext) -> Inputs {
 
 /// `Gather(embedding)·√d` broadcast to the `[batch, sequence, lanes, d_model]` stream.
 /// Returns the float table too when it is one (the lm_head is tied to it).
-fn embed_tokens(
+pub(crate) fn embed_tokens<C>(
     b: &mut GraphBuilder,
-    ctx: &BuildContext,
-    w: &Weights,
+    ctx: &BuildContext<C>,
+    embedding: &Tensor,
     input_ids: &Value,
 ) -> (Option<Value>, Value) {
-    let cfg = ctx.cfg;
     // Compact weights quantize each use of the table in its own layout.
     let storage = ctx.matmul_weights();
     let emb = (storage == MatMulWeights::Float)
-        .then(|| b.weight("embedding", &w.embedding.shape, &w.embedding.data));
+        .then(|| b.weight("embedding", &embedding.shape, &embedding.data));
     let x = match &emb {
         Some(emb) => b.gather(emb, input_ids, 0),
-        None => gather_table(b, storage, "embedding", &w.embedding, input_ids),
+        None => gather_table(b, storage, "embedding", embedding, input_ids),
     };
-    let scale = b.scalar_float((cfg.d_model as f64).sqrt() as f32);
+    let scale = b.scalar_float((ctx.shared.d_model as f64).sqrt() as f32);
     let x = b.mul(&x, &scale);
     let x = b.unsqueeze(&x, &[2]);
-    let lanes = b.const_i64(&[1, 1, cfg.mhc_lanes as i64, 1]);
+    let lanes = b.const_i64(&[1, 1, ctx.shared.mhc_lanes as i64, 1]);
     (emb, b.op1("Expand", &[&x, &lanes], vec![]))
 }
 
@@ -232,26 +242,36 @@ fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
-/// Mean over lanes, `final_norm`, and the tied output projection; float32 logits.
-fn lm_head(
+/// Mean over lanes, `final_norm`, and the output projection tied to the first `rows`
+/// rows of the embedding table (the float table `embedding` when there is one); float32
+/// logits.
+pub(crate) fn lm_head<C>(
     b: &mut GraphBuilder,
-    ctx: &BuildContext,
-    w: &Weights,
+    ctx: &BuildContext<C>,
+    final_norm: &Tensor,
+    table: &Tensor,
     embedding: Option<&Value>,
+    rows: usize,
     x: &Value,
 ) -> Value {
-    let cfg = ctx.cfg;
+    let d_model = ctx.shared.d_model;
     let x = b.reduce_mean(x, &[2]);
     let x = b.squeeze(&x, &[2]);
-    let x = zc_rms_norm(b, ctx, &x, "final_norm", &w.final_norm.data);
+    let x = zc_rms_norm(b, ctx, &x, "final_norm", &final_norm.data);
     let logits = match embedding {
         Some(embedding) => {
-            let et = b.transpose(embedding, &[1, 0]);
+            let head = if rows < table.shape[0] {
+                b.slice(embedding, 0, 0, rows as i64)
+            } else {
+                embedding.clone()
+            };
+            let et = b.transpose(&head, &[1, 0]);
             b.matmul(&x, &et)
         }
         None => b.scope("embedding", |b| {
             let storage = ctx.matmul_weights();
-            matmul_nbits(b, storage, &x, &w.embedding.data, cfg.vocab, cfg.d_model)
+            let head = &table.data[..rows * d_model];
+            matmul_nbits(b, storage, &x, head, rows, d_model)
         }),
     };
     match ctx.variant.precision {

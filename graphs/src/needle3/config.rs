@@ -1,5 +1,8 @@
 //! Needle 3 geometry, as the `.cact` header records it (generation 3, `cactus-needle==3.2.8`).
 
+use crate::needle::attention::HeadShape;
+use crate::needle::context::{EngramGeometry, Geometry, SharedGeometry};
+
 /// Geometry of one Needle 3 model (the validated header; a ladder rung's is the rung's).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
@@ -44,6 +47,34 @@ pub struct Config {
 }
 
 impl Config {
+    /// The attention heads' layout.
+    pub fn head_shape(&self) -> HeadShape {
+        HeadShape {
+            heads: self.num_heads,
+            kv_heads: self.num_kv_heads,
+            qk_dim: self.qk_head_dim,
+            v_dim: self.v_head_dim,
+        }
+    }
+
+    /// Width of the raw Q, K and V projections the conv runs over, concatenated.
+    pub fn qkv_width(&self) -> usize {
+        (self.num_heads + self.num_kv_heads) * self.qk_head_dim
+            + self.num_kv_heads * self.v_head_dim
+    }
+
+    /// `(slots, width)` of each layer's QKV-conv state: the previous `taps − 1`
+    /// positions' raw projections; `None` without the conv.
+    pub fn qkv_conv_state(&self) -> Option<(usize, usize)> {
+        (self.qkv_conv_taps > 1).then(|| (self.qkv_conv_taps - 1, self.qkv_width()))
+    }
+
+    /// The sliding window of layer `layer` when it can bind (shorter than `max_seq_len`).
+    pub fn window_of(&self, layer: usize) -> Option<usize> {
+        (self.is_local(layer) && self.sliding_window < self.max_seq_len)
+            .then_some(self.sliding_window)
+    }
+
     /// Whether layer `layer` attends within `sliding_window` only.
     pub fn is_local(&self, layer: usize) -> bool {
         self.sliding_window > 0 && !self.global_layers.contains(&layer)
@@ -58,5 +89,23 @@ impl Config {
     /// `conv_taps · dilation` positions).
     pub fn engram_history(&self) -> usize {
         self.engram_conv_taps * self.engram_conv_dilation
+    }
+}
+
+impl Geometry for Config {
+    fn shared(&self) -> SharedGeometry {
+        SharedGeometry {
+            d_model: self.d_model,
+            mhc_lanes: self.mhc_lanes,
+            engram: EngramGeometry {
+                orders: self.engram_orders.clone(),
+                num_tables: self.num_engram_tables,
+                slots: self.engram_slots,
+                sub_dim: self.engram_sub_dim,
+                conv_taps: self.engram_conv_taps,
+                dilation: self.engram_conv_dilation,
+                seed_stride: self.engram_seed_stride,
+            },
+        }
     }
 }

@@ -5,6 +5,7 @@ use crate::cact::bytes::Reader;
 use crate::cact::header::{read_codebooks, RawHeader};
 use crate::cact::layout::CODEBOOK_LEN;
 use crate::cact::{CactError, Codebooks};
+use graphs::contract::Generation;
 
 /// The header, field for field, after validation. `engram_orders` and `engram_sites`
 /// hold only the used entries; the global mask is unpacked into layer indices.
@@ -48,10 +49,17 @@ pub struct Header {
 
 impl Header {
     /// Reads and validates the header and codebooks at the start of `file` (whose
-    /// tag the dispatch has read); also returns the header's bytes for the tensor walk.
+    /// tag must be Needle 3's); also returns the header's bytes for the tensor walk.
     pub(crate) fn parse(file: &[u8]) -> Result<(Header, RawHeader<'_>, Codebooks), CactError> {
         let mut r = Reader::new(file, 0);
-        r.take(HEADER_BYTES as usize, || "header".to_string())?;
+        let found = crate::model::generation_of(crate::cact::read_tag(&mut r)?)?;
+        if found != Generation::Needle3 {
+            return Err(CactError::OtherGeneration {
+                found,
+                reader: Generation::Needle3,
+            });
+        }
+        r.take(HEADER_BYTES as usize - 4, || "header".to_string())?;
         let raw = RawHeader::new(HEADER, file);
         let header = Self::from_fields(&raw)?;
         let codebooks = read_codebooks(&mut r)?;

@@ -1,0 +1,25 @@
+//! The one place a graph build picks its generation's model tree.
+
+use crate::contract::{ExportDescription, ModelConfig};
+use crate::onnx::ModelProto;
+use crate::{needle, needle3};
+
+/// A model's dequantized weights, whatever its generation.
+#[derive(Clone, Debug)]
+pub enum ModelWeights {
+    Needle2(needle::Weights),
+    Needle3(needle3::Weights),
+}
+
+/// Builds the graph `desc` describes from `weights` of the same generation.
+///
+/// # Panics
+/// When `weights` are of another generation than `desc.config` (a caller bug: both come
+/// from one file).
+pub fn build(desc: &ExportDescription, weights: &ModelWeights) -> ModelProto {
+    match (&desc.config, weights) {
+        (ModelConfig::Needle2(cfg), ModelWeights::Needle2(w)) => needle::build(desc, cfg, w),
+        (ModelConfig::Needle3(cfg), ModelWeights::Needle3(w)) => needle3::build(desc, cfg, w),
+        _ => panic!("the weights are of another generation than the description"),
+    }
+}

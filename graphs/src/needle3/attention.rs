@@ -1,0 +1,189 @@
+//! Needle 3 `MultiHeadAttention`: Needle 2's (projections, q/k `ZCRMSNorm`, RoPE,
+//! GQA core, sigmoid gate, `out_proj`) with split head widths (`qk_head_dim` for queries
+//! and keys, `v_head_dim` for values), a causal depthwise conv over the raw Q, K and V
+//! projections, and a per-layer window (local layers see `sliding_window` keys).
+//!
+//! ```text
+//!            ┌ q_proj ┐                 ┌ Reshape ─ q_norm ─ RoPE ┐
+//! x [B,S,d] ─┼ k_proj ┼─ conv(state) ───┼ Reshape ─ k_norm ─ RoPE ┼─ core(past, window) ─ * σ(gate_proj x) ─ out_proj
+//!            └ v_proj ┘      │           └─────────────────────────┘
+//!                            └▶ next conv state [B, taps−1, q+k+v]
+//! conv: y_t = Σ_j taps_j · p_{t−j} over each row's real projections, zeros before its start
+//! ```
+
+use crate::builder::{Attr, Dim, GraphBuilder, Value};
+use crate::contract::dims::BATCH;
+use crate::contract::{FusedOp, Precision};
+use crate::needle::attention::{
+    gqa_core, projection, projections, reference_core, rotate_half_rope, CoreInputs, KvPair, Rope,
+};
+use crate::needle::norms::zc_rms_norm;
+use crate::needle::BuildContext;
+use crate::needle3::{Config, LayerWeights};
+use crate::onnx::data_type;
+
+/// What every layer's attention reads besides its input, built once at the top.
+pub struct AttentionCtx {
+    pub rope: Rope,
+    /// The core inputs of global layers.
+    pub global: CoreInputs,
+    /// The core inputs of local layers, when any layer is local.
+    pub local: Option<CoreInputs>,
+    /// `[batch, 1, 1]` int64: each row's real new tokens (to pick the next conv state).
+    pub real_new: Value,
+}
+
+/// Attention of layer `layer`. `conv_past`: its QKV-conv state when the model has the
+/// conv. Returns the output, the present cache and the next conv state.
+pub fn attention(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext<Config>,
+    attn: &AttentionCtx,
+    layer: usize,
+    x: &Value,
+    w: &LayerWeights,
+    past: &KvPair,
+    conv_past: Option<&Value>,
+) -> (Value, KvPair, Option<Value>) {
+    let cfg = ctx.cfg;
+    let shape = cfg.head_shape();
+    let (h, kv) = (cfg.num_heads as i64, cfg.num_kv_heads as i64);
+    let qk = cfg.qk_head_dim as i64;
+    let [q, k, v, gate]: [Value; 4] = projections(
+        b,
+        ctx,
+        x,
+        "qkv_gate_proj",
+        &[&w.q_proj, &w.k_proj, &w.v_proj, &w.gate_proj],
+    )
+    .try_into()
+    .expect("four projections");
+    let (q, k, v, next_conv) = match (&w.qkv_taps, conv_past) {
+        (Some(taps), Some(state)) => {
+            let (q, k, v, next) = b.scope("qkv_conv", |b| {
+                qkv_conv(b, ctx, layer, [&q, &k, &v], taps, state, &attn.real_new)
+            });
+            (q, k, v, Some(next))
+        }
+        _ => (q, k, v, None),
+    };
+    let q = b.reshape(&q, &[0, 0, h, qk]);
+    let k = b.reshape(&k, &[0, 0, kv, qk]);
+    let q = zc_rms_norm(b, ctx, &q, "q_norm", &w.q_norm.data);
+    let k = zc_rms_norm(b, ctx, &k, "k_norm", &w.k_norm.data);
+    let q = b.scope("q_rope", |b| {
+        rotate_half_rope(b, &q, &attn.rope, cfg.num_heads, cfg.qk_head_dim)
+    });
+    let k = b.scope("k_rope", |b| {
+        rotate_half_rope(b, &k, &attn.rope, cfg.num_kv_heads, cfg.qk_head_dim)
+    });
+    let core = match (&attn.local, cfg.is_local(layer)) {
+        (Some(local), true) => local,
+        _ => &attn.global,
+    };
+    let (out, present) = match core {
+        CoreInputs::Fused {
+            op: FusedOp::GroupQueryAttention,
+            seqlens_k,
+            total_len,
+            local_window,
+        } => b.scope("gqa", |b| {
+            gqa_core(
+                b,
+                [&q, &k, &v],
+                past,
+                seqlens_k,
+                total_len,
+                *local_window,
+                shape,
+            )
+        }),
+        CoreInputs::Reference { visible } => b.scope("sdpa", |b| {
+            reference_core(b, [&q, &k, &v], past, visible, shape)
+        }),
+    };
+    let gate = b.sigmoid(&gate);
+    let out = b.mul(&out, &gate);
+    (
+        projection(b, ctx, &out, "out_proj", &w.out_proj),
+        present,
+        next_conv,
+    )
+}
+
+/// The causal depthwise conv over `[q, k, v]` (`[batch, sequence, ·]` each), reading
+/// the previous positions from `state` `[batch, taps−1, q+k+v]`; returns the convolved
+/// q, k, v and the next state (each row's last `taps−1` real positions). A local layer
+/// whose window is narrower than the conv drops the taps it cannot see.
+fn qkv_conv(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext<Config>,
+    layer: usize,
+    [q, k, v]: [&Value; 3],
+    taps: &crate::needle3::QkvTaps,
+    state: &Value,
+    real_new: &Value,
+) -> (Value, Value, Value, Value) {
+    let cfg = ctx.cfg;
+    let n = cfg.qkv_conv_taps;
+    let width = cfg.qkv_width();
+    let (qd, kd) = (taps.q.shape[1], taps.k.shape[1]);
+    let mut weights = Vec::with_capacity(n * width);
+    for j in 0..n {
+        weights.extend_from_slice(&taps.q.data[j * qd..(j + 1) * qd]);
+        weights.extend_from_slice(&taps.k.data[j * kd..(j + 1) * kd]);
+        weights.extend_from_slice(&taps.v.data[j * (width - qd - kd)..(j + 1) * (width - qd - kd)]);
+    }
+    // The state is float32 in every precision (the fp16 projections convert exactly).
+    let float = b.precision().data_type();
+    let state = match b.precision() {
+        Precision::Fp32 => state.clone(),
+        Precision::Fp16 => b.cast(state, float),
+    };
+    let raw = b.concat(&[q, k, v], 2);
+    let window = b.concat(&[&state, &raw], 1);
+    let weights = b.weight("taps", &[n, width], &weights);
+    let visible = cfg.window_of(layer).unwrap_or(usize::MAX);
+    let mut sum: Option<Value> = None;
+    for j in 0..n.min(visible) {
+        // Position t of the chunk is window row t + n − 1; tap j reads row t + n − 1 − j.
+        let start = (n - 1 - j) as i64;
+        let end = if j == 0 { i64::MAX } else { -(j as i64) };
+        let shifted = b.slice(&window, 1, start, end);
+        let index = b.scalar_i64(j as i64);
+        let tap = b.gather(&weights, &index, 0);
+        let term = b.mul(&tap, &shifted);
+        sum = Some(match sum {
+            None => term,
+            Some(acc) => b.add(&acc, &term),
+        });
+    }
+    let conv = sum.expect("a conv has at least one tap");
+    let sizes = b.const_i64(&[qd as i64, kd as i64, (width - qd - kd) as i64]);
+    let mut parts = b.op("Split", &[&conv, &sizes], vec![("axis", Attr::Int(2))], 3);
+    let v = parts.pop().unwrap();
+    let k = parts.pop().unwrap();
+    let q = parts.pop().unwrap();
+    // A row's real new positions are its chunk's first columns (right padding), so its
+    // last n − 1 real rows of the window start at row `real_new`.
+    let rows = b.const_i64(&(0..(n - 1) as i64).collect::<Vec<_>>());
+    let rows = b.reshape(&rows, &[1, (n - 1) as i64, 1]);
+    let rows = b.add(real_new, &rows);
+    let full = b.const_i64(&[1, 1, width as i64]);
+    let index = b.op1("Expand", &[&rows, &full], vec![]);
+    let next = b.op1(
+        "GatherElements",
+        &[&window, &index],
+        vec![("axis", Attr::Int(1))],
+    );
+    let next = match b.precision() {
+        Precision::Fp32 => next,
+        Precision::Fp16 => b.cast(&next, data_type::FLOAT),
+    };
+    b.declare(
+        &next,
+        data_type::FLOAT,
+        &[Dim::Named(BATCH), Dim::Fixed(n - 1), Dim::Fixed(width)],
+    );
+    (q, k, v, next)
+}

@@ -1,0 +1,324 @@
+//! Needle 3 `SimpleAttentionNetwork.__call__` with a KV cache, from `input_ids` to
+//! `logits`. Same stream as Needle 2's (`needle/model.rs`): embedding ·√d over `lanes`
+//! hyper-connection lanes, per layer `hc_pre` → engram (at its sites) → block → `hc_post`,
+//! lane mean, `final_norm`, the tied head limited to `out_vocab` rows. What differs is in
+//! the block ([`block`]): split head widths, the QKV conv and its state, local and
+//! global layers, and the Monarch MLP.
+//!
+//! ```text
+//! input_ids ─embed·√d─ lanes ─┬─ layer 0 … layer L−1 ─ mean ─ final_norm ─ ·E[:out_vocab]ᵀ ─▶ logits
+//! engram history ++ ids ──────┘   (each layer: KV cache, QKV-conv state)
+//! ```
+
+use crate::builder::{Dim, GraphBuilder, Value};
+use crate::contract::dims::{BATCH, PAST_SEQUENCE, SEQUENCE, TOTAL_SEQUENCE};
+use crate::contract::names::{self, layer_cache};
+use crate::contract::ExportDescription;
+use crate::needle::attention::{core_inputs, rope, KvPair};
+use crate::needle::engram::{self, EngramKv};
+use crate::needle::hyper_connections::{hc_post, hc_pre};
+use crate::needle::model::{embed_tokens, ids_dims, lm_head};
+use crate::needle::norms::zc_rms_norm;
+use crate::needle::BuildContext;
+use crate::needle3::attention::{attention, AttentionCtx};
+use crate::needle3::monarch_mlp::monarch_mlp;
+use crate::needle3::{Config, LayerWeights, Weights};
+use crate::onnx::{data_type, ModelProto};
+
+/// Builds the Needle 3 graph `desc` describes, with its metadata.
+pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto {
+    let ctx = BuildContext::new(cfg, desc.variant);
+    let mut b = GraphBuilder::new(ctx.kernels.opset(), desc.variant.precision);
+    let inputs = inputs(&mut b, &ctx);
+    let new_mask = b.scope("new_mask", |b| {
+        let total = b.shape_of(&inputs.mask, 1, 2);
+        let seq = b.shape_of(&inputs.input_ids, 1, 2);
+        let past_len = b.sub(&total, &seq);
+        b.slice_from(&inputs.mask, 1, &past_len)
+    });
+    b.declare(&new_mask, data_type::INT64, &ids_dims(SEQUENCE));
+    let attn = b.scope("attn_ctx", |b| {
+        let rope = rope(
+            b,
+            &ctx,
+            cfg.qk_head_dim,
+            cfg.max_seq_len,
+            cfg.rope_theta,
+            &inputs.position_ids,
+        );
+        let global = core_inputs(b, &ctx, &inputs.mask, &inputs.position_ids, None);
+        let window = (0..cfg.num_layers).find_map(|l| cfg.window_of(l));
+        let local = window.map(|w| {
+            b.scope("local", |b| {
+                core_inputs(b, &ctx, &inputs.mask, &inputs.position_ids, Some(w))
+            })
+        });
+        let real_new = b.reduce_sum(&new_mask, &[1], true);
+        let real_new = b.unsqueeze(&real_new, &[2]);
+        AttentionCtx {
+            rope,
+            global,
+            local,
+            real_new,
+        }
+    });
+    let window = b.scope("engram_window", |b| {
+        engram::window(
+            b,
+            &ctx,
+            &inputs.past_ids,
+            &inputs.input_ids,
+            &new_mask,
+            &inputs.position_ids,
+        )
+    });
+    let engram_kv = engram::site_kvs(&mut b, &ctx, &w.engrams, &window);
+    let next_history = b.scope("engram_history", |b| {
+        engram::next_history(b, &ctx, &window.ids, &new_mask)
+    });
+    let permutations = b.scope("hadamard_mlp", |b| {
+        [b.const_i64(&w.hada_p1), b.const_i64(&w.hada_p2)]
+    });
+
+    let (embedding, mut x) = b.scope("embed_tokens", |b| {
+        embed_tokens(b, &ctx, &w.embedding, &inputs.input_ids)
+    });
+    let mut presents = Vec::with_capacity(w.layers.len());
+    let mut next_convs = Vec::with_capacity(w.layers.len());
+    for i in 0..w.layers.len() {
+        let layer_in = LayerInputs {
+            attn: &attn,
+            engram_kv: &engram_kv,
+            past: &inputs.pasts[i],
+            conv_past: inputs.conv_pasts.get(i),
+            permutations: [&permutations[0], &permutations[1]],
+        };
+        let (next, present, conv) = b.scope(format!("layers.{i}"), |b| {
+            layer(b, &ctx, &layer_in, &x, w, i)
+        });
+        x = next;
+        presents.push(present);
+        next_convs.extend(conv);
+    }
+    let logits = b.scope("lm_head", |b| {
+        lm_head(
+            b,
+            &ctx,
+            &w.final_norm,
+            &w.embedding,
+            embedding.as_ref(),
+            cfg.out_vocab,
+            &x,
+        )
+    });
+    outputs(
+        &mut b,
+        &ctx,
+        &logits,
+        &presents,
+        &next_convs,
+        [&next_history, &inputs.placeholder],
+    );
+    b.finish("needle", desc.doc_string(), desc.to_metadata())
+}
+
+/// The graph inputs, in the contract's order.
+struct Inputs {
+    input_ids: Value,
+    mask: Value,
+    position_ids: Value,
+    pasts: Vec<KvPair>,
+    /// Each layer's QKV-conv state (empty without the conv).
+    conv_pasts: Vec<Value>,
+    past_ids: Value,
+    placeholder: Value,
+}
+
+/// `[batch, num_kv_heads, len, width]` of the cached keys (`value` false) or values.
+fn cache_dims(ctx: &BuildContext<Config>, len: &'static str, value: bool) -> [Dim; 4] {
+    let shape = ctx.cfg.head_shape();
+    let attention = ctx.variant.attention;
+    let width = if value {
+        shape.cached_value_dim(attention)
+    } else {
+        shape.cached_key_dim(attention)
+    };
+    [
+        Dim::Named(BATCH),
+        Dim::Fixed(ctx.cfg.num_kv_heads),
+        Dim::Named(len),
+        Dim::Fixed(width),
+    ]
+}
+
+fn conv_dims(ctx: &BuildContext<Config>) -> Option<[Dim; 3]> {
+    let (slots, width) = ctx.cfg.qkv_conv_state()?;
+    Some([Dim::Named(BATCH), Dim::Fixed(slots), Dim::Fixed(width)])
+}
+
+fn history_dims(ctx: &BuildContext<Config>) -> [Dim; 2] {
+    [Dim::Named(BATCH), Dim::Fixed(ctx.cfg.engram_history())]
+}
+
+fn inputs(b: &mut GraphBuilder, ctx: &BuildContext<Config>) -> Inputs {
+    let float = b.precision().data_type();
+    let input_ids = b.input(names::INPUT_IDS, data_type::INT64, &ids_dims(SEQUENCE));
+    let mask = b.input(
+        names::ATTENTION_MASK,
+        data_type::INT64,
+        &ids_dims(TOTAL_SEQUENCE),
+    );
+    let position_ids = b.input(names::POSITION_IDS, data_type::INT64, &ids_dims(SEQUENCE));
+    let pasts = (0..ctx.cfg.num_layers)
+        .map(|i| {
+            let n = layer_cache(i);
+            KvPair {
+                key: b.input(&n.past_key, float, &cache_dims(ctx, PAST_SEQUENCE, false)),
+                value: b.input(&n.past_value, float, &cache_dims(ctx, PAST_SEQUENCE, true)),
+            }
+        })
+        .collect();
+    let conv_pasts = match conv_dims(ctx) {
+        Some(dims) => (0..ctx.cfg.num_layers)
+            .map(|i| b.input(&names::qkv_conv_state(i).0, data_type::FLOAT, &dims))
+            .collect(),
+        None => Vec::new(),
+    };
+    let state = names::engram_state(ctx.cfg.num_layers);
+    let past_ids = b.input(&state.past_ids, data_type::INT64, &history_dims(ctx));
+    let placeholder = b.input(
+        &state.past_placeholder,
+        data_type::FLOAT,
+        &[Dim::Named(BATCH), Dim::Fixed(1)],
+    );
+    Inputs {
+        input_ids,
+        mask,
+        position_ids,
+        pasts,
+        conv_pasts,
+        past_ids,
+        placeholder,
+    }
+}
+
+/// What one layer reads besides the stream.
+struct LayerInputs<'a> {
+    attn: &'a AttentionCtx,
+    engram_kv: &'a [EngramKv],
+    past: &'a KvPair,
+    conv_past: Option<&'a Value>,
+    permutations: [&'a Value; 2],
+}
+
+/// Layer `i`: `hc_pre` → engram (at its sites) → [`block`] → `hc_post`.
+fn layer(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext<Config>,
+    inputs: &LayerInputs<'_>,
+    x: &Value,
+    w: &Weights,
+    i: usize,
+) -> (Value, KvPair, Option<Value>) {
+    let (u, mix) = hc_pre(b, ctx, x, &w.mhc, i);
+    let site = ctx.cfg.engram_sites.iter().position(|&s| s == i);
+    let bx = match site {
+        Some(s) => b.scope(format!("engrams.{s}"), |b| {
+            engram::inject(b, ctx, &u, &inputs.engram_kv[s])
+        }),
+        None => u.clone(),
+    };
+    let (out, present, conv) = block(b, ctx, inputs, i, &bx, &w.layers[i]);
+    let y = b.sub(&out, &u);
+    (hc_post(b, ctx, x, &y, &mix), present, conv)
+}
+
+/// Needle 3 `Block`: `x + σ(attn_gate)·post_norm(attn(norm_in x))`, then
+/// `+ monarch_mlp(pre_hada x)`.
+fn block(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext<Config>,
+    inputs: &LayerInputs<'_>,
+    layer: usize,
+    x: &Value,
+    w: &LayerWeights,
+) -> (Value, KvPair, Option<Value>) {
+    let h = zc_rms_norm(b, ctx, x, "norm_in", &w.norm_in.data);
+    let (h, kv, conv) = b.scope("self_attn", |b| {
+        attention(
+            b,
+            ctx,
+            inputs.attn,
+            layer,
+            &h,
+            w,
+            inputs.past,
+            inputs.conv_past,
+        )
+    });
+    let h = zc_rms_norm(b, ctx, &h, "post_attn_norm", &w.post_norm.data);
+    let gate = 1.0 / (1.0 + (-w.attn_gate.data[0]).exp());
+    let gate = b.weight("attn_gate_sigmoid", &[1], &[gate]);
+    let h = b.mul(&gate, &h);
+    let x = b.add(x, &h);
+    let h = zc_rms_norm(b, ctx, &x, "pre_hada_norm", &w.pre_hada.data);
+    let h = b.scope("hadamard_mlp", |b| {
+        monarch_mlp(b, &h, &w.mlp, inputs.permutations, ctx.cfg.d_model)
+    });
+    (b.add(&x, &h), kv, conv)
+}
+
+/// The graph outputs, in the contract's order.
+fn outputs(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext<Config>,
+    logits: &Value,
+    presents: &[KvPair],
+    next_convs: &[Value],
+    [next_history, placeholder]: [&Value; 2],
+) {
+    let float = b.precision().data_type();
+    b.output(
+        logits,
+        names::LOGITS,
+        data_type::FLOAT,
+        &[
+            Dim::Named(BATCH),
+            Dim::Named(SEQUENCE),
+            Dim::Fixed(ctx.cfg.out_vocab),
+        ],
+    );
+    for (i, p) in presents.iter().enumerate() {
+        let n = layer_cache(i);
+        b.output(
+            &p.key,
+            &n.present_key,
+            float,
+            &cache_dims(ctx, TOTAL_SEQUENCE, false),
+        );
+        b.output(
+            &p.value,
+            &n.present_value,
+            float,
+            &cache_dims(ctx, TOTAL_SEQUENCE, true),
+        );
+    }
+    if let Some(dims) = conv_dims(ctx) {
+        for (i, c) in next_convs.iter().enumerate() {
+            b.output(c, &names::qkv_conv_state(i).1, data_type::FLOAT, &dims);
+        }
+    }
+    let state = names::engram_state(ctx.cfg.num_layers);
+    b.output(
+        next_history,
+        &state.present_ids,
+        data_type::INT64,
+        &history_dims(ctx),
+    );
+    b.output(
+        placeholder,
+        &state.present_placeholder,
+        data_type::FLOAT,
+        &[Dim::Named(BATCH), Dim::Fixed(1)],
+    );
+}

@@ -1,0 +1,88 @@
+//! Needle 3 `HadamardMLP` (`architecture.py`, 3.2.8), a Monarch MLP: with `x`
+//! zero-padded to `n` (the next power of two), `n = a·b`,
+//!
+//! ```text
+//! cond = 1 + softmax(x·cond_v)·cond_u
+//! z = K₁(d1·z)[p1];  z = K₂(silu(d2·cond·z + b2))[p2];  z = K₃(d3·z);  out = (d4·z)[:d_model]
+//! K_s(z) = A_sᵀ · Z · B_s   (z viewed as an a×b matrix, A_s = w{s}a, B_s = w{s}b)
+//! ```
+//!
+//! Each stage is two small MatMuls (`n·(a+b)` multiply-adds instead of `n²`) and each
+//! permutation a Gather; `A_sᵀ` is stored transposed so no Transpose runs.
+
+use crate::builder::{GraphBuilder, Value};
+use crate::needle::Tensor;
+use crate::needle3::MonarchWeights;
+
+/// `x`: `[batch, sequence, d_model]` → `[batch, sequence, d_model]`. `p1`, `p2`: the
+/// model's permutation constants (shared by every layer).
+pub fn monarch_mlp(
+    b: &mut GraphBuilder,
+    x: &Value,
+    w: &MonarchWeights,
+    [p1, p2]: [&Value; 2],
+    d_model: usize,
+) -> Value {
+    let n = w.d1.data.len();
+    let cond = b.scope("cond", |b| {
+        let v = b.weight("cond_v", &w.cond_v.shape, &w.cond_v.data);
+        let u = b.weight("cond_u", &w.cond_u.shape, &w.cond_u.data);
+        let mix = b.matmul(x, &v);
+        let mix = b.softmax(&mix, -1);
+        let mix = b.matmul(&mix, &u);
+        let one = b.scalar_float(1.0);
+        b.add(&one, &mix)
+    });
+    let d1 = b.weight("d1", &[n], &w.d1.data);
+    let d2 = b.weight("d2", &[n], &w.d2.data);
+    let b2 = b.weight("b2", &[n], &w.b2.data);
+    let d3 = b.weight("d3", &[n], &w.d3.data);
+    let d4 = b.weight("d4", &[n], &w.d4.data);
+    let z = if n > d_model {
+        b.pad_back(x, 3, 2, (n - d_model) as i64)
+    } else {
+        x.clone()
+    };
+    let z = b.mul(&d1, &z);
+    let z = b.scope("stage1", |b| kron_apply(b, &z, &w.w1a, &w.w1b));
+    let z = b.gather(&z, p1, 2);
+    let z = b.mul(&d2, &z);
+    let z = b.mul(&z, &cond);
+    let z = b.add(&z, &b2);
+    let gate = b.sigmoid(&z);
+    let z = b.mul(&z, &gate);
+    let z = b.scope("stage2", |b| kron_apply(b, &z, &w.w2a, &w.w2b));
+    let z = b.gather(&z, p2, 2);
+    let z = b.mul(&d3, &z);
+    let z = b.scope("stage3", |b| kron_apply(b, &z, &w.w3a, &w.w3b));
+    let z = b.mul(&d4, &z);
+    if n > d_model {
+        b.slice(&z, 2, 0, d_model as i64)
+    } else {
+        z
+    }
+}
+
+/// Upstream `_kron_apply`: `[batch, sequence, a·b]` → `Aᵀ · Z · B`, flattened again.
+fn kron_apply(b: &mut GraphBuilder, z: &Value, a: &Tensor, bm: &Tensor) -> Value {
+    let (ra, rb) = (a.shape[0], bm.shape[0]);
+    let at = transposed(a);
+    let at = b.weight("a_t", &[ra, ra], &at);
+    let bw = b.weight("b", &[rb, rb], &bm.data);
+    let z = b.reshape(z, &[0, 0, ra as i64, rb as i64]);
+    let z = b.matmul(&z, &bw);
+    let z = b.matmul(&at, &z);
+    b.reshape(&z, &[0, 0, (ra * rb) as i64])
+}
+
+/// A square matrix transposed.
+fn transposed(t: &Tensor) -> Vec<f32> {
+    let n = t.shape[0];
+    let mut out = vec![0.0; n * n];
+    for r in 0..n {
+        for c in 0..n {
+            out[c * n + r] = t.data[r * n + c];
+        }
+    }
+    out
+}
