@@ -9,7 +9,8 @@
 //!   generation → genai decode, give `needle-run`'s function calls, one by one and in
 //!   batches of 4 unequal prompts;
 //! - the README's genai snippet (`examples/genai/generate.py`) generates `needle-run`'s
-//!   tokens up to the end of the turn (genai leaves the stop token out).
+//!   tokens up to the end of the turn (genai leaves the stop token out);
+//! - `needle-run` still reads the folder's graph, with the plain `model.tokenizer.json`.
 
 use exporter::model::NeedleModel;
 use exporter::output::ExportFiles;
@@ -265,4 +266,12 @@ fn stock_genai_gives_needle_runs_calls_on_the_demo_held_out_set() {
         let want = &raw.generated_ids[..turn.unwrap_or(raw.generated_ids.len())];
         assert_eq!(got, want, "{prompt}");
     }
+
+    // needle-run reads the folder too: its graph's metadata names model.tokenizer.json.
+    let folder = ModelSource::Path(dir.join(exporter::genai::MODEL_FILE));
+    let mut folder_runner = Runner::new(&folder, &LoadOptions::default()).unwrap();
+    let ex = &examples[0];
+    let query = ex["query"].as_str().unwrap();
+    let answer = folder_runner.complete(&ex["tools"], query, None, MAX_NEW_TOKENS);
+    assert_eq!(Value::from(answer.unwrap().function_calls), expected[0]);
 }
