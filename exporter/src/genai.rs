@@ -1,7 +1,11 @@
-//! The onnxruntime-genai flavour of an export: the `genai_config.json` and
-//! `tokenizer_config.json` beside `model.onnx` and `tokenizer.json` that make a folder
-//! stock onnxruntime-genai runs. The graph is the same one plain onnxruntime callers get:
-//! genai carries the KV cache and, because of how it is named, the engram state itself.
+//! The onnxruntime-genai flavour of an export: the `genai_config.json`, `tokenizer.json`
+//! and `tokenizer_config.json` beside `model.onnx` (and its own `model.tokenizer.json`)
+//! that make a folder stock onnxruntime-genai runs. The graph is the same one plain
+//! onnxruntime callers get: genai carries the KV cache and, because of how it is named,
+//! the engram state itself. Genai's tokenizer encodes like sentencepiece from its own
+//! `tokenizer.json` ([`tokenizer`]) and renders the tool prompt from the chat template.
+
+pub mod tokenizer;
 
 use graphs::contract::names::{self, layer_cache_template};
 use graphs::contract::ExportDescription;
@@ -10,7 +14,8 @@ use serde_json::{json, Value};
 
 /// The graph's file name inside a genai folder.
 pub const MODEL_FILE: &str = "model.onnx";
-/// The tokenizer's file name inside a genai folder (genai looks for it there).
+/// Genai's tokenizer file inside a genai folder (genai looks for it there); the graph's
+/// metadata names the plain one beside `model.onnx`.
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
 pub const CONFIG_FILE: &str = "genai_config.json";
 pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
@@ -66,10 +71,9 @@ pub fn config(desc: &ExportDescription, c: &Config, stop_ids: &[u32]) -> String 
     pretty(&config)
 }
 
-/// `tokenizer_config.json`, which genai needs to start. Genai's own tokenizer does not
-/// split Needle's tool prompts like sentencepiece does (README), so callers should pass
-/// token ids from `tokenizer.json` read by HF `tokenizers`; the BOS is the caller's to add,
-/// as `needle-run` adds it.
+/// `tokenizer_config.json`: the special pieces and the chat template. Genai's `encode`
+/// adds no BOS (`add_bos_token` false): the caller prepends `bos_token_id`, as
+/// `needle-run` does.
 pub fn tokenizer_config(desc: &ExportDescription, special: &SpecialPieces) -> String {
     pretty(&json!({
         "tokenizer_class": "LlamaTokenizer",
@@ -82,7 +86,28 @@ pub fn tokenizer_config(desc: &ExportDescription, special: &SpecialPieces) -> St
         "model_max_length": desc.config.max_seq_len(),
         "clean_up_tokenization_spaces": false,
         "legacy": false,
+        "chat_template": chat_template(),
     }))
+}
+
+/// The chat template: upstream `render_example`'s prompt from a system and a user
+/// message and the tools (`chat_template.jinja`).
+fn chat_template() -> String {
+    include_str!("genai/chat_template.jinja").replace("PYTHON_WHITESPACE", &python_whitespace())
+}
+
+/// The characters Python's `str.strip()` removes, as a Jinja list of one-character strings.
+/// minja knows only the `\n`, `\r`, `\t` escapes, so the others are written as they are.
+fn python_whitespace() -> String {
+    let spaces = ('\0'..=char::MAX)
+        .filter(|&c| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c))
+        .map(|c| match c {
+            '\n' => "'\\n'".to_string(),
+            '\r' => "'\\r'".to_string(),
+            '\t' => "'\\t'".to_string(),
+            c => format!("'{c}'"),
+        });
+    format!("[{}]", spaces.collect::<Vec<_>>().join(", "))
 }
 
 /// The spellings of the special pieces.

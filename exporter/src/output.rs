@@ -19,7 +19,7 @@ pub struct ExportFiles {
     pub graphs: Vec<(AttentionKind, PathBuf)>,
     pub tokenizer: PathBuf,
     /// The folder of an onnxruntime-genai export (one graph), which also gets
-    /// `genai_config.json` and `tokenizer_config.json`.
+    /// `genai_config.json`, genai's `tokenizer.json` and `tokenizer_config.json`.
     pub genai_dir: Option<PathBuf>,
 }
 
@@ -41,20 +41,26 @@ impl ExportFiles {
         }
     }
 
-    /// An onnxruntime-genai folder `dir` with the `attention` graph as `model.onnx`.
+    /// An onnxruntime-genai folder `dir` with the `attention` graph as `model.onnx` and
+    /// its tokenizer beside it as `model.tokenizer.json`.
     pub fn genai_folder(dir: &Path, attention: AttentionKind) -> Self {
+        let graph = dir.join(genai::MODEL_FILE);
         ExportFiles {
-            graphs: vec![(attention, dir.join(genai::MODEL_FILE))],
-            tokenizer: dir.join(genai::TOKENIZER_FILE),
+            tokenizer: graph.with_extension("tokenizer.json"),
+            graphs: vec![(attention, graph)],
             genai_dir: Some(dir.to_path_buf()),
         }
     }
 
-    /// `genai_config.json` and `tokenizer_config.json` of a genai folder.
+    /// `genai_config.json`, `tokenizer.json` and `tokenizer_config.json` of a genai folder.
     fn genai_files(&self) -> Vec<PathBuf> {
-        let configs = [genai::CONFIG_FILE, genai::TOKENIZER_CONFIG_FILE];
+        let files = [
+            genai::CONFIG_FILE,
+            genai::TOKENIZER_FILE,
+            genai::TOKENIZER_CONFIG_FILE,
+        ];
         let dir = self.genai_dir.iter();
-        dir.flat_map(|d| configs.map(|f| d.join(f))).collect()
+        dir.flat_map(|d| files.map(|f| d.join(f))).collect()
     }
 
     fn paths(&self) -> Vec<PathBuf> {
@@ -114,7 +120,7 @@ impl ExportFiles {
                 .with_context(|| format!("{}: cannot write", path.display()))?;
             written.push((path.clone(), onnx.len()));
             if self.genai_dir.is_some() {
-                written.extend(write_genai_configs(
+                written.extend(write_genai_files(
                     model,
                     tokenizer,
                     &opts,
@@ -130,8 +136,9 @@ impl ExportFiles {
     }
 }
 
-/// The genai config files for the graph `opts` exports, into `paths` (config, tokenizer config).
-fn write_genai_configs(
+/// The genai files for the graph `opts` exports, into `paths` (config, tokenizer, tokenizer
+/// config).
+fn write_genai_files(
     model: &NeedleModel,
     tokenizer: &NeedleTokenizer,
     opts: &ExportOptions,
@@ -159,6 +166,7 @@ fn write_genai_configs(
     };
     let texts = [
         genai::config(&desc, config, &stop_ids),
+        genai::tokenizer::tokenizer_json(tokenizer, &model.tokenizer)?,
         genai::tokenizer_config(&desc, &special),
     ];
     let mut written = Vec::new();

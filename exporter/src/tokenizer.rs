@@ -386,7 +386,8 @@ fn decoder(add_dummy_prefix: bool) -> DecoderWrapper {
     DecoderSequence::new(steps).into()
 }
 
-fn regex_escape(text: &str) -> String {
+/// `text` as a regex that matches it literally (the escapes onig and ECMAScript share).
+pub(crate) fn regex_escape(text: &str) -> String {
     let mut escaped = String::with_capacity(text.len());
     for c in text.chars() {
         if r"\^$.|?*+()[]{}".contains(c) {

@@ -180,6 +180,7 @@ fn genai_writes_one_folder_and_refuses_two_graphs_or_overwrites() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     for file in [
         "model.onnx",
+        "model.tokenizer.json",
         "genai_config.json",
         "tokenizer.json",
         "tokenizer_config.json",

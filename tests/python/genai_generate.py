@@ -1,9 +1,12 @@
-"""Greedy generation through stock onnxruntime-genai from token ids, independent of our Rust code.
+"""Tool calls through stock onnxruntime-genai alone, independent of our Rust code.
 
-Usage: genai_generate.py MODEL_DIR PROMPTS.json MAX_NEW_TOKENS BATCH
-PROMPTS.json: a list of prompt id lists (BOS included). Runs them in groups of BATCH
-(genai right-pads a group with pad_token_id) and prints one JSON list: per prompt, the
-generated ids up to, not including, the first stop token of genai_config.json.
+Usage: genai_generate.py MODEL_DIR CHATS.json MAX_NEW_TOKENS BATCH
+CHATS.json: a list of {"messages": [...], "tools": [...]}. Each chat's prompt comes from the
+folder's chat template (Tokenizer.apply_chat_template) and its ids from genai's tokenizer,
+after genai_config.json's BOS as needle-run puts it. Runs the prompts greedily in groups of
+BATCH (genai right-pads a group with pad_token_id) and prints one JSON list: per chat, its
+prompt, prompt_ids, the generated_ids up to, not including, the first stop token of
+genai_config.json, and their text as genai's tokenizer decodes them.
 """
 import json
 import sys
@@ -12,32 +15,41 @@ import numpy as np
 import onnxruntime_genai as og
 
 
-def main(model_dir, prompts_path, max_new, batch):
+def main(model_dir, chats_path, max_new, batch):
     max_new, batch = int(max_new), int(batch)
-    prompts = json.load(open(prompts_path))
+    chats = json.load(open(chats_path, encoding="utf-8"))
     config = json.load(open(f"{model_dir}/genai_config.json"))["model"]
     stops = config["eos_token_id"]
     stops = set(stops if isinstance(stops, list) else [stops])
-    pad = config["pad_token_id"]
     model = og.Model(model_dir)
+    tokenizer = og.Tokenizer(model)
     out = []
-    for start in range(0, len(prompts), batch):
-        group = prompts[start:start + batch]
-        longest = max(len(p) for p in group)
+    for chat in chats:
+        prompt = tokenizer.apply_chat_template(
+            json.dumps(chat["messages"]), tools=json.dumps(chat["tools"]), add_generation_prompt=True
+        )
+        ids = [config["bos_token_id"]] + [int(t) for t in tokenizer.encode(prompt)]
+        out.append({"prompt": prompt, "prompt_ids": ids})
+    for start in range(0, len(out), batch):
+        group = out[start:start + batch]
+        longest = max(len(o["prompt_ids"]) for o in group)
         params = og.GeneratorParams(model)
         params.set_search_options(max_length=longest + max_new, batch_size=len(group))
         generator = og.Generator(model, params)
-        generator.append_tokens(np.array([p + [pad] * (longest - len(p)) for p in group], np.int32))
+        pad = config["pad_token_id"]
+        rows = [o["prompt_ids"] + [pad] * (longest - len(o["prompt_ids"])) for o in group]
+        generator.append_tokens(np.array(rows, np.int32))
         while not generator.is_done():
             generator.generate_next_token()
-        for i in range(len(group)):
+        for i, o in enumerate(group):
             generated = []
-            for t in list(generator.get_sequence(i))[longest:]:
+            for t in generator.get_sequence(i)[longest:]:
                 if int(t) in stops:
                     break
                 generated.append(int(t))
-            out.append(generated)
-    print(json.dumps(out))
+            o["generated_ids"] = generated
+            o["text"] = tokenizer.decode(np.array(generated, np.int32))
+    print(json.dumps(out, ensure_ascii=False))
 
 
 if __name__ == "__main__":

@@ -1,49 +1,181 @@
-//! A `needle-export --genai` folder of the demo model in stock onnxruntime-genai 0.18
-//! (`.venv-genai`, `tests/python/genai_generate.py`): the 100 held-out tool queries give
-//! `needle-run`'s function calls, one by one and in batches of 4 unequal prompts.
-//! Prompt ids come from our tokenizer: genai's own does not split the tool prompts like
-//! sentencepiece (README). The README's genai snippet (`examples/genai/generate.py`)
-//! continues tool prompts like `needle-run --raw` up to the end of the turn (genai leaves
-//! the stop token out).
+//! `needle-export --genai` folders in stock onnxruntime-genai 0.18 (`.venv-genai`,
+//! `tests/python/genai_*.py`), genai's own tokenizer and chat template included:
+//! - genai's tokenizer gives sentencepiece's ids on the tokenizer cases (`m64.cact` carries
+//!   their `tokenizer.model`; all but texts that start or end with a space) and on every
+//!   rendered tool prompt;
+//! - the chat template renders upstream `render_example`'s prompts byte for byte, but for
+//!   one float's last digit;
+//! - the demo model's 100 held-out tool queries, chat template → genai encode → greedy
+//!   generation → genai decode, give `needle-run`'s function calls, one by one and in
+//!   batches of 4 unequal prompts;
+//! - the README's genai snippet (`examples/genai/generate.py`) generates `needle-run`'s
+//!   tokens up to the end of the turn (genai leaves the stop token out);
+//! - `needle-run` still reads the folder's graph, with the plain `model.tokenizer.json`.
 
 use exporter::model::NeedleModel;
 use exporter::output::ExportFiles;
 use exporter::tokenizer::NeedleTokenizer;
 use graphs::contract::{AttentionKind, MatMulWeights, Precision};
-use needle_tests::{python_in, repo_root, scratch};
+use needle_tests::{fixture, python_in, repo_root, scratch};
 use runner::answer::Runner;
 use runner::load::{LoadOptions, ModelSource, DEMO_CACT};
 use runner::prompt::{parse_answer, render_prompt, IM_END};
-use serde_json::Value;
-use std::path::Path;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
 
 const MAX_NEW_TOKENS: usize = 128;
+/// Tokenizer cases (of 200) where genai's ids equal sentencepiece's; the others start or end
+/// with a space, which onnxruntime-extensions keeps (exporter `genai::tokenizer`).
+const TOKENIZER_CASES_EQUAL: usize = 181;
+/// The prompt case whose tools hold a float that genai's template engine (minja, through
+/// nlohmann's shortest digits) writes as 1234567890123456.7 where Python writes .8.
+const FLOAT_DIGITS_CASE: &str = "writer_numbers";
 
-/// Greedy generations of `prompts` through genai from the folder `dir`, `batch` at a time.
-fn genai_generate(dir: &Path, prompts: &[Vec<u32>], batch: usize) -> Vec<Vec<u32>> {
-    let input = dir.join(format!("prompts-{batch}.json"));
-    std::fs::write(&input, serde_json::to_string(prompts).unwrap()).unwrap();
+/// A genai folder of `model` (fused fp32 graph) in a fresh scratch directory `name`, with
+/// the tokenizer our runner uses for it.
+fn genai_folder(name: &str, model: &NeedleModel) -> (PathBuf, NeedleTokenizer) {
+    let dir = scratch(name);
+    let tokenizer = NeedleTokenizer::from_spec(&model.tokenizer, true).unwrap();
+    ExportFiles::genai_folder(&dir, AttentionKind::FUSED)
+        .write(model, &tokenizer, Precision::Fp32, MatMulWeights::Float)
+        .unwrap();
+    (dir, tokenizer)
+}
+
+fn demo() -> NeedleModel {
+    NeedleModel::from_bytes("needle-demo.cact", DEMO_CACT).unwrap()
+}
+
+/// Runs `tests/python/<script>` in `.venv-genai` on the folder `dir` with `input` (written
+/// as JSON beside it) and the further `args`; its stdout as JSON.
+fn genai_script(script: &str, dir: &Path, input: &Value, args: &[String]) -> Value {
+    let path = dir.join(format!("{script}.input.json"));
+    std::fs::write(&path, input.to_string()).unwrap();
     let o = python_in(".venv-genai")
-        .arg(repo_root().join("tests/python/genai_generate.py"))
+        .arg(repo_root().join("tests/python").join(script))
         .arg(dir)
-        .arg(&input)
-        .arg(MAX_NEW_TOKENS.to_string())
-        .arg(batch.to_string())
+        .arg(&path)
+        .args(args)
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
-#[test]
-fn stock_genai_gives_needle_runs_calls_on_the_demo_held_out_set() {
-    let dir = scratch("genai-demo");
-    let model = NeedleModel::from_bytes("needle-demo.cact", DEMO_CACT).unwrap();
-    let tokenizer = NeedleTokenizer::from_spec(&model.tokenizer, true).unwrap();
-    ExportFiles::genai_folder(&dir, AttentionKind::FUSED)
-        .write(&model, &tokenizer, Precision::Fp32, MatMulWeights::Float)
-        .unwrap();
+/// Chat messages for upstream `render_example`'s `system` and `query`.
+fn messages(system: Option<&str>, query: &str) -> Value {
+    let mut messages: Vec<Value> = system
+        .map(|s| json!({"role": "system", "content": s}))
+        .into_iter()
+        .collect();
+    messages.push(json!({"role": "user", "content": query}));
+    Value::from(messages)
+}
 
+fn ids(v: &Value) -> Vec<u32> {
+    serde_json::from_value(v.clone()).unwrap()
+}
+
+fn read_json(relative: &str) -> Value {
+    let text = std::fs::read_to_string(repo_root().join(relative)).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+#[test]
+fn genai_tokenizer_gives_sentencepieces_ids_on_the_cases_and_every_tool_prompt() {
+    let m64 = NeedleModel::read(&fixture("m64.cact")).unwrap();
+    let (dir, _) = genai_folder("genai-tokenizer-m64", &m64);
+    let cases = read_json("tests/fixtures/tokenizer.cases.json");
+    let cases = cases.as_array().unwrap();
+    let texts: Vec<&Value> = cases.iter().map(|c| &c["text"]).collect();
+    let got = genai_script(
+        "genai_tokenizer.py",
+        &dir,
+        &json!({"texts": texts, "chats": []}),
+        &[],
+    );
+    let mut differing = Vec::new();
+    for (case, got) in cases.iter().zip(got["ids"].as_array().unwrap()) {
+        if ids(got) != ids(&case["sp_ids"]) {
+            differing.push(case["text"].as_str().unwrap().to_string());
+        }
+    }
+    let equal = cases.len() - differing.len();
+    println!(
+        "genai tokenizer: {equal}/{} cases equal sentencepiece",
+        cases.len()
+    );
+    println!("differing: {differing:?}");
+    assert_eq!(equal, TOKENIZER_CASES_EQUAL);
+    let at_the_edges = |t: &str| t.starts_with(' ') || t.ends_with([' ', '\u{2581}']);
+    assert!(differing.iter().all(|t| at_the_edges(t)), "{differing:?}");
+
+    let (dir, _) = genai_folder("genai-tokenizer-demo", &demo());
+    let cases = read_json("tests/fixtures/prompt.cases.json");
+    let cases = cases["cases"].as_array().unwrap();
+    let prompts: Vec<&Value> = cases.iter().map(|c| &c["prompt"]).collect();
+    let got = genai_script(
+        "genai_tokenizer.py",
+        &dir,
+        &json!({"texts": prompts, "chats": []}),
+        &[],
+    );
+    for (case, got) in cases.iter().zip(got["ids"].as_array().unwrap()) {
+        assert_eq!(ids(got), ids(&case["prompt_ids"]), "{}", case["name"]);
+    }
+    println!(
+        "genai tokenizer: {0}/{0} tool prompts equal sentencepiece",
+        cases.len()
+    );
+}
+
+#[test]
+fn genai_chat_template_renders_upstream_render_example() {
+    let (dir, _) = genai_folder("genai-template", &demo());
+    let cases = read_json("tests/fixtures/prompt.cases.json");
+    let cases = cases["cases"].as_array().unwrap();
+    let chat = |case: &Value, tools: &Value| {
+        let query = case["query"].as_str().unwrap();
+        json!({"messages": messages(case["system"].as_str(), query), "tools": tools})
+    };
+    let mut chats: Vec<Value> = cases.iter().map(|c| chat(c, &c["tools"])).collect();
+    // The tools as upstream writes them, handed over as one JSON string, come out verbatim.
+    let float_case = cases
+        .iter()
+        .find(|c| c["name"] == FLOAT_DIGITS_CASE)
+        .unwrap();
+    let prompt = float_case["prompt"].as_str().unwrap();
+    let written = prompt
+        .split("<tools>")
+        .nth(1)
+        .unwrap()
+        .split("</tools>")
+        .next();
+    chats.push(chat(float_case, &Value::from(written.unwrap())));
+    let got = genai_script(
+        "genai_tokenizer.py",
+        &dir,
+        &json!({"texts": [], "chats": chats}),
+        &[],
+    );
+    let got = got["prompts"].as_array().unwrap();
+    let mut differing = Vec::new();
+    for (case, got) in cases.iter().zip(got) {
+        if got != &case["prompt"] {
+            differing.push(case["name"].as_str().unwrap());
+        }
+    }
+    println!(
+        "genai chat template: {}/{} prompts equal render_example's",
+        cases.len() - differing.len(),
+        cases.len()
+    );
+    assert_eq!(differing, [FLOAT_DIGITS_CASE]);
+    assert_eq!(got[cases.len()], float_case["prompt"]);
+}
+
+/// The demo model's held-out examples (`runner/demo/eval.jsonl`).
+fn eval_examples() -> Vec<Value> {
     let text = std::fs::read_to_string(repo_root().join("runner/demo/eval.jsonl")).unwrap();
     let examples: Vec<Value> = text
         .lines()
@@ -51,53 +183,95 @@ fn stock_genai_gives_needle_runs_calls_on_the_demo_held_out_set() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(examples.len(), 100);
+    examples
+}
+
+/// `render_example`'s prompt for eval example `ex`.
+fn render(ex: &Value) -> String {
+    render_prompt(&ex["tools"], ex["query"].as_str().unwrap(), None)
+}
+
+#[test]
+fn stock_genai_gives_needle_runs_calls_on_the_demo_held_out_set() {
+    let (dir, tokenizer) = genai_folder("genai-demo", &demo());
+    let examples = eval_examples();
     let mut runner = Runner::new(&ModelSource::Demo, &LoadOptions::default()).unwrap();
-    let mut prompts = Vec::new();
+    let mut chats = Vec::new();
     let mut expected = Vec::new();
     for ex in &examples {
         let query = ex["query"].as_str().unwrap();
-        let prompt = render_prompt(&ex["tools"], query, None);
-        prompts.push([vec![tokenizer.bos_id()], tokenizer.encode(&prompt)].concat());
+        chats.push(json!({"messages": messages(None, query), "tools": ex["tools"]}));
         let answer = runner
             .complete(&ex["tools"], query, None, MAX_NEW_TOKENS)
             .unwrap();
         expected.push(Value::from(answer.function_calls));
     }
+    let generate = |batch: usize| -> Vec<Value> {
+        let args = [MAX_NEW_TOKENS.to_string(), batch.to_string()];
+        let out = genai_script(
+            "genai_generate.py",
+            &dir,
+            &Value::from(chats.clone()),
+            &args,
+        );
+        out.as_array().unwrap().clone()
+    };
 
-    let single = genai_generate(&dir, &prompts, 1);
-    let calls = |ids: &[u32]| {
-        let answer = parse_answer(&tokenizer.decode(ids));
+    let single = generate(1);
+    for (ex, run) in examples.iter().zip(&single) {
+        let prompt = render(ex);
+        assert_eq!(run["prompt"], prompt.as_str());
+        let needle_ids = [vec![tokenizer.bos_id()], tokenizer.encode(&prompt)].concat();
+        assert_eq!(ids(&run["prompt_ids"]), needle_ids, "{prompt}");
+    }
+    let calls = |run: &Value| {
+        let answer = parse_answer(run["text"].as_str().unwrap());
         Value::from(answer.function_calls().to_vec())
     };
     let same = single
         .iter()
         .zip(&expected)
-        .filter(|(ids, want)| calls(ids) == **want)
+        .filter(|(run, want)| calls(run) == **want)
         .count();
     println!("genai single runs: {same}/100 calls equal needle-run's");
     assert_eq!(same, 100);
 
-    let batched = genai_generate(&dir, &prompts, 4);
-    let equal = batched.iter().zip(&single).filter(|(b, s)| b == s).count();
+    let batched = generate(4);
+    let equal = batched
+        .iter()
+        .zip(&single)
+        .filter(|(b, s)| b["generated_ids"] == s["generated_ids"])
+        .count();
     println!("genai batches of 4: {equal}/100 generations equal the single runs");
     assert_eq!(equal, 100);
 
     let end_of_turn = tokenizer.token_id(IM_END).unwrap();
     for ex in &examples[..3] {
-        let prompt = render_prompt(&ex["tools"], ex["query"].as_str().unwrap(), None);
+        let tools = dir.join("tools.json");
+        std::fs::write(&tools, ex["tools"].to_string()).unwrap();
         let o = python_in(".venv-genai")
             .arg(repo_root().join("examples/genai/generate.py"))
             .arg(&dir)
-            .arg(&prompt)
+            .arg(&tools)
+            .arg(ex["query"].as_str().unwrap())
             .arg(MAX_NEW_TOKENS.to_string())
             .output()
             .unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let stdout = String::from_utf8(o.stdout).unwrap();
         let got: Vec<u32> = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
+        let prompt = render(ex);
         let raw = runner.continue_raw(&prompt, MAX_NEW_TOKENS).unwrap();
         let turn = raw.generated_ids.iter().position(|&t| t == end_of_turn);
         let want = &raw.generated_ids[..turn.unwrap_or(raw.generated_ids.len())];
         assert_eq!(got, want, "{prompt}");
     }
+
+    // needle-run reads the folder too: its graph's metadata names model.tokenizer.json.
+    let folder = ModelSource::Path(dir.join(exporter::genai::MODEL_FILE));
+    let mut folder_runner = Runner::new(&folder, &LoadOptions::default()).unwrap();
+    let ex = &examples[0];
+    let query = ex["query"].as_str().unwrap();
+    let answer = folder_runner.complete(&ex["tools"], query, None, MAX_NEW_TOKENS);
+    assert_eq!(Value::from(answer.unwrap().function_calls), expected[0]);
 }
