@@ -56,6 +56,7 @@ pub enum Attr {
     Int(i64),
     Float(f32),
     Ints(Vec<i64>),
+    Str(&'static str),
 }
 
 /// Attributes of one node, by name.
@@ -210,6 +211,12 @@ impl GraphBuilder {
         v
     }
 
+    /// A constant of any type from raw little-endian bytes, shared by value.
+    pub fn const_bytes(&mut self, dtype: i32, shape: &[usize], raw: Vec<u8>) -> Value {
+        let dims = shape.iter().map(|&d| d as i64).collect();
+        self.constant(dtype, dims, raw)
+    }
+
     /// A 1-D int64 constant, shared by value.
     pub fn const_i64(&mut self, values: &[i64]) -> Value {
         let raw = values.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -358,6 +365,7 @@ fn attribute(name: &str, a: Attr) -> AttributeProto {
         Attr::Int(i) => (p.i, p.r#type) = (i, attribute_type::INT),
         Attr::Float(f) => (p.f, p.r#type) = (f, attribute_type::FLOAT),
         Attr::Ints(v) => (p.ints, p.r#type) = (v, attribute_type::INTS),
+        Attr::Str(v) => (p.s, p.r#type) = (v.as_bytes().to_vec(), attribute_type::STRING),
     }
     p
 }

@@ -82,6 +82,7 @@ pub struct NodeProto {
 pub mod attribute_type {
     pub const FLOAT: i32 = 1;
     pub const INT: i32 = 2;
+    pub const STRING: i32 = 3;
     pub const INTS: i32 = 7;
 }
 
@@ -94,6 +95,8 @@ pub struct AttributeProto {
     pub f: f32,
     #[prost(int64, tag = "3")]
     pub i: i64,
+    #[prost(bytes = "vec", tag = "4")]
+    pub s: Vec<u8>,
     #[prost(int64, repeated, tag = "8")]
     pub ints: Vec<i64>,
     #[prost(int32, tag = "20")]
@@ -108,6 +111,7 @@ pub mod data_type {
     pub const INT64: i32 = 7;
     pub const BOOL: i32 = 9;
     pub const FLOAT16: i32 = 10;
+    pub const UINT32: i32 = 12;
 }
 
 /// `TensorProto`: an initializer or constant, always as little-endian `raw_data`.

@@ -11,6 +11,7 @@
 use super::directory::{index_bits, padded_in, Encoding, Entry, BINARY_BITS, TERNARY_BITS};
 use super::header::Codebooks;
 use super::CactError;
+use graphs::needle::CqRows;
 
 /// Decodes a float entry's blob to float32, row-major in `entry.shape`.
 pub(crate) fn decode(
@@ -45,6 +46,66 @@ pub(crate) fn decode(
         });
     }
     Ok(values)
+}
+
+/// A CQ entry's codes and norms as stored, checked like [`decode`] checks them (finite
+/// norms, no unused ternary crumb) without dequantizing; `None` for another encoding.
+pub(crate) fn rows(
+    entry: &Entry,
+    blob: &[u8],
+    codebooks: &Codebooks,
+) -> Result<Option<CqRows>, CactError> {
+    let Encoding::Cq { bits, group } = entry.encoding else {
+        return Ok(None);
+    };
+    let (out, cols) = (entry.shape[0], entry.shape[1]);
+    let group = group as usize;
+    let in_pad = cols.div_ceil(group) * group;
+    let index_bits = index_bits(bits) as usize;
+    let row_bytes = in_pad * index_bits / 8;
+    let (codes, norms) = blob.split_at(out * row_bytes);
+    let norms: Vec<u16> = norms
+        .chunks_exact(2)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        .collect();
+    if let Some(i) = norms.iter().position(|&n| n & 0x7c00 == 0x7c00) {
+        let groups = in_pad / group;
+        return Err(CactError::NonFinite {
+            tensor: entry.name.clone(),
+            offset: entry.blob_offset + (out * row_bytes + 2 * i) as u64,
+            index: (i / groups) * cols + (i % groups) * group,
+        });
+    }
+    let codebook = if bits == TERNARY_BITS {
+        if let Some(byte) = codes
+            .iter()
+            .position(|&b| (0..4).any(|k| (b >> (2 * k)) & 3 == 2))
+        {
+            let k = (0..4)
+                .find(|k| (codes[byte] >> (2 * k)) & 3 == 2)
+                .expect("found above");
+            let (row, col) = (byte / row_bytes, (byte % row_bytes) * 4 + k);
+            return Err(CactError::TernaryCode {
+                tensor: entry.name.clone(),
+                offset: entry.blob_offset + byte as u64,
+                index: row * cols + col,
+            });
+        }
+        // Crumb 3, 0, 1 stand for the trits -c, 0, +c; crumb 2 is unused (checked above).
+        let [minus, zero, plus] = Codebooks::ternary(group as u32);
+        vec![zero, plus, 0.0, minus]
+    } else {
+        codebook(bits, group as u32, codebooks)
+    };
+    Ok(Some(CqRows {
+        rows: out,
+        cols,
+        group,
+        index_bits,
+        codes: codes.to_vec(),
+        norms,
+        codebook,
+    }))
 }
 
 /// File offset of the stored value element `index` was decoded from: the

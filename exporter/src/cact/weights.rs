@@ -1,6 +1,8 @@
 //! From a validated file to the graph crate's typed, dequantized weights.
 
-use graphs::needle::{Config, EngramWeights, LayerWeights, MhcWeights, Tensor, Weights};
+use graphs::needle::{
+    Config, EngramTables, EngramWeights, LayerWeights, MhcWeights, Tensor, Weights,
+};
 
 use super::layout::{ENGRAM, LAYER};
 use super::{CactError, CactFile, Encoding, Entry};
@@ -104,7 +106,7 @@ impl CactFile {
             .map(|s| {
                 let t = |name| self.tensor(&ENGRAM.tensor_name(s, name));
                 Ok(EngramWeights {
-                    tables: t("tables")?,
+                    tables: EngramTables::Dense(t("tables")?),
                     key_proj: t("key_proj")?,
                     value_proj: t("value_proj")?,
                     taps: t("taps")?,

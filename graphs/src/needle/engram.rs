@@ -24,8 +24,9 @@ use crate::contract::dims::{BATCH, ENGRAM_WINDOW, SEQUENCE};
 use crate::needle::attention::projection;
 use crate::needle::block_quant::gather_table;
 use crate::needle::context::EngramGeometry;
+use crate::needle::cq_rows::gather_cq_rows;
 use crate::needle::norms::rms_unit;
-use crate::needle::{BuildContext, EngramWeights};
+use crate::needle::{BuildContext, EngramTables, EngramWeights};
 use crate::onnx::data_type;
 
 const SEED: u64 = 0x9E37_79B9;
@@ -173,7 +174,10 @@ pub fn engram<C>(
     let [batch, window_len] = WINDOW_DIMS;
     let v_dims = [batch.clone(), window_len, Dim::Fixed(d_model)];
     let new_dims = [batch, Dim::Named(SEQUENCE), Dim::Fixed(d_model)];
-    let fetched = gather_table(b, ctx.matmul_weights(), "embedding", &w.tables, rows);
+    let fetched = match &w.tables {
+        EngramTables::Dense(t) => gather_table(b, ctx.matmul_weights(), "embedding", t, rows),
+        EngramTables::Codes(t) => gather_cq_rows(b, "embedding", t, rows),
+    };
     let per_table: Vec<Value> = (0..nt)
         .map(|t| {
             let order = e.orders[t / e.heads()];

@@ -56,11 +56,49 @@ pub struct MhcWeights {
     pub phi_res: Tensor,
 }
 
+/// An engram site's tables `[num_tables * slots, sub_dim]`: dequantized, or kept as the
+/// `.cact`'s CQ codes and decoded in the graph row by row as rows are gathered.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EngramTables {
+    Dense(Tensor),
+    Codes(CqRows),
+}
+
+/// A CQ matrix as the `.cact` stores it (upstream `export._cq_unpack`): per row,
+/// `cols` rounded up to groups of `group`, each group `(codebook[index] · norm) @ H`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CqRows {
+    pub rows: usize,
+    pub cols: usize,
+    pub group: usize,
+    /// Bits per stored index (2 for ternary crumbs).
+    pub index_bits: usize,
+    /// `rows` rows of `cols_padded · index_bits / 8` bytes, each an LSB-first bitstream.
+    pub codes: Vec<u8>,
+    /// `rows × groups` IEEE half bit patterns.
+    pub norms: Vec<u16>,
+    /// The value of each stored index (`2^index_bits` entries; ternary crumbs map to
+    /// `{0, +c, unused, −c}`).
+    pub codebook: Vec<f32>,
+}
+
+impl CqRows {
+    /// Groups per row.
+    pub fn groups(&self) -> usize {
+        self.cols.div_ceil(self.group)
+    }
+
+    /// Bytes per row of codes.
+    pub fn row_bytes(&self) -> usize {
+        self.groups() * self.group * self.index_bits / 8
+    }
+}
+
 /// One engram site (`engramS.*`).
 #[derive(Clone, Debug)]
 pub struct EngramWeights {
     /// `[num_tables * slots, sub_dim]`.
-    pub tables: Tensor,
+    pub tables: EngramTables,
     /// `[d_model, num_tables * sub_dim]`.
     pub key_proj: Tensor,
     pub value_proj: Tensor,

@@ -6,7 +6,7 @@ pub mod header;
 pub mod layout;
 mod weights;
 
-use graphs::needle::Tensor;
+use graphs::needle::{CqRows, Tensor};
 use graphs::needle3::HeadKind;
 
 use super::cq;
@@ -128,6 +128,18 @@ impl Cact3File {
     /// dequantized exactly like upstream `read_export`.
     pub fn tensor(&self, name: &str) -> Result<Tensor, CactError> {
         named_tensor(&self.entries, &self.bytes, &self.codebooks, name)
+    }
+
+    /// The codes and norms of CQ tensor `name` as stored (`None` when it is not CQ).
+    pub fn cq_rows(&self, name: &str) -> Result<Option<CqRows>, CactError> {
+        let entry = self
+            .entries
+            .iter()
+            .find(|e| e.name == name)
+            .ok_or_else(|| CactError::Missing {
+                tensor: name.to_string(),
+            })?;
+        cq::rows(entry, entry.blob(&self.bytes), &self.codebooks)
     }
 }
 

@@ -1,6 +1,6 @@
 //! From a validated Needle 3 file to the graph crate's typed, dequantized weights.
 
-use graphs::needle::{EngramWeights, MhcWeights};
+use graphs::needle::{EngramTables, EngramWeights, MhcWeights};
 use graphs::needle3::{Config, LayerWeights, MonarchWeights, ProbeHead, QkvTaps, Weights};
 
 use super::layout::{ENGRAM, LAYER};
@@ -56,7 +56,7 @@ impl Cact3File {
             .map(|s| {
                 let t = |name| self.tensor(&ENGRAM.tensor_name(s, name));
                 Ok(EngramWeights {
-                    tables: t("tables")?,
+                    tables: self.engram_tables(&ENGRAM.tensor_name(s, "tables"))?,
                     key_proj: t("key_proj")?,
                     value_proj: t("value_proj")?,
                     taps: t("taps")?,
@@ -83,6 +83,15 @@ impl Cact3File {
             engrams,
             final_norm: self.tensor("final_norm")?,
         })
+    }
+
+    /// An engram site's tables: as their CQ codes when they are CQ (decoded in the graph
+    /// row by row; the tables are most of a Needle 3 file), else dequantized.
+    fn engram_tables(&self, name: &str) -> Result<EngramTables, CactError> {
+        match self.cq_rows(name)? {
+            Some(rows) => Ok(EngramTables::Codes(rows)),
+            None => Ok(EngramTables::Dense(self.tensor(name)?)),
+        }
     }
 
     fn layer(&self, i: usize) -> Result<LayerWeights, CactError> {
