@@ -41,6 +41,10 @@ struct Args {
     /// tokenizer.json, tokenizer_config.json (one attention variant).
     #[arg(long)]
     genai: bool,
+    /// Export the N-layer ladder rung of a Needle 3 model (2 to its depth), its blocks
+    /// chosen as upstream chooses them.
+    #[arg(long)]
+    layers: Option<usize>,
     /// Replace existing output files.
     #[arg(long)]
     force: bool,
@@ -94,7 +98,12 @@ fn run(args: Args) -> Result<()> {
         (true, _) => bail!("--genai writes one graph: choose --attention fused or reference"),
     };
     files.check(&args.model, args.force)?;
-    let model = NeedleModel::read(&args.model)?;
+    let mut model = NeedleModel::read(&args.model)?;
+    if let Some(depth) = args.layers {
+        model = model
+            .rung(depth)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", args.model.display()))?;
+    }
     if args.genai && model.generation() != Generation::Needle2 {
         bail!(
             "{}: --genai writes onnxruntime-genai folders for Needle 2 models only; this is a \

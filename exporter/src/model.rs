@@ -56,6 +56,26 @@ impl NeedleModel {
         self.config.generation()
     }
 
+    /// The `depth`-layer ladder rung of a Needle 3 model, the blocks chosen as upstream
+    /// chooses them (`ladder_layer_indices`); `depth` = the model's depth is the model.
+    pub fn rung(self, depth: usize) -> Result<Self, String> {
+        match (self.config, self.weights) {
+            (ModelConfig::Needle3(config), ModelWeights::Needle3(weights)) => {
+                let (config, weights) = graphs::needle3::ladder::rung(&config, &weights, depth)?;
+                Ok(NeedleModel {
+                    config: ModelConfig::Needle3(config),
+                    weights: ModelWeights::Needle3(weights),
+                    ..self
+                })
+            }
+            _ => Err(
+                "--layers picks a ladder rung of a Needle 3 model; this is a Needle 2 \
+                      file, which has no ladder"
+                    .to_string(),
+            ),
+        }
+    }
+
     /// Reads the `.cact` file at `path` (see [`Self::from_bytes`]); the error names the path.
     pub fn read(path: &Path) -> anyhow::Result<Self> {
         let bytes =

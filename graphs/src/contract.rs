@@ -135,6 +135,8 @@ pub mod keys {
     pub const GLOBAL_LAYERS: &str = "needle.global_layers";
     pub const QKV_CONV_TAPS: &str = "needle.qkv_conv_taps";
     pub const ENGRAM_SEED_STRIDE: &str = "needle.engram_seed_stride";
+    /// The source file's layers a graph keeps (a ladder rung keeps some).
+    pub const SOURCE_LAYERS: &str = "needle.source_layers";
     pub const GENERATION: &str = "needle.generation";
     pub const PADDING_SIDE: &str = "needle.padding_side";
     pub const ATTENTION: &str = "needle.attention";
@@ -793,6 +795,7 @@ impl Config3 {
                 keys::ENGRAM_SEED_STRIDE,
                 self.engram_seed_stride.to_string(),
             ),
+            (keys::SOURCE_LAYERS, list(&self.source_layers)),
             (keys::ENGRAM_ORDERS, list(&self.engram_orders)),
             (keys::ENGRAM_SITES, list(&self.engram_sites)),
             (keys::ROPE_THETA, self.rope_theta.to_string()),
@@ -828,6 +831,7 @@ impl Config3 {
             engram_conv_taps: read.parsed(keys::ENGRAM_CONV_TAPS)?,
             engram_conv_dilation: read.parsed(keys::ENGRAM_CONV_DILATION)?,
             engram_seed_stride: read.parsed(keys::ENGRAM_SEED_STRIDE)?,
+            source_layers: read.list(keys::SOURCE_LAYERS)?,
             engram_orders: read.list(keys::ENGRAM_ORDERS)?,
             engram_sites: read.list(keys::ENGRAM_SITES)?,
             rope_theta: read.parsed(keys::ROPE_THETA)?,

@@ -42,6 +42,8 @@ pub struct LoadOptions {
     pub threads: usize,
     /// The tokenizer's whitespace rule (`.cact` only; an `.onnx` records its own).
     pub remove_extra_whitespaces: bool,
+    /// Run this ladder rung of a Needle 3 `.cact` (an `.onnx` is the rung it was exported as).
+    pub layers: Option<usize>,
 }
 
 impl Default for LoadOptions {
@@ -54,6 +56,7 @@ impl Default for LoadOptions {
             matmul_weights: MatMulWeights::Float,
             threads: 1,
             remove_extra_whitespaces: true,
+            layers: None,
         }
     }
 }
@@ -74,10 +77,10 @@ pub fn load(source: &ModelSource, opts: &LoadOptions) -> Result<LoadedModel> {
     let (session, tokenizer) = match source {
         ModelSource::Demo => {
             let demo = NeedleModel::from_bytes("needle-demo.cact", DEMO_CACT)?;
-            from_cact(&demo, registered, opts)?
+            from_cact(demo, registered, opts).context("the built-in demo model")?
         }
         ModelSource::Path(path) if is_onnx(path) => from_onnx(path, registered, opts)?,
-        ModelSource::Path(path) => from_cact(&NeedleModel::read(path)?, registered, opts)
+        ModelSource::Path(path) => from_cact(NeedleModel::read(path)?, registered, opts)
             .with_context(|| path.display().to_string())?,
     };
     debug_assert_eq!(session.provider(), chosen);
@@ -95,10 +98,14 @@ fn is_onnx(path: &Path) -> bool {
 
 /// Exports `model` in memory as the variant the plan picks for the registered provider.
 fn from_cact(
-    model: &NeedleModel,
+    model: NeedleModel,
     registered: provider::Registered,
     opts: &LoadOptions,
 ) -> Result<(NeedleSession, NeedleTokenizer)> {
+    let model = match opts.layers {
+        Some(depth) => model.rung(depth).map_err(anyhow::Error::msg)?,
+        None => model,
+    };
     let tokenizer = NeedleTokenizer::from_spec(&model.tokenizer, opts.remove_extra_whitespaces)?;
     let export_opts = ExportOptions {
         variant: variant_for(
@@ -124,6 +131,13 @@ fn from_onnx(
     }
     let session = NeedleSession::from_file(path, registered)?;
     let variant = session.description.variant;
+    if opts.layers.is_some() {
+        bail!(
+            "{}: --layers picks a rung of a .cact; an exported graph is the rung it was \
+             exported as (needle-export --layers N)",
+            path.display()
+        );
+    }
     if opts.attention.is_some_and(|a| a != variant.attention)
         || opts.precision.is_some_and(|p| p != variant.precision)
     {

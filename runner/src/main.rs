@@ -14,12 +14,12 @@ use std::io::{stdout, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// Runs a Needle 2 tool-calling model through onnxruntime. Without --model, the
+/// Runs a Needle 2 or 3 tool-calling model through onnxruntime. Without --model, the
 /// built-in demo model (smart-home tools) answers.
 #[derive(Parser)]
 #[command(version)]
 struct Args {
-    /// A Needle 2 `.cact` (exported in memory for the provider) or an `.onnx` from needle-export.
+    /// A Needle 2 or 3 `.cact` (exported in memory for the provider) or an `.onnx` from needle-export.
     #[arg(long)]
     model: Option<PathBuf>,
     /// Execution provider, chosen at startup; `auto` tries TensorRT, CUDA, CoreML, then CPU.
@@ -64,6 +64,9 @@ struct Args {
     /// Seed of the sampler.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Run the N-layer ladder rung of a Needle 3 `.cact` (2 to its depth).
+    #[arg(long)]
+    layers: Option<usize>,
 }
 
 fn main() -> ExitCode {
@@ -96,6 +99,7 @@ fn run(args: Args) -> Result<()> {
         matmul_weights: args.weights,
         threads: args.threads,
         remove_extra_whitespaces: true,
+        layers: args.layers,
     };
     let mut runner = Runner::new(&source, &options)?;
     if let Some(t) = args.temperature {

@@ -78,10 +78,11 @@ impl HeadShape {
     }
 
     /// The head width `GroupQueryAttention` runs at: it takes one width for q, k and v,
-    /// so the narrower ones are zero-padded to the wider (upstream's flash path does the
-    /// same), which leaves every score and output unchanged.
+    /// a multiple of 8 on the CPU, so the heads are zero-padded to the wider one rounded up
+    /// to 8 (upstream's flash path pads to the wider too), which leaves every score and
+    /// output unchanged.
     pub fn fused_dim(self) -> usize {
-        self.qk_dim.max(self.v_dim)
+        self.qk_dim.max(self.v_dim).next_multiple_of(8)
     }
 
     /// Width of the cached keys in `attention`'s variant.

@@ -41,6 +41,9 @@ pub struct Config {
     /// Layers at which the engram memory is added, one per site.
     pub engram_sites: Vec<usize>,
     pub rope_theta: f32,
+    /// The file's layers this model keeps: `0..num_layers` for the whole model, the
+    /// kept blocks' original indices for a ladder rung.
+    pub source_layers: Vec<usize>,
     /// KV window upstream sized the model for (0: none recorded).
     pub kv_window: usize,
     pub kv_bits: u32,

@@ -58,6 +58,7 @@ pub fn rung(cfg: &Config, weights: &Weights, depth: usize) -> Result<(Config, We
         .collect();
     let config = Config {
         num_layers: depth,
+        source_layers: kept.iter().map(|&l| cfg.source_layers[l]).collect(),
         global_layers: cfg
             .global_layers
             .iter()

@@ -41,6 +41,7 @@ impl Cact3File {
             engram_orders: h.engram_orders.iter().copied().map(us).collect(),
             engram_sites: h.engram_sites.iter().copied().map(us).collect(),
             rope_theta: h.rope_theta,
+            source_layers: (0..us(h.num_layers)).collect(),
             kv_window: us(h.kv_window),
             kv_bits: h.kv_bits,
         }
