@@ -7,8 +7,11 @@
 //! the input's size in live heap (`-malloc_limit_mb` only catches single giant
 //! allocations); without it the allocation checks pass trivially.
 
-use exporter::cact::{CactFile, TokenizerSpec};
+use exporter::cact::needle3::Cact3File;
+use exporter::cact::{CactError, CactFile, TokenizerSpec};
+use exporter::model::generation_of;
 use exporter::tokenizer::NeedleTokenizer;
+use graphs::contract::Generation;
 
 use peak::measure;
 
@@ -26,9 +29,23 @@ pub fn read_budget(len: usize) -> usize {
     64 * len + (16 << 20)
 }
 
-/// The `cact` fuzz target.
+/// The file's generation, from its tag, as the exporter's dispatch reads it.
+fn generation(data: &[u8]) -> Option<Generation> {
+    let tag = u32::from_le_bytes(data.get(..4)?.try_into().ok()?);
+    generation_of(tag).ok()
+}
+
+/// Parses `data` with its generation's reader (the tag picks it; Needle 2's reports a bad tag).
+fn parse(data: &[u8]) -> Result<(), CactError> {
+    match generation(data) {
+        Some(Generation::Needle3) => Cact3File::parse(data).map(drop),
+        _ => CactFile::parse(data).map(drop),
+    }
+}
+
+/// The `cact` fuzz target: either generation.
 pub fn cact_target(data: &[u8]) {
-    let (parsed, peak) = measure(|| CactFile::parse(data));
+    let (parsed, peak) = measure(|| parse(data));
     assert!(
         peak <= parse_budget(data.len()),
         "parsing {} bytes held {peak} bytes of heap at once",
@@ -63,9 +80,13 @@ pub fn tokenizer_blob_target(data: &[u8]) {
 /// a small vocabulary only covers through byte fallback or `<unk>`.
 pub const TEXT: &str = "  <|im_start|>user\nHello,  wörld ab a\tb 日本 \u{1F600} <|im_end|> ";
 
-/// The `.cact` reader: parse, then everything a parsed file offers — the
-/// config, every weight (dequantized), the probe heads, and its tokenizer.
+/// The `.cact` readers: parse, then everything a parsed file offers — the
+/// config, every weight (dequantized; Needle 3's engram tables as checked codes), the
+/// probe heads, and its tokenizer.
 pub fn cact(data: &[u8]) {
+    if generation(data) == Some(Generation::Needle3) {
+        return cact3(data);
+    }
     let Ok(file) = CactFile::parse(data) else {
         return;
     };
@@ -74,6 +95,21 @@ pub fn cact(data: &[u8]) {
     let _ = file.probe_heads();
     for entry in file.entries() {
         if entry.name == "heads.manifest" || entry.name == "tokenizer" {
+            let _ = file.tensor(&entry.name);
+        }
+    }
+    tokenizer(file.tokenizer());
+}
+
+fn cact3(data: &[u8]) {
+    let Ok(file) = Cact3File::parse(data) else {
+        return;
+    };
+    let _ = file.config();
+    let _ = file.weights();
+    let _ = file.probe_heads();
+    for entry in file.entries() {
+        if entry.name.ends_with(".tables") {
             let _ = file.tensor(&entry.name);
         }
     }
