@@ -85,8 +85,13 @@ impl Header {
         }
         let mask =
             u64::from(raw.u32("global_mask_lo")) | u64::from(raw.u32("global_mask_hi")) << 32;
-        if num_layers < 64 && mask >> num_layers != 0 {
-            let field = if num_layers < 32 || mask >> 32 == 0 {
+        let stray = if num_layers < 64 {
+            mask >> num_layers << num_layers
+        } else {
+            0
+        };
+        if stray != 0 {
+            let field = if stray & 0xFFFF_FFFF != 0 {
                 "global_mask_lo"
             } else {
                 "global_mask_hi"
