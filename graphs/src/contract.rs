@@ -22,6 +22,9 @@ pub mod names {
     pub const POSITION_IDS: &str = "position_ids";
     /// `float32 [batch, sequence, vocab]`.
     pub const LOGITS: &str = "logits";
+    /// `float32 [batch]`, Needle 3 with a confidence head: the head's logit over this
+    /// call's real tokens (a sequence's confidence when it is fed whole, empty cache).
+    pub const CONFIDENCE_LOGIT: &str = "confidence_logit";
     const PAST_KV_PREFIX: &str = "past_key_values.";
     const PRESENT_KV_PREFIX: &str = "present.";
 

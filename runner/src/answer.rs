@@ -6,6 +6,7 @@ use crate::load::{load, LoadOptions, LoadedModel, ModelSource};
 use crate::prompt::{parse_answer, render_prompt, IM_END};
 use crate::provider::{Provider, Unavailable};
 use anyhow::{anyhow, Result};
+use graphs::contract::names::CONFIDENCE_LOGIT;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -32,7 +33,8 @@ pub struct ToolResponse {
     pub prefill_tps: f64,
     pub decode_tps: f64,
     pub peak_ram_mb: Option<f64>,
-    /// The confidence head is not exported yet.
+    /// `sigmoid` of the confidence head's logit over prompt + completion; `None` when
+    /// the model has no confidence head.
     pub confidence: Option<f64>,
 }
 
@@ -89,6 +91,7 @@ impl Runner {
         let ids = [vec![tok.bos_id()], tok.encode(&prompt)].concat();
         let run = self.run(&ids, vec![tok.eos_id(), im_end], max_new_tokens)?;
         let answer = parse_answer(&self.model.tokenizer.decode(&run.generated_ids));
+        let confidence = self.confidence(&[ids, run.generated_ids.clone()].concat())?;
         let (success, error) = match &answer.calls {
             Ok(_) => (true, None),
             Err(e) => (false, Some(e.clone())),
@@ -104,8 +107,25 @@ impl Runner {
             prefill_tps: run.prefill_tps(),
             decode_tps: run.decode_tps(),
             peak_ram_mb: peak_ram_mb(),
-            confidence: None,
+            confidence,
         })
+    }
+
+    /// `sigmoid` of the confidence head's logit over `ids` fed whole with an empty cache
+    /// (the head pools over every position at once); `None` without the head.
+    fn confidence(&mut self, ids: &[u32]) -> Result<Option<f64>> {
+        let session = &mut self.model.session;
+        if !session.has_confidence_head() {
+            return Ok(None);
+        }
+        let ids: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
+        let cache = session.empty_cache(1)?;
+        let out = session.forward(&ids, 1, cache)?;
+        let logit = out
+            .confidence_logit
+            .and_then(|l| l.first().copied())
+            .ok_or_else(|| anyhow!("the graph returned no {}", CONFIDENCE_LOGIT))?;
+        Ok(Some(1.0 / (1.0 + (-f64::from(logit)).exp())))
     }
 
     /// Continues `[BOS] + tokenize(text)` with no chat template; stops only at EOS.

@@ -95,6 +95,9 @@ impl StepInputs {
 pub struct StepOutput {
     /// `[batch, sequence, vocab]`, row-major.
     pub logits: Vec<f32>,
+    /// `[batch]`: the confidence head's logit over this step's tokens, when the graph has
+    /// the head (see `names::CONFIDENCE_LOGIT`).
+    pub confidence_logit: Option<Vec<f32>>,
     pub cache: Cache,
 }
 
@@ -152,6 +155,14 @@ impl NeedleSession {
     /// The model geometry.
     pub fn config(&self) -> &ModelConfig {
         &self.description.config
+    }
+
+    /// Whether the graph computes the confidence head (`names::CONFIDENCE_LOGIT`).
+    pub fn has_confidence_head(&self) -> bool {
+        self.session
+            .outputs()
+            .iter()
+            .any(|o| o.name() == names::CONFIDENCE_LOGIT)
     }
 
     /// The provider that runs the graph (never `Auto`).
@@ -317,6 +328,7 @@ impl NeedleSession {
         ));
         let mut outputs = self.session.run(inputs).context("onnxruntime run failed")?;
         let logits = logits(&outputs)?;
+        let confidence_logit = confidence_logit(&outputs)?;
         let layers = self
             .layer_names
             .iter()
@@ -336,6 +348,7 @@ impl NeedleSession {
         let placeholder = take(&mut outputs, &self.engram_names.present_placeholder)?;
         Ok(StepOutput {
             logits,
+            confidence_logit,
             cache: Cache {
                 layers,
                 history,
@@ -376,6 +389,9 @@ impl NeedleSession {
             binding.bind_output_to_device(present.as_str(), host)?;
         }
         binding.bind_output_to_device(names::LOGITS, host)?;
+        if self.has_confidence_head() {
+            binding.bind_output_to_device(names::CONFIDENCE_LOGIT, host)?;
+        }
         binding.bind_output_to_device(e.present_ids.as_str(), host)?;
         binding.bind_output_to_device(e.present_placeholder.as_str(), host)?;
         let mut outputs = self
@@ -383,6 +399,7 @@ impl NeedleSession {
             .run_binding(&binding)
             .context("onnxruntime run failed")?;
         let logits = logits(&outputs)?;
+        let confidence_logit = confidence_logit(&outputs)?;
         let history = take(&mut outputs, &e.present_ids)?;
         let placeholder = take(&mut outputs, &e.present_placeholder)?;
         cache.qkv_conv = self
@@ -394,13 +411,24 @@ impl NeedleSession {
         cache.history = history;
         cache.placeholder = placeholder;
         cache.len = total;
-        Ok(StepOutput { logits, cache })
+        Ok(StepOutput {
+            logits,
+            confidence_logit,
+            cache,
+        })
     }
 }
 
 fn logits(outputs: &SessionOutputs<'_>) -> Result<Vec<f32>> {
     let (_, logits) = outputs[names::LOGITS].try_extract_tensor::<f32>()?;
     Ok(logits.to_vec())
+}
+
+fn confidence_logit(outputs: &SessionOutputs<'_>) -> Result<Option<Vec<f32>>> {
+    match outputs.get(names::CONFIDENCE_LOGIT) {
+        Some(v) => Ok(Some(v.try_extract_tensor::<f32>()?.1.to_vec())),
+        None => Ok(None),
+    }
 }
 
 fn take(outputs: &mut SessionOutputs<'_>, name: &str) -> Result<DynValue> {

@@ -6,7 +6,7 @@
 //! A `.cact` does not record a `ladder_order`, so the order is always the bisection of
 //! its own depth (as upstream's is for every checkpoint that was not itself sliced).
 
-use super::{Config, Weights};
+use super::{Config, ProbeHead, Weights};
 use crate::needle::{MhcWeights, Tensor};
 
 /// The blocks of an `num_layers`-deep model in the order the ladder adds them.
@@ -91,8 +91,35 @@ pub fn rung(cfg: &Config, weights: &Weights, depth: usize) -> Result<(Config, We
         hada_p2: weights.hada_p2.clone(),
         engrams: sites.iter().map(|&s| weights.engrams[s].clone()).collect(),
         final_norm: weights.final_norm.clone(),
+        confidence: weights.confidence.as_ref().map(|h| head_rows(h, &kept)),
     };
     Ok((config, weights))
+}
+
+/// A probe head's rows for the kept blocks (row 0 is the embedding, row `l + 1` block `l`).
+fn head_rows(h: &ProbeHead, kept: &[usize]) -> ProbeHead {
+    let kept_rows: Vec<usize> = std::iter::once(0)
+        .chain(kept.iter().map(|&l| l + 1))
+        .collect();
+    let q = h.row_bias.shape[0];
+    let per_query = h.row_bias.shape[1..].iter().product::<usize>();
+    let mut row_bias = Tensor {
+        shape: vec![q, kept_rows.len(), h.row_bias.shape[2]],
+        data: Vec::new(),
+    };
+    for qi in 0..q {
+        let one = Tensor {
+            shape: h.row_bias.shape[1..].to_vec(),
+            data: h.row_bias.data[qi * per_query..(qi + 1) * per_query].to_vec(),
+        };
+        row_bias.data.extend(rows(&one, &kept_rows, 1).data);
+    }
+    ProbeHead {
+        probes: rows(&h.probes, &kept_rows, 1),
+        gain: rows(&h.gain, &kept_rows, 1),
+        row_bias,
+        ..h.clone()
+    }
 }
 
 /// The rows of a tensor stacked over layers, `per_layer` outermost rows per layer,

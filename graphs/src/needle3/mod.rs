@@ -3,6 +3,7 @@
 //! primitives (norms, engram, hyper-connections, the attention cores, embedding and
 //! head) and has its own config, weights, attention block and Monarch MLP.
 pub mod attention;
+pub mod confidence;
 pub mod config;
 pub mod ladder;
 pub mod model;

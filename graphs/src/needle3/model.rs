@@ -21,6 +21,7 @@ use crate::needle::model::{embed_tokens, ids_dims, lm_head};
 use crate::needle::norms::zc_rms_norm;
 use crate::needle::BuildContext;
 use crate::needle3::attention::{attention, AttentionCtx};
+use crate::needle3::confidence::confidence_logit;
 use crate::needle3::monarch_mlp::monarch_mlp;
 use crate::needle3::{Config, LayerWeights, Weights};
 use crate::onnx::{data_type, ModelProto};
@@ -83,6 +84,13 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
     let (embedding, mut x) = b.scope("embed_tokens", |b| {
         embed_tokens(b, &ctx, &w.embedding, &inputs.input_ids)
     });
+    // The confidence head's cells: the scaled embedding (one lane of the stream, exactly),
+    // then each layer's lane mean.
+    let mut cells = Vec::new();
+    if w.confidence.is_some() {
+        let x0 = b.slice(&x, 2, 0, 1);
+        cells.push(b.squeeze(&x0, &[2]));
+    }
     let mut presents = Vec::with_capacity(w.layers.len());
     let mut next_convs = Vec::with_capacity(w.layers.len());
     for i in 0..w.layers.len() {
@@ -97,9 +105,18 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
             layer(b, &ctx, &layer_in, &x, w, i)
         });
         x = next;
+        if w.confidence.is_some() {
+            let mean = b.reduce_mean(&x, &[2]);
+            cells.push(b.squeeze(&mean, &[2]));
+        }
         presents.push(present);
         next_convs.extend(conv);
     }
+    let confidence = w.confidence.as_ref().map(|head| {
+        b.scope("confidence_head", |b| {
+            confidence_logit(b, &ctx, &cells, &new_mask, head)
+        })
+    });
     let logits = b.scope("lm_head", |b| {
         lm_head(
             b,
@@ -119,6 +136,14 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
         &next_convs,
         [&next_history, &inputs.placeholder],
     );
+    if let Some(logit) = &confidence {
+        b.output(
+            logit,
+            names::CONFIDENCE_LOGIT,
+            data_type::FLOAT,
+            &[Dim::Named(BATCH)],
+        );
+    }
     b.finish("needle", desc.doc_string(), desc.to_metadata())
 }
 

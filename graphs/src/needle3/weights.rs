@@ -75,6 +75,8 @@ pub struct Weights {
     pub engrams: Vec<EngramWeights>,
     /// `[d_model]`.
     pub final_norm: Tensor,
+    /// The confidence head, when the file has one (the other heads are not exported).
+    pub confidence: Option<ProbeHead>,
 }
 
 /// A probe head named by a code in `heads.manifest` (upstream `HEADS`).

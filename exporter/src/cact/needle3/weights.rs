@@ -83,6 +83,10 @@ impl Cact3File {
             hada_p2: self.permutation("hada_p2")?,
             engrams,
             final_norm: self.tensor("final_norm")?,
+            confidence: self
+                .probe_heads()?
+                .into_iter()
+                .find(|h| h.kind == graphs::needle3::HeadKind::Confidence),
         })
     }
 

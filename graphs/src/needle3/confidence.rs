@@ -1,0 +1,89 @@
+//! The Needle 3 confidence head (upstream `ConfidenceHead`: `probe_pool` over the hidden
+//! cells, then `HeadProjection`), as the graph output `confidence_logit`. The cells are
+//! the scaled embedding and every layer's lane mean, `[batch, sequence, L+1, d]`:
+//!
+//! ```text
+//! scores[l,k,t] = cells[t,l]·probes[l,k] / √d   (padding: −∞)   a = softmax_t(scores)
+//! r[l,k] = rms_unit(Σ_t a·cells[t,l]) · gain[l,k]
+//! u[q,(l,k)] = r[l,k]·query[q] / √d + row_bias[q,l,k]            w = softmax_(l,k)(u)
+//! logit = proj · concat_q(Σ_(l,k) w·r) + bias
+//! ```
+//! It pools over the positions of one call, so it is the head's logit for a sequence
+//! when that sequence is fed whole with an empty cache (as `needle-run` does once the
+//! answer is complete).
+
+use crate::builder::{GraphBuilder, Value};
+use crate::contract::Precision;
+use crate::needle::norms::rms_unit;
+use crate::needle::BuildContext;
+use crate::needle3::{Config, ProbeHead};
+use crate::onnx::data_type;
+
+/// `[batch]` float32 logit. `cells`: `L+1` values `[batch, sequence, d]`; `keep`:
+/// `[batch, sequence]` int64, 1 for the row's real tokens.
+pub fn confidence_logit(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext<Config>,
+    cells: &[Value],
+    keep: &Value,
+    head: &ProbeHead,
+) -> Value {
+    let d = ctx.cfg.d_model;
+    let (rows, k) = (head.gain.shape[0], head.gain.shape[1]);
+    let q = head.query.shape[0];
+    let root_d = b.scalar_float((d as f32).sqrt());
+    let cells: Vec<Value> = cells.iter().map(|c| b.unsqueeze(c, &[1])).collect();
+    let refs: Vec<&Value> = cells.iter().collect();
+    let cells = b.concat(&refs, 1); // [B, rows, S, d]
+
+    let probes_t = transpose_last(&head.probes.data, rows, k, d);
+    let probes_t = b.weight("probes_t", &[rows, d, k], &probes_t);
+    let scores = b.matmul(&cells, &probes_t); // [B, rows, S, k]
+    let scores = b.div(&scores, &root_d);
+    let keep = b.cast(keep, data_type::BOOL);
+    let keep = b.unsqueeze(&keep, &[1, 3]); // [B, 1, S, 1]
+    let lowest = b.scalar_float(f32::NEG_INFINITY);
+    let scores = b.where_(&keep, &scores, &lowest);
+    let attend = b.softmax(&scores, 2);
+    let attend = b.transpose(&attend, &[0, 1, 3, 2]); // [B, rows, k, S]
+    let pooled = b.matmul(&attend, &cells); // [B, rows, k, d]
+    let pooled = rms_unit(b, ctx, &pooled, d);
+    let gain = b.weight("gain", &[rows, k, 1], &head.gain.data);
+    let pooled = b.mul(&pooled, &gain);
+
+    let query_t = transpose_last(&head.query.data, 1, q, d);
+    let query_t = b.weight("query_t", &[d, q], &query_t);
+    let u = b.matmul(&pooled, &query_t); // [B, rows, k, q]
+    let u = b.div(&u, &root_d);
+    let u = b.transpose(&u, &[0, 3, 1, 2]); // [B, q, rows, k]
+    let row_bias = b.weight("row_bias", &head.row_bias.shape, &head.row_bias.data);
+    let u = b.add(&u, &row_bias);
+    let u = b.reshape(&u, &[0, q as i64, (rows * k) as i64]);
+    let w = b.softmax(&u, -1);
+    let flat = b.reshape(&pooled, &[0, (rows * k) as i64, d as i64]);
+    let mixed = b.matmul(&w, &flat); // [B, q, d]
+    let mixed = b.reshape(&mixed, &[0, (q * d) as i64]);
+    // The confidence head has one output: its projection row is a vector.
+    let proj = b.weight("proj", &[q * d, 1], &head.proj.data[..q * d]);
+    let logit = b.matmul(&mixed, &proj);
+    let bias = b.weight("bias", &[1], &head.bias.data[..1]);
+    let logit = b.add(&logit, &bias);
+    let logit = b.squeeze(&logit, &[1]);
+    match b.precision() {
+        Precision::Fp32 => logit,
+        Precision::Fp16 => b.cast(&logit, data_type::FLOAT),
+    }
+}
+
+/// `[n, a, c]` row-major → `[n, c, a]`.
+fn transpose_last(data: &[f32], n: usize, a: usize, c: usize) -> Vec<f32> {
+    let mut out = vec![0.0; n * a * c];
+    for i in 0..n {
+        for r in 0..a {
+            for j in 0..c {
+                out[i * a * c + j * a + r] = data[i * a * c + r * c + j];
+            }
+        }
+    }
+    out
+}
