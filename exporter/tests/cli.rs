@@ -45,6 +45,7 @@ fn check_in(venv: &str, graph: &Path, model: &str, bound: f64) -> Vec<serde_json
 /// Exports `model` with `--attention both` and `extra` flags into `dir`: (fused, reference).
 fn export_both(dir: &Path, model: &str, extra: &[&str]) -> (PathBuf, PathBuf) {
     let out = dir.join(format!("{model}.onnx"));
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
     let cact = fixture(&format!("{model}.cact"));
     let flags = ["--attention", "both", "--force"].iter().chain(extra);
     let args: Vec<&Path> = [cact.as_path(), &out]
@@ -59,7 +60,14 @@ fn export_both(dir: &Path, model: &str, extra: &[&str]) -> (PathBuf, PathBuf) {
 #[test]
 fn both_variants_pass_the_onnx_checker_and_match_upstream_in_python_onnxruntime() {
     let dir = scratch("stock");
-    for model in ["m48", "m64", "m96", "m64w"] {
+    let needle3 = [
+        "needle3/n3a",
+        "needle3/n3b",
+        "needle3/n3c",
+        "needle3/n3q",
+        "needle3/n3a_d4",
+    ];
+    for model in ["m48", "m64", "m96", "m64w"].into_iter().chain(needle3) {
         let (fused, reference) = export_both(&dir, model, &[]);
         check_in(".venv", &fused, model, FP32_BOUND);
         let domains = check_in(".venv", &reference, model, FP32_BOUND);

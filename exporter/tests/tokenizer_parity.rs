@@ -3,11 +3,20 @@
 //! `m64.cact`) and upstream `RefTokenizer` plus sentencepiece's whitespace rule
 //! on rendered demo prompts (`tests/fixtures/prompt.cases.json`).
 
+use exporter::cact::needle3::Cact3File;
 use exporter::cact::CactFile;
 use exporter::tokenizer::NeedleTokenizer;
 use serde::Deserialize;
 use std::path::PathBuf;
 use test_support::{python, repo_root};
+
+/// A Needle 3 tokenizer case (sentencepiece's ids and decode of `text`).
+#[derive(Deserialize)]
+struct Needle3Case {
+    text: String,
+    sp_ids: Vec<u32>,
+    sp_decode: String,
+}
 
 #[derive(Deserialize)]
 struct SpCase {
@@ -407,4 +416,42 @@ fn random_texts_and_ids_match_sentencepiece() {
 struct SpOutputs {
     encode: Vec<Vec<u32>>,
     decode: Vec<String>,
+}
+
+/// Needle 3's tokenizers (six more markers, `add_dummy_prefix` from the blob) against
+/// sentencepiece: `needle3/tokenizer.cases.json` is for `tokenizer.model` (n3a's),
+/// `tokenizer_nodummy.cases.json` for the one without a dummy prefix (n3b's).
+#[test]
+fn needle3_tokenizers_match_sentencepiece() {
+    for (cact, cases) in [
+        ("n3a", "tokenizer.cases.json"),
+        ("n3b", "tokenizer_nodummy.cases.json"),
+    ] {
+        let path = repo_root().join(format!("tests/fixtures/needle3/{cact}.cact"));
+        let file = Cact3File::parse(&std::fs::read(path).unwrap()).unwrap();
+        let tok = NeedleTokenizer::from_spec(file.tokenizer(), true).unwrap();
+        let cases: Vec<Needle3Case> = read_json(&format!("tests/fixtures/needle3/{cases}"));
+        let mut failures = Vec::new();
+        for c in &cases {
+            let ids = tok.encode(&c.text);
+            if ids != c.sp_ids {
+                failures.push(format!(
+                    "{:?}: got {ids:?}, sentencepiece {:?}",
+                    c.text, c.sp_ids
+                ));
+            }
+            let text = tok.decode(&c.sp_ids);
+            if text != c.sp_decode {
+                failures.push(format!(
+                    "{:?}: decoded {text:?}, sentencepiece {:?}",
+                    c.sp_ids, c.sp_decode
+                ));
+            }
+        }
+        report(
+            &format!("{cact} tokenizer vs sentencepiece"),
+            cases.len(),
+            failures,
+        );
+    }
 }

@@ -35,7 +35,8 @@ def main(model_path, cases_path):
     sess = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"])
     cases = load_file(cases_path)
     errors = {}
-    for name in sorted({k.split(".")[0] for k in cases}):
+    # Needle 3's head cases have head outputs instead of logits.
+    for name in sorted({k.split(".")[0] for k in cases if k.endswith(".logits")}):
         ids = cases[f"{name}.input_ids"].astype(np.int64)
         lengths = cases[f"{name}.lengths"]
         ref = cases[f"{name}.logits"]

@@ -9,8 +9,29 @@ use runner::session::NeedleSession;
 use safetensors::SafeTensors;
 pub use test_support::{fixture, python, python_in, read_fixture, repo_root, scratch};
 
-/// The conformance models (upstream fixtures) and the sliding-window model.
-pub const MODELS: [&str; 4] = ["m48", "m64", "m96", "m64w"];
+/// The conformance models (upstream fixtures): Needle 2's three and its sliding-window
+/// model, and Needle 3's (`tests/fixtures/needle3/`, cactus-needle 3.2.8).
+pub const MODELS: [&str; 9] = [
+    "m48",
+    "m64",
+    "m96",
+    "m64w",
+    "needle3/n3a",
+    "needle3/n3b",
+    "needle3/n3c",
+    "needle3/n3q",
+    "needle3/n3a_d4",
+];
+
+/// The models with upstream greedy generations (`<model>.generate.json`).
+pub const GENERATING_MODELS: [&str; 6] = [
+    "m48",
+    "m64",
+    "m96",
+    "needle3/n3a",
+    "needle3/n3b",
+    "needle3/n3c",
+];
 
 /// One upstream reference case: ids `[batch, seq]`, real lengths, logits `[batch, seq, vocab]`.
 pub struct Case {
@@ -22,7 +43,7 @@ pub struct Case {
     pub logits: Vec<f32>,
 }
 
-/// Every case of `<model>.cases.safetensors`.
+/// Every logits case of `<model>.cases.safetensors`.
 pub fn cases(model: &str) -> Vec<Case> {
     let bytes = std::fs::read(fixture(&format!("{model}.cases.safetensors"))).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
@@ -30,6 +51,8 @@ pub fn cases(model: &str) -> Vec<Case> {
         .names()
         .iter()
         .filter_map(|n| n.strip_suffix(".input_ids").map(String::from))
+        // Needle 3's head cases (`H.*`) have head outputs instead of logits.
+        .filter(|n| st.names().contains(&format!("{n}.logits").as_str()))
         .collect();
     names.sort();
     names

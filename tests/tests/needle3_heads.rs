@@ -1,0 +1,101 @@
+//! The Needle 3 confidence head (graph output `confidence_logit`) against upstream's
+//! `forward_confidence` (`tests/fixtures/needle3/`): the padded batch of case `H` and each
+//! generation's prompt + completion, both variants; and `needle-run`'s `confidence`.
+
+use graphs::contract::AttentionKind::{self, Reference};
+use needle_tests::{fixture, session};
+use runner::session::StepInputs;
+use safetensors::SafeTensors;
+
+const FUSED: AttentionKind = AttentionKind::FUSED;
+/// Needle 3 fixtures; `n3c` has no heads and `n3q`/`n3a_d4` no generations.
+const MODELS: [&str; 5] = [
+    "needle3/n3a",
+    "needle3/n3b",
+    "needle3/n3c",
+    "needle3/n3q",
+    "needle3/n3a_d4",
+];
+
+fn sigmoid(x: f32) -> f64 {
+    1.0 / (1.0 + (-f64::from(x)).exp())
+}
+
+fn tensor<T: Copy>(st: &SafeTensors, name: &str, read: fn(&[u8]) -> T, width: usize) -> Vec<T> {
+    st.tensor(name)
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+        .data()
+        .chunks(width)
+        .map(read)
+        .collect()
+}
+
+#[test]
+fn the_confidence_head_matches_upstream_on_padded_batches_and_generations() {
+    let mut report = Vec::new();
+    for model in MODELS {
+        let bytes = std::fs::read(fixture(&format!("{model}.cases.safetensors"))).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let has_head = st.names().contains(&"H.confidence");
+        for kind in [FUSED, Reference] {
+            assert_eq!(
+                session(model, kind).has_confidence_head(),
+                has_head,
+                "{model}"
+            );
+        }
+        if !has_head {
+            continue;
+        }
+        let i64s = |b: &[u8]| i64::from_le_bytes(b.try_into().unwrap());
+        let f32s = |b: &[u8]| f32::from_le_bytes(b.try_into().unwrap());
+        let ids = tensor(&st, "H.input_ids", i64s, 8);
+        let lengths = tensor(&st, "H.lengths", i64s, 8);
+        let want = tensor(&st, "H.confidence", f32s, 4);
+        let batch = lengths.len();
+        let seq = ids.len() / batch;
+        let generations: Vec<serde_json::Value> =
+            std::fs::read_to_string(fixture(&format!("{model}.generate.json")))
+                .map(|text| serde_json::from_str(&text).unwrap())
+                .unwrap_or_default();
+        for kind in [FUSED, Reference] {
+            let mut s = session(model, kind);
+            // Right padding: each row's real tokens first, mask 0 after.
+            let mask: Vec<i64> = lengths
+                .iter()
+                .flat_map(|&n| (0..seq as i64).map(move |t| i64::from(t < n)))
+                .collect();
+            let positions: Vec<i64> = (0..batch).flat_map(|_| 0..seq as i64).collect();
+            let inputs = StepInputs {
+                input_ids: ids.clone(),
+                attention_mask: mask,
+                position_ids: positions,
+                batch,
+            };
+            let cache = s.empty_cache(batch).unwrap();
+            let got = s.step(inputs, cache).unwrap().confidence_logit.unwrap();
+            for (row, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                let err = (sigmoid(g) - sigmoid(w)).abs();
+                report.push(format!(
+                    "{model} {kind:?} H[{row}]: |Δ confidence| {err:.1e}"
+                ));
+                assert!(err <= 1e-5, "{model} {kind:?} H row {row}: {g} vs {w}");
+            }
+            for r in &generations {
+                let all: Vec<i64> = ["prompt_ids", "generated_ids"]
+                    .iter()
+                    .flat_map(|k| r[k].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()))
+                    .collect();
+                let want = r["heads_on_prompt_plus_completion"]["confidence"]
+                    .as_f64()
+                    .unwrap();
+                let cache = s.empty_cache(1).unwrap();
+                let got = s.forward(&all, 1, cache).unwrap().confidence_logit.unwrap()[0];
+                // The reference is written with 6 decimals.
+                let err = (sigmoid(got) - sigmoid(want as f32)).abs();
+                assert!(err <= 1e-5, "{model} {kind:?} generation: {got} vs {want}");
+            }
+        }
+    }
+    println!("{}", report.join("\n"));
+}
