@@ -113,17 +113,7 @@ impl CactFile {
                 })
             })
             .collect::<Result<_, CactError>>()?;
-        let mhc = MhcWeights {
-            a_pre: self.tensor("mhc_a_pre")?,
-            a_post: self.tensor("mhc_a_post")?,
-            a_res: self.tensor("mhc_a_res")?,
-            b_pre: self.tensor("mhc_b_pre")?,
-            b_post: self.tensor("mhc_b_post")?,
-            b_res: self.tensor("mhc_b_res")?,
-            phi_pre: self.tensor("mhc_phi_pre")?,
-            phi_post: self.tensor("mhc_phi_post")?,
-            phi_res: self.tensor("mhc_phi_res")?,
-        };
+        let mhc = mhc_weights(|name| self.tensor(name))?;
         Ok(Weights {
             embedding: self.tensor("embedding")?,
             layers,
@@ -196,4 +186,21 @@ impl CactFile {
             })
             .collect()
     }
+}
+
+/// The nine hyper-connection tensors (both generations store them alike), read by `tensor`.
+pub(crate) fn mhc_weights(
+    tensor: impl Fn(&str) -> Result<Tensor, CactError>,
+) -> Result<MhcWeights, CactError> {
+    Ok(MhcWeights {
+        a_pre: tensor("mhc_a_pre")?,
+        a_post: tensor("mhc_a_post")?,
+        a_res: tensor("mhc_a_res")?,
+        b_pre: tensor("mhc_b_pre")?,
+        b_post: tensor("mhc_b_post")?,
+        b_res: tensor("mhc_b_res")?,
+        phi_pre: tensor("mhc_phi_pre")?,
+        phi_post: tensor("mhc_phi_post")?,
+        phi_res: tensor("mhc_phi_res")?,
+    })
 }

@@ -282,30 +282,34 @@ pub fn attention(
         rotate_half_rope(b, &k, &attn.rope, cfg.num_kv_heads, cfg.head_dim)
     });
 
-    let (out, present) = match &attn.core {
+    let (out, present) = attention_core(b, &attn.core, [&q, &k, &v], past, HeadShape::of(cfg));
+    let gate = b.sigmoid(&gate);
+    let out = b.mul(&out, &gate);
+    (projection(b, ctx, &out, "out_proj", &w.out_proj), present)
+}
+
+/// The attention core the variant picked (the one place the variants differ): q, k, v
+/// `[B,S,·]` after RoPE and the layer's cache in; output `[B,S,heads·v_dim]` and the present cache.
+pub fn attention_core(
+    b: &mut GraphBuilder,
+    inputs: &CoreInputs,
+    qkv: [&Value; 3],
+    past: &KvPair,
+    shape: HeadShape,
+) -> (Value, KvPair) {
+    match inputs {
         CoreInputs::Fused {
             op: FusedOp::GroupQueryAttention,
             seqlens_k,
             total_len,
             local_window,
         } => b.scope("gqa", |b| {
-            gqa_core(
-                b,
-                [&q, &k, &v],
-                past,
-                seqlens_k,
-                total_len,
-                *local_window,
-                HeadShape::of(cfg),
-            )
+            gqa_core(b, qkv, past, seqlens_k, total_len, *local_window, shape)
         }),
-        CoreInputs::Reference { visible } => b.scope("sdpa", |b| {
-            reference_core(b, [&q, &k, &v], past, visible, HeadShape::of(cfg))
-        }),
-    };
-    let gate = b.sigmoid(&gate);
-    let out = b.mul(&out, &gate);
-    (projection(b, ctx, &out, "out_proj", &w.out_proj), present)
+        CoreInputs::Reference { visible } => {
+            b.scope("sdpa", |b| reference_core(b, qkv, past, visible, shape))
+        }
+    }
 }
 
 /// `x @ W^T` for a `.cact` matrix `W` stored `[out, in]`; the initializer is `[in, out]`.
@@ -419,7 +423,7 @@ pub fn rotate_half_rope(
 /// `GroupQueryAttention` on `[B,S,N·hd]` inputs; the cache stays BNSH. With unequal
 /// q/k and v widths every head is zero-padded to [`HeadShape::fused_dim`] and the score
 /// scale stays `1/√qk_dim`; the output is cut back to `v_dim` per head.
-pub fn gqa_core(
+fn gqa_core(
     b: &mut GraphBuilder,
     [q, k, v]: [&Value; 3],
     past: &KvPair,
@@ -493,7 +497,7 @@ fn pad_heads(b: &mut GraphBuilder, x: &Value, n: usize, from: usize, to: usize) 
 /// q [B,S,H,qk] ─T─ [B,KV,rep,S,qk] ─MatMul(Kᵀ)─ /√qk ─Where(visible)─ Softmax ─MatMul(V)─ [B,S,H·v]
 /// k,v [B,S,KV,·] ─T─ Concat(past) ─▶ present [B,KV,T,·]
 /// ```
-pub fn reference_core(
+fn reference_core(
     b: &mut GraphBuilder,
     [q, k, v]: [&Value; 3],
     past: &KvPair,

@@ -112,8 +112,46 @@ pub(crate) fn ids_dims(len: &'static str) -> [Dim; 2] {
 }
 
 /// `[batch, engram_history]`.
-fn history_dims(ctx: &BuildContext) -> [Dim; 2] {
-    [Dim::Named(BATCH), Dim::Fixed(ctx.cfg.engram_history())]
+fn history_dims<C>(ctx: &BuildContext<C>) -> [Dim; 2] {
+    [Dim::Named(BATCH), Dim::Fixed(ctx.shared.engram.history())]
+}
+
+/// The engram state inputs of a model with `num_layers` layers: (history, placeholder).
+pub(crate) fn engram_state_inputs<C>(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext<C>,
+    num_layers: usize,
+) -> (Value, Value) {
+    let state = names::engram_state(num_layers);
+    let past_ids = b.input(&state.past_ids, data_type::INT64, &history_dims(ctx));
+    let placeholder = b.input(
+        &state.past_placeholder,
+        data_type::FLOAT,
+        &[Dim::Named(BATCH), Dim::Fixed(1)],
+    );
+    (past_ids, placeholder)
+}
+
+/// The engram state outputs: the next history and the passed-through placeholder.
+pub(crate) fn engram_state_outputs<C>(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext<C>,
+    num_layers: usize,
+    [next_history, placeholder]: [&Value; 2],
+) {
+    let state = names::engram_state(num_layers);
+    b.output(
+        next_history,
+        &state.present_ids,
+        data_type::INT64,
+        &history_dims(ctx),
+    );
+    b.output(
+        placeholder,
+        &state.present_placeholder,
+        data_type::FLOAT,
+        &[Dim::Named(BATCH), Dim::Fixed(1)],
+    );
 }
 
 /// `[batch, num_kv_heads, len, head_dim]`.
@@ -144,13 +182,7 @@ fn inputs(b: &mut GraphBuilder, ctx: &BuildContext) -> Inputs {
             }
         })
         .collect();
-    let state = names::engram_state(ctx.cfg.num_layers);
-    let past_ids = b.input(&state.past_ids, data_type::INT64, &history_dims(ctx));
-    let placeholder = b.input(
-        &state.past_placeholder,
-        data_type::FLOAT,
-        &[Dim::Named(BATCH), Dim::Fixed(1)],
-    );
+    let (past_ids, placeholder) = engram_state_inputs(b, ctx, ctx.cfg.num_layers);
     Inputs {
         input_ids,
         mask,
@@ -314,17 +346,5 @@ fn outputs(
             &cache_dims(ctx, TOTAL_SEQUENCE),
         );
     }
-    let state = names::engram_state(ctx.cfg.num_layers);
-    b.output(
-        next_history,
-        &state.present_ids,
-        data_type::INT64,
-        &history_dims(ctx),
-    );
-    b.output(
-        placeholder,
-        &state.present_placeholder,
-        data_type::FLOAT,
-        &[Dim::Named(BATCH), Dim::Fixed(1)],
-    );
+    engram_state_outputs(b, ctx, ctx.cfg.num_layers, [next_history, placeholder]);
 }

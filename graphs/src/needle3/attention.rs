@@ -13,9 +13,9 @@
 
 use crate::builder::{Attr, Dim, GraphBuilder, Value};
 use crate::contract::dims::BATCH;
-use crate::contract::{FusedOp, Precision};
+use crate::contract::Precision;
 use crate::needle::attention::{
-    gqa_core, projection, projections, reference_core, rotate_half_rope, CoreInputs, KvPair, Rope,
+    attention_core, projection, projections, rotate_half_rope, CoreInputs, KvPair, Rope,
 };
 use crate::needle::norms::zc_rms_norm;
 use crate::needle::BuildContext;
@@ -77,31 +77,11 @@ pub fn attention(
     let k = b.scope("k_rope", |b| {
         rotate_half_rope(b, &k, &attn.rope, cfg.num_kv_heads, cfg.qk_head_dim)
     });
-    let core = match (&attn.local, cfg.is_local(layer)) {
+    let inputs = match (&attn.local, cfg.is_local(layer)) {
         (Some(local), true) => local,
         _ => &attn.global,
     };
-    let (out, present) = match core {
-        CoreInputs::Fused {
-            op: FusedOp::GroupQueryAttention,
-            seqlens_k,
-            total_len,
-            local_window,
-        } => b.scope("gqa", |b| {
-            gqa_core(
-                b,
-                [&q, &k, &v],
-                past,
-                seqlens_k,
-                total_len,
-                *local_window,
-                shape,
-            )
-        }),
-        CoreInputs::Reference { visible } => b.scope("sdpa", |b| {
-            reference_core(b, [&q, &k, &v], past, visible, shape)
-        }),
-    };
+    let (out, present) = attention_core(b, inputs, [&q, &k, &v], past, shape);
     let gate = b.sigmoid(&gate);
     let out = b.mul(&out, &gate);
     (

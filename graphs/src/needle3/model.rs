@@ -17,7 +17,9 @@ use crate::contract::ExportDescription;
 use crate::needle::attention::{core_inputs, rope, KvPair};
 use crate::needle::engram::{self, EngramKv};
 use crate::needle::hyper_connections::{hc_post, hc_pre};
-use crate::needle::model::{embed_tokens, ids_dims, lm_head};
+use crate::needle::model::{
+    embed_tokens, engram_state_inputs, engram_state_outputs, ids_dims, lm_head,
+};
 use crate::needle::norms::zc_rms_norm;
 use crate::needle::BuildContext;
 use crate::needle3::attention::{attention, AttentionCtx};
@@ -181,10 +183,6 @@ fn conv_dims(ctx: &BuildContext<Config>) -> Option<[Dim; 3]> {
     Some([Dim::Named(BATCH), Dim::Fixed(slots), Dim::Fixed(width)])
 }
 
-fn history_dims(ctx: &BuildContext<Config>) -> [Dim; 2] {
-    [Dim::Named(BATCH), Dim::Fixed(ctx.cfg.engram_history())]
-}
-
 fn inputs(b: &mut GraphBuilder, ctx: &BuildContext<Config>) -> Inputs {
     let float = b.precision().data_type();
     let input_ids = b.input(names::INPUT_IDS, data_type::INT64, &ids_dims(SEQUENCE));
@@ -209,13 +207,7 @@ fn inputs(b: &mut GraphBuilder, ctx: &BuildContext<Config>) -> Inputs {
             .collect(),
         None => Vec::new(),
     };
-    let state = names::engram_state(ctx.cfg.num_layers);
-    let past_ids = b.input(&state.past_ids, data_type::INT64, &history_dims(ctx));
-    let placeholder = b.input(
-        &state.past_placeholder,
-        data_type::FLOAT,
-        &[Dim::Named(BATCH), Dim::Fixed(1)],
-    );
+    let (past_ids, placeholder) = engram_state_inputs(b, ctx, ctx.cfg.num_layers);
     Inputs {
         input_ids,
         mask,
@@ -333,17 +325,5 @@ fn outputs(
             b.output(c, &names::qkv_conv_state(i).1, data_type::FLOAT, &dims);
         }
     }
-    let state = names::engram_state(ctx.cfg.num_layers);
-    b.output(
-        next_history,
-        &state.present_ids,
-        data_type::INT64,
-        &history_dims(ctx),
-    );
-    b.output(
-        placeholder,
-        &state.present_placeholder,
-        data_type::FLOAT,
-        &[Dim::Named(BATCH), Dim::Fixed(1)],
-    );
+    engram_state_outputs(b, ctx, ctx.cfg.num_layers, [next_history, placeholder]);
 }

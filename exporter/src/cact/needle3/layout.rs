@@ -177,31 +177,6 @@ pub const LAYER: TensorGroup = TensorGroup {
     ],
 };
 
-/// The nine hyper-connection tensors, stacked over layers (as in Needle 2).
-pub const MHC: TensorGroup = TensorGroup {
-    repeat: Repeat::Once,
-    tensors: &[
-        tensor("mhc_a_pre", &["num_layers"]),
-        tensor("mhc_a_post", &["num_layers"]),
-        tensor("mhc_a_res", &["num_layers"]),
-        tensor("mhc_b_pre", &["num_layers", "mhc_lanes"]),
-        tensor("mhc_b_post", &["num_layers", "mhc_lanes"]),
-        tensor("mhc_b_res", &["num_layers", "mhc_lanes", "mhc_lanes"]),
-        tensor(
-            "mhc_phi_pre",
-            &["num_layers*mhc_lanes", "mhc_lanes*d_model"],
-        ),
-        tensor(
-            "mhc_phi_post",
-            &["num_layers*mhc_lanes", "mhc_lanes*d_model"],
-        ),
-        tensor(
-            "mhc_phi_res",
-            &["num_layers*mhc_lanes*mhc_lanes", "mhc_lanes*d_model"],
-        ),
-    ],
-};
-
 /// The Monarch MLP's two fixed permutations, FP32 indices (upstream `_hada_perms`).
 pub const PERMUTATIONS: TensorGroup = TensorGroup {
     repeat: Repeat::Once,
@@ -211,32 +186,8 @@ pub const PERMUTATIONS: TensorGroup = TensorGroup {
     ],
 };
 
-/// The four tensors of each engram site, `engram0.tables` first.
-pub const ENGRAM: TensorGroup = TensorGroup {
-    repeat: Repeat::Indexed {
-        count: "num_engram_sites",
-        prefix: "engram",
-        digits: 0,
-    },
-    tensors: &[
-        tensor(
-            "tables",
-            &["num_engram_tables*engram_slots", "engram_sub_dim"],
-        ),
-        tensor("key_proj", &["d_model", "num_engram_tables*engram_sub_dim"]),
-        tensor(
-            "value_proj",
-            &["d_model", "num_engram_tables*engram_sub_dim"],
-        ),
-        tensor("taps", &["engram_conv_taps", "d_model"]),
-    ],
-};
-
-/// `final_norm`, `[d_model]`.
-pub const FINAL_NORM: TensorGroup = TensorGroup {
-    repeat: Repeat::Once,
-    tensors: &[tensor("final_norm", &["d_model"])],
-};
+/// The hyper-connection, engram and final-norm tensors are Needle 2's, field names and all.
+pub use crate::cact::layout::{ENGRAM, FINAL_NORM, MHC};
 
 /// The fixed part of the positional tensor order, `embedding` through `final_norm`.
 /// After it come `heads.manifest` and the probe heads it lists, the optional Whistle

@@ -1,10 +1,11 @@
 //! From a validated Needle 3 file to the graph crate's typed, dequantized weights.
 
-use graphs::needle::{EngramTables, EngramWeights, MhcWeights};
+use graphs::needle::{EngramTables, EngramWeights};
 use graphs::needle3::{Config, LayerWeights, MonarchWeights, ProbeHead, QkvTaps, Weights};
 
 use super::layout::{ENGRAM, LAYER};
 use super::Cact3File;
+use crate::cact::weights::mhc_weights;
 use crate::cact::CactError;
 
 impl Cact3File {
@@ -64,17 +65,7 @@ impl Cact3File {
                 })
             })
             .collect::<Result<_, CactError>>()?;
-        let mhc = MhcWeights {
-            a_pre: self.tensor("mhc_a_pre")?,
-            a_post: self.tensor("mhc_a_post")?,
-            a_res: self.tensor("mhc_a_res")?,
-            b_pre: self.tensor("mhc_b_pre")?,
-            b_post: self.tensor("mhc_b_post")?,
-            b_res: self.tensor("mhc_b_res")?,
-            phi_pre: self.tensor("mhc_phi_pre")?,
-            phi_post: self.tensor("mhc_phi_post")?,
-            phi_res: self.tensor("mhc_phi_res")?,
-        };
+        let mhc = mhc_weights(|name| self.tensor(name))?;
         Ok(Weights {
             embedding: self.tensor("embedding")?,
             layers,
