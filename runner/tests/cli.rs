@@ -4,7 +4,7 @@
 use exporter::model::NeedleModel;
 use exporter::output::ExportFiles;
 use exporter::tokenizer::NeedleTokenizer;
-use graphs::contract::{AttentionKind, MatMulWeights, Precision};
+use graphs::contract::{AttentionKind, MatMulWeights, Precision, RuntimeTarget};
 use serde_json::Value;
 use std::process::{Command, Output};
 use test_support::{fixture, scratch};
@@ -72,7 +72,13 @@ fn raw_mode_reproduces_upstream_generations_from_cact_and_from_exported_onnx() {
         let exported = NeedleModel::read(&cact).unwrap();
         let tokenizer = NeedleTokenizer::from_spec(&exported.tokenizer, true).unwrap();
         ExportFiles::beside(&onnx, &[AttentionKind::FUSED])
-            .write(&exported, &tokenizer, Precision::Fp32, MatMulWeights::Float)
+            .write(
+                &exported,
+                &tokenizer,
+                Precision::Fp32,
+                MatMulWeights::Float,
+                RuntimeTarget::Since1_24,
+            )
             .unwrap();
         for m in [cact.display().to_string(), onnx.display().to_string()] {
             for r in generate_refs(model) {
