@@ -72,6 +72,22 @@ fn report_in(venv: &str, graph: &Path, model: &str) -> Report {
     }
 }
 
+/// `tests/python/check_onnx.py` on `graph` with the Python of `venv` fails to load it,
+/// onnxruntime saying why.
+fn load_fails_in(venv: &str, graph: &Path, model: &str, says: &str) {
+    let check = python_in(venv)
+        .arg(repo_root().join("tests/python/check_onnx.py"))
+        .arg(graph)
+        .arg(fixture(&format!("{model}.cases.safetensors")))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&check.stderr);
+    assert!(
+        !check.status.success() && err.contains(says),
+        "{venv}: {err}"
+    );
+}
+
 /// Exports `model` with `--attention both` and `extra` flags into `dir`: (fused, reference).
 fn export_both(dir: &Path, model: &str, extra: &[&str]) -> (PathBuf, PathBuf) {
     let out = dir.join(format!("{model}.onnx"));
@@ -104,7 +120,8 @@ fn both_variants_pass_the_onnx_checker_and_match_upstream_in_python_onnxruntime(
 
 /// The README's runtime table for older Python onnxruntime releases: the fused graph from
 /// 1.24 (1.23 too, but for sliding-window models: onnxruntime 1.24 changed
-/// `local_window_size` by one), the reference graph (fp32 and fp16) from 1.20.
+/// `local_window_size` by one; not before, IR 11), the reference graph (fp32 and fp16) from
+/// 1.20.
 #[test]
 fn older_onnxruntime_releases_run_the_graphs_the_readme_lists() {
     let dir = scratch("older-ort");
@@ -118,6 +135,11 @@ fn older_onnxruntime_releases_run_the_graphs_the_readme_lists() {
         }
         check_in(".venv-ort-1.23.2", &reference, model, FP32_BOUND);
         check_in(".venv-ort-1.20.1", &reference, model, FP32_BOUND);
+        if model == "m64" {
+            for venv in [".venv-ort-1.20.1", ".venv-ort-1.22.1"] {
+                load_fails_in(venv, &fused, model, "Unsupported model IR version: 11");
+            }
+        }
         let half = dir.join("fp16");
         std::fs::create_dir_all(&half).unwrap();
         let (_, reference) = export_both(&half, model, &["--precision", "fp16"]);
