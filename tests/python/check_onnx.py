@@ -6,9 +6,9 @@ Usage: check_onnx.py MODEL.onnx CASES.safetensors
 2. loads it in Python onnxruntime (CPU, no custom ops) and feeds every case of the
    upstream fixture (`X.input_ids`, all-ones attention_mask, positions 0..S-1,
    empty pasts: zero-length KV, zero engram state);
-3. runs each case's first row again through the KV cache: its first half (at least one token) as one
-   prefill, then one token per step, every present.X fed back as past_key_values.X
-   (so a sliding window is checked in decode too);
+3. runs each case's first row again through the KV cache: its first half (at least one
+   token) as one prefill, then one token per step, every present.X fed back as
+   past_key_values.X (so a sliding window is checked in decode too);
 4. prints one JSON line: per case (and per case's cached run, `<case>.cached`), the max
    over rows of max|got - ref| / max(1, max|ref|) over the row's real positions; the
    operator domains the graph's nodes use ("" is ai.onnx); and the op types the session
