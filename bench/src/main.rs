@@ -16,7 +16,9 @@ mod table;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
-use graphs::contract::{parse_spelled, AttentionKind, MatMulWeights, Precision, Spelled};
+use graphs::contract::{
+    parse_spelled, AttentionKind, MatMulWeights, Precision, RuntimeTarget, Spelled,
+};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -40,7 +42,8 @@ struct Args {
     /// Intra-op thread counts to measure.
     #[arg(long, value_delimiter = ',', default_value = "1,2")]
     threads: Vec<usize>,
-    /// Graphs to measure: `fused` or `reference`, optionally with `-int8`/`-int4` MatMul weights.
+    /// Graphs to measure: `fused` or `reference`, optionally with `-int8`/`-int4` MatMul
+    /// weights and `@1.20` for the graph written for onnxruntime 1.20–1.23.
     #[arg(long, value_delimiter = ',', default_value = "fused,reference")]
     variants: Vec<String>,
     /// Profile decode steps of the fused fp32 graph instead (for each --threads value).
@@ -51,30 +54,39 @@ struct Args {
     one: Option<Vec<String>>,
 }
 
-/// One measured graph: the attention core and how the large MatMuls store their weights
-/// (always fp32).
+/// One measured graph: the attention core, how the large MatMuls store their weights and
+/// the onnxruntime releases it is written for (always fp32).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Variant {
     pub attention: AttentionKind,
     pub weights: MatMulWeights,
+    pub runtime: RuntimeTarget,
 }
 
 impl Variant {
-    /// `fused`, `reference`, `fused-int4`, … (the contract's spellings).
+    /// `fused`, `reference`, `fused-int4`, `fused@1.20`, … (the contract's spellings).
     pub fn name(self) -> String {
-        match self.weights {
-            MatMulWeights::Float => self.attention.to_string(),
-            w => format!("{}-{w}", self.attention),
+        let mut name = self.attention.to_string();
+        if self.weights != MatMulWeights::Float {
+            name.push_str(&format!("-{}", self.weights));
         }
+        if self.runtime != RuntimeTarget::Since1_24 {
+            name.push_str(&format!("@{}", self.runtime));
+        }
+        name
     }
 
     fn parse(s: &str) -> Result<Variant> {
-        let (attention, weights) = s
+        let (graph, runtime) = s
+            .split_once('@')
+            .unwrap_or((s, RuntimeTarget::Since1_24.name()));
+        let (attention, weights) = graph
             .split_once('-')
-            .unwrap_or((s, MatMulWeights::Float.name()));
+            .unwrap_or((graph, MatMulWeights::Float.name()));
         Ok(Variant {
             attention: parse_spelled(attention).map_err(|e| anyhow!("{e}"))?,
             weights: parse_spelled(weights).map_err(|e| anyhow!("{e}"))?,
+            runtime: parse_spelled(runtime).map_err(|e| anyhow!("{e}"))?,
         })
     }
 
@@ -84,6 +96,7 @@ impl Variant {
             attention: self.attention,
             precision: Precision::Fp32,
             matmul_weights: self.weights,
+            runtime: self.runtime,
         }
     }
 }

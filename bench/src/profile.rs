@@ -6,7 +6,7 @@ use crate::Plan;
 use anyhow::{anyhow, Context, Result};
 use exporter::export::ExportOptions;
 use exporter::model::NeedleModel;
-use graphs::contract::{AttentionKind, MatMulWeights, Precision, Variant};
+use graphs::contract::{AttentionKind, MatMulWeights, Precision, RuntimeTarget, Variant};
 use runner::generate;
 use runner::provider::{session_builder, Provider};
 use runner::session::NeedleSession;
@@ -30,6 +30,7 @@ pub fn run(model: &Path, threads: usize, plan: &Plan, dir: &Path) -> Result<()> 
         attention: AttentionKind::FUSED,
         precision: Precision::Fp32,
         matmul_weights: MatMulWeights::Float,
+        runtime: RuntimeTarget::Since1_24,
     }));
     drop((parsed, bytes));
     std::fs::create_dir_all(dir)?;

@@ -8,7 +8,7 @@ use exporter::model::NeedleModel;
 use exporter::output::ExportFiles;
 use exporter::tokenizer::NeedleTokenizer;
 use graphs::contract::{
-    parse_spelled, AttentionKind, Generation, MatMulWeights, Precision, Spelled,
+    parse_spelled, AttentionKind, Generation, MatMulWeights, Precision, RuntimeTarget, Spelled,
 };
 use std::io::{stdout, Write};
 use std::path::PathBuf;
@@ -33,6 +33,10 @@ struct Args {
     /// re-quantize them into `com.microsoft.MatMulNBits` blocks (smaller, faster, approximate).
     #[arg(long, value_parser = spelled::<MatMulWeights>(), default_value_t = MatMulWeights::Float)]
     weights: MatMulWeights,
+    /// The onnxruntime releases the fused graph is for, by the oldest: 1.24 (1.24 and later:
+    /// opset-23 kernels) or 1.20 (1.20 to 1.23: IR 10, opset 21, their attention window).
+    #[arg(long, value_parser = spelled::<RuntimeTarget>(), default_value_t = RuntimeTarget::Since1_24)]
+    onnxruntime: RuntimeTarget,
     /// SentencePiece's `remove_extra_whitespaces` for the tokenizer (the `.cact` does not
     /// record it; sentencepiece's default is true): drop leading, trailing and repeated spaces.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -97,6 +101,13 @@ fn run(args: Args) -> Result<()> {
         (true, [attention]) => ExportFiles::genai_folder(&args.out, *attention),
         (true, _) => bail!("--genai writes one graph: choose --attention fused or reference"),
     };
+    if args.genai && args.onnxruntime != RuntimeTarget::Since1_24 {
+        bail!(
+            "--genai writes folders for onnxruntime-genai 0.18, which runs onnxruntime 1.24 or \
+             later: leave out --onnxruntime {}",
+            args.onnxruntime
+        );
+    }
     files.check(&args.model, args.force)?;
     let mut model = NeedleModel::read(&args.model)?;
     if let Some(depth) = args.layers {
@@ -121,7 +132,14 @@ fn run(args: Args) -> Result<()> {
     }
     let tokenizer = NeedleTokenizer::from_spec(&model.tokenizer, args.remove_extra_whitespaces)
         .with_context(|| format!("{}: tokenizer", args.model.display()))?;
-    for (path, bytes) in files.write(&model, &tokenizer, args.precision, args.weights)? {
+    let written = files.write(
+        &model,
+        &tokenizer,
+        args.precision,
+        args.weights,
+        args.onnxruntime,
+    )?;
+    for (path, bytes) in written {
         writeln!(stdout(), "wrote {} ({bytes} bytes)", path.display())?;
     }
     Ok(())

@@ -7,7 +7,9 @@ use crate::genai;
 use crate::model::NeedleModel;
 use crate::tokenizer::{NeedleTokenizer, IM_END};
 use anyhow::{bail, Context, Result};
-use graphs::contract::{AttentionKind, MatMulWeights, ModelConfig, Precision, Variant};
+use graphs::contract::{
+    AttentionKind, MatMulWeights, ModelConfig, Precision, RuntimeTarget, Variant,
+};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -89,33 +91,45 @@ impl ExportFiles {
         Ok(())
     }
 
-    /// Exports `model` into these files with `precision` and `matmul_weights`, beside
-    /// `tokenizer` (built from the model's, with the whitespace rule the graphs record).
-    /// Returns each path written and its size.
+    /// Exports `model` into these files with `precision` and `matmul_weights` for the
+    /// onnxruntime releases of `runtime`, beside `tokenizer` (built from the model's, with
+    /// the whitespace rule the graphs record). Nothing is written for a graph the model
+    /// cannot be exported as. Returns each path written and its size.
     pub fn write(
         &self,
         model: &NeedleModel,
         tokenizer: &NeedleTokenizer,
         precision: Precision,
         matmul_weights: MatMulWeights,
+        runtime: RuntimeTarget,
     ) -> Result<Vec<(PathBuf, usize)>> {
         let tokenizer_file = file_name(&self.tokenizer);
+        let options: Vec<ExportOptions> = self
+            .graphs
+            .iter()
+            .map(|(attention, _)| ExportOptions {
+                variant: Variant {
+                    attention: *attention,
+                    precision,
+                    matmul_weights,
+                    runtime,
+                },
+                tokenizer_file: Some(tokenizer_file.clone()),
+                remove_extra_whitespaces: tokenizer.remove_extra_whitespaces(),
+            })
+            .collect();
+        for opts in &options {
+            if let Err(e) = model.describe(opts).check() {
+                bail!("{}: {e}", model.source.file_name);
+            }
+        }
         if let Some(dir) = &self.genai_dir {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("{}: cannot create the folder", dir.display()))?;
         }
         let mut written = Vec::new();
-        for (attention, path) in &self.graphs {
-            let opts = ExportOptions {
-                variant: Variant {
-                    attention: *attention,
-                    precision,
-                    matmul_weights,
-                },
-                tokenizer_file: Some(tokenizer_file.clone()),
-                remove_extra_whitespaces: tokenizer.remove_extra_whitespaces(),
-            };
-            let onnx = model.export(&opts);
+        for (opts, (_, path)) in options.iter().zip(&self.graphs) {
+            let onnx = model.export(opts);
             write_atomically(path, &onnx)
                 .with_context(|| format!("{}: cannot write", path.display()))?;
             written.push((path.clone(), onnx.len()));
@@ -123,7 +137,7 @@ impl ExportFiles {
                 written.extend(write_genai_files(
                     model,
                     tokenizer,
-                    &opts,
+                    opts,
                     &self.genai_files(),
                 )?);
             }

@@ -18,10 +18,32 @@ const FP32_BOUND: f64 = 1e-4;
 /// fp16 graphs (measured up to 1.8e-3 on the fixtures).
 const FP16_BOUND: f64 = 5e-3;
 
-/// `tests/python/check_onnx.py` on `graph` with the Python of `venv`: the worst relative
-/// error against upstream over `model`'s cases (asserted within `bound`) and the node
-/// domains.
-fn check_in(venv: &str, graph: &Path, model: &str, bound: f64) -> Vec<serde_json::Value> {
+/// What `tests/python/check_onnx.py` reports on one graph.
+struct Report {
+    /// The relative error against upstream of each case (and each case's cached run).
+    errors: Vec<(String, f64)>,
+    /// The domains of the graph's nodes.
+    node_domains: Vec<String>,
+    /// The op types the onnxruntime session runs, after its graph optimizations.
+    session_ops: Vec<String>,
+}
+
+/// `tests/python/check_onnx.py` on `graph` with the Python of `venv`, every case of `model`
+/// asserted within `bound` of upstream.
+fn check_in(venv: &str, graph: &Path, model: &str, bound: f64) -> Report {
+    let report = report_in(venv, graph, model);
+    for (case, err) in &report.errors {
+        assert!(
+            *err <= bound,
+            "{venv} {} case {case}: {err}",
+            graph.display()
+        );
+    }
+    report
+}
+
+/// `tests/python/check_onnx.py` on `graph` with the Python of `venv`, against `model`'s cases.
+fn report_in(venv: &str, graph: &Path, model: &str) -> Report {
     let check = python_in(venv)
         .arg(repo_root().join("tests/python/check_onnx.py"))
         .arg(graph)
@@ -36,10 +58,34 @@ fn check_in(venv: &str, graph: &Path, model: &str, bound: f64) -> Vec<serde_json
     );
     let report: serde_json::Value = serde_json::from_slice(&check.stdout).unwrap();
     println!("{what}: {}", report["max_rel_error"]);
-    for (case, err) in report["max_rel_error"].as_object().unwrap() {
-        assert!(err.as_f64().unwrap() <= bound, "{what} case {case}: {err}");
+    let strings = |key: &str| -> Vec<String> {
+        let values = report[key].as_array().unwrap().iter();
+        values.map(|v| v.as_str().unwrap().to_string()).collect()
+    };
+    let errors = report["max_rel_error"].as_object().unwrap().iter();
+    Report {
+        errors: errors
+            .map(|(case, err)| (case.clone(), err.as_f64().unwrap()))
+            .collect(),
+        node_domains: strings("node_domains"),
+        session_ops: strings("session_ops"),
     }
-    report["node_domains"].as_array().unwrap().clone()
+}
+
+/// `tests/python/check_onnx.py` on `graph` with the Python of `venv` fails to load it,
+/// onnxruntime saying why.
+fn load_fails_in(venv: &str, graph: &Path, model: &str, says: &str) {
+    let check = python_in(venv)
+        .arg(repo_root().join("tests/python/check_onnx.py"))
+        .arg(graph)
+        .arg(fixture(&format!("{model}.cases.safetensors")))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&check.stderr);
+    assert!(
+        !check.status.success() && err.contains(says),
+        "{venv}: {err}"
+    );
 }
 
 /// Exports `model` with `--attention both` and `extra` flags into `dir`: (fused, reference).
@@ -70,10 +116,10 @@ fn both_variants_pass_the_onnx_checker_and_match_upstream_in_python_onnxruntime(
     for model in ["m48", "m64", "m96", "m64w"].into_iter().chain(needle3) {
         let (fused, reference) = export_both(&dir, model, &[]);
         check_in(".venv", &fused, model, FP32_BOUND);
-        let domains = check_in(".venv", &reference, model, FP32_BOUND);
+        let report = check_in(".venv", &reference, model, FP32_BOUND);
         assert_eq!(
-            domains,
-            [serde_json::json!("")],
+            report.node_domains,
+            [""],
             "{model}: reference graph must be ai.onnx only"
         );
         assert!(dir.join(format!("{model}.tokenizer.json")).exists());
@@ -82,7 +128,8 @@ fn both_variants_pass_the_onnx_checker_and_match_upstream_in_python_onnxruntime(
 
 /// The README's runtime table for older Python onnxruntime releases: the fused graph from
 /// 1.24 (1.23 too, but for sliding-window models: onnxruntime 1.24 changed
-/// `local_window_size` by one), the reference graph (fp32 and fp16) from 1.20.
+/// `local_window_size` by one; not before, IR 11), the reference graph (fp32 and fp16) from
+/// 1.20.
 #[test]
 fn older_onnxruntime_releases_run_the_graphs_the_readme_lists() {
     let dir = scratch("older-ort");
@@ -96,11 +143,65 @@ fn older_onnxruntime_releases_run_the_graphs_the_readme_lists() {
         }
         check_in(".venv-ort-1.23.2", &reference, model, FP32_BOUND);
         check_in(".venv-ort-1.20.1", &reference, model, FP32_BOUND);
+        if model == "m64" {
+            for venv in [".venv-ort-1.20.1", ".venv-ort-1.22.1"] {
+                load_fails_in(venv, &fused, model, "Unsupported model IR version: 11");
+            }
+        }
         let half = dir.join("fp16");
         std::fs::create_dir_all(&half).unwrap();
         let (_, reference) = export_both(&half, model, &["--precision", "fp16"]);
         check_in(".venv-ort-1.20.1", &reference, model, FP16_BOUND);
     }
+}
+
+/// The README's runtime table for `--onnxruntime 1.20`: its fused graph (IR 10, opset 21)
+/// on every release from 1.20 (fp32 and fp16), but for sliding-window models on 1.24 and
+/// later, which count its window one key narrower; the reference graph on 1.22.
+#[test]
+fn the_fused_graph_for_onnxruntime_1_20_runs_where_the_readme_lists() {
+    let dir = scratch("onnxruntime-1.20");
+    let target = ["--onnxruntime", "1.20"];
+    for model in ["m48", "m64", "m96", "m64w"] {
+        let (fused, reference) = export_both(&dir, model, &target);
+        for venv in [".venv-ort-1.20.1", ".venv-ort-1.22.1", ".venv-ort-1.23.2"] {
+            let report = check_in(venv, &fused, model, FP32_BOUND);
+            runs_its_rms_kernel(venv, &report);
+        }
+        check_in(".venv-ort-1.22.1", &reference, model, FP32_BOUND);
+        for venv in [".venv-ort-1.24.4", ".venv"] {
+            if model == "m64w" {
+                let errors = report_in(venv, &fused, model).errors;
+                assert!(
+                    errors.iter().all(|(_, err)| *err > FP32_BOUND),
+                    "{venv}: the window should be one key narrower: {errors:?}"
+                );
+            } else {
+                let report = check_in(venv, &fused, model, FP32_BOUND);
+                runs_its_rms_kernel(venv, &report);
+            }
+        }
+        let half = dir.join("fp16");
+        std::fs::create_dir_all(&half).unwrap();
+        let (fused, _) = export_both(
+            &half,
+            model,
+            &[&target[..], &["--precision", "fp16"]].concat(),
+        );
+        check_in(".venv-ort-1.20.1", &fused, model, FP16_BOUND);
+    }
+}
+
+/// The `--onnxruntime 1.20` graph writes its norms as opset-21 primitives that onnxruntime
+/// fuses into its RMS kernel, which makes it as fast as the opset-23 graph: no `Pow` or
+/// `Sqrt` of them may be left in the session.
+fn runs_its_rms_kernel(venv: &str, report: &Report) {
+    let ops = &report.session_ops;
+    assert!(
+        ops.iter().any(|op| op == "SimplifiedLayerNormalization")
+            && !ops.iter().any(|op| op == "Pow" || op == "Sqrt"),
+        "{venv}: the norms were not fused: {ops:?}"
+    );
 }
 
 #[test]
@@ -210,4 +311,53 @@ fn genai_writes_one_folder_and_refuses_two_graphs_or_overwrites() {
     ]);
     assert!(!both.status.success());
     assert!(String::from_utf8_lossy(&both.stderr).contains("one graph"));
+}
+
+/// What a fused graph for onnxruntime 1.20–1.23 cannot be is refused in one line, before
+/// anything is written: a genai folder (genai 0.18 runs onnxruntime 1.24 and later), and a
+/// sliding window of one key (`local_window_size` 0 is no window there).
+#[test]
+fn what_the_onnxruntime_1_20_graph_cannot_be_is_one_error_line_and_no_output() {
+    let dir = scratch("onnxruntime-1.20-refused");
+    let one_key = dir.join("one-key-window.cact");
+    let mut bytes = std::fs::read(fixture("m64w.cact")).unwrap();
+    let at = exporter::cact::layout::header_offset("kv_window") as usize;
+    bytes[at..at + 4].copy_from_slice(&1u32.to_le_bytes());
+    std::fs::write(&one_key, &bytes).unwrap();
+    let target = ["--onnxruntime", "1.20"].map(Path::new);
+    let genai = dir.join("genai");
+    let out = dir.join("out.onnx");
+    for (args, says) in [
+        (
+            vec![fixture("m64.cact").as_path(), &genai, Path::new("--genai")],
+            "--genai",
+        ),
+        (vec![one_key.as_path(), &out], "1 key"),
+        (
+            vec![
+                one_key.as_path(),
+                &out,
+                Path::new("--attention"),
+                Path::new("both"),
+            ],
+            "1 key",
+        ),
+    ] {
+        let o = export(&[&args[..], &target].concat());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.contains(says), "{err}");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "{err}");
+    }
+    let reference = [
+        one_key.as_path(),
+        &out,
+        Path::new("--attention"),
+        Path::new("reference"),
+    ];
+    for args in [&reference[..2], &[&reference[..], &target].concat()] {
+        let o = export(&[args, &[Path::new("--force")]].concat());
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
 }

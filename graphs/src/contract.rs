@@ -144,6 +144,7 @@ pub mod keys {
     pub const PADDING_SIDE: &str = "needle.padding_side";
     pub const ATTENTION: &str = "needle.attention";
     pub const FUSED_OP: &str = "needle.fused_op";
+    pub const ONNXRUNTIME: &str = "needle.onnxruntime";
     pub const PRECISION: &str = "needle.precision";
     pub const MATMUL_WEIGHTS: &str = "needle.matmul_weights";
     pub const SOURCE_FILE: &str = "needle.source_file";
@@ -303,6 +304,15 @@ impl ModelConfig {
         }
     }
 
+    /// The keys a windowed layer's query sees, its own among them, when that window binds
+    /// (is shorter than `max_seq_len`).
+    pub fn sliding_window(&self) -> Option<usize> {
+        match self {
+            ModelConfig::Needle2(c) => c.sliding_window(),
+            ModelConfig::Needle3(c) => (0..c.num_layers).find_map(|l| c.window_of(l)),
+        }
+    }
+
     /// `(slots, width)` of each layer's QKV-conv state (Needle 3 with conv taps).
     pub fn qkv_conv_state(&self) -> Option<(usize, usize)> {
         match self {
@@ -370,7 +380,8 @@ spelled_traits!(FusedOp);
 /// Which attention core the graph uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AttentionKind {
-    /// onnxruntime's fused kernel (`fused`), on opset 23 with its single-kernel norms and RoPE.
+    /// onnxruntime's fused kernel (`fused`), with the single-kernel norms and RoPE its
+    /// [`RuntimeTarget`] has.
     Fused(FusedOp),
     /// A MatMul/Softmax subgraph on opset 21, default ai.onnx domain only (`reference`).
     Reference,
@@ -397,6 +408,33 @@ impl Spelled for AttentionKind {
     }
 }
 spelled_traits!(AttentionKind);
+
+/// The onnxruntime releases a graph is written for, spelled by the oldest of them. They
+/// differ in what the fused graph may use: the opset-23 `RMSNormalization` and
+/// `RotaryEmbedding` kernels (IR 11) from 1.23 on, and what `GroupQueryAttention`'s
+/// `local_window_size` counts, which changed in 1.24 (PR 25927). The reference graph is the
+/// same for both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RuntimeTarget {
+    /// onnxruntime 1.24 and later (`1.24`): opset 23 with its single-kernel norms and RoPE.
+    Since1_24,
+    /// onnxruntime 1.20 to 1.23 (`1.20`): IR 10 and opset 21, `com.microsoft` RoPE, and the
+    /// window as those releases count it, so a fused graph whose sliding window binds is
+    /// one key narrower on 1.24 and later.
+    From1_20To1_23,
+}
+
+impl Spelled for RuntimeTarget {
+    const WHAT: &'static str = "onnxruntime target";
+    const ALL: &'static [Self] = &[RuntimeTarget::Since1_24, RuntimeTarget::From1_20To1_23];
+    fn name(self) -> &'static str {
+        match self {
+            RuntimeTarget::Since1_24 => "1.24",
+            RuntimeTarget::From1_20To1_23 => "1.20",
+        }
+    }
+}
+spelled_traits!(RuntimeTarget);
 
 /// Floating-point element type of the model's weights and activations (logits stay float32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -451,6 +489,7 @@ pub struct Variant {
     pub attention: AttentionKind,
     pub precision: Precision,
     pub matmul_weights: MatMulWeights,
+    pub runtime: RuntimeTarget,
 }
 
 /// The `.cact` file a graph was exported from.
@@ -526,6 +565,33 @@ impl ExportDescription {
         self.config.generation()
     }
 
+    /// Whether the graph's attention window depends on the onnxruntime release that runs
+    /// it: a fused graph's sliding window is `GroupQueryAttention`'s `local_window_size`,
+    /// which the releases of its [`RuntimeTarget`] count as the model does and the others
+    /// one key apart.
+    pub fn window_depends_on_release(&self) -> bool {
+        self.variant.attention.is_fused() && self.config.sliding_window().is_some()
+    }
+
+    /// Refuses what the graph cannot express: before onnxruntime 1.24 `GroupQueryAttention`
+    /// counts only the keys before the query in `local_window_size` and reads 0 as no
+    /// window, so a fused graph for 1.20–1.23 cannot show a query its own key alone.
+    pub fn check(&self) -> Result<(), String> {
+        let one_key = self.config.sliding_window() == Some(1);
+        if one_key
+            && self.variant.attention.is_fused()
+            && self.variant.runtime == RuntimeTarget::From1_20To1_23
+        {
+            return Err(format!(
+                "a sliding window of 1 key has no GroupQueryAttention form before onnxruntime \
+                 1.24: export it with --onnxruntime {} or --attention {}",
+                RuntimeTarget::Since1_24,
+                AttentionKind::Reference
+            ));
+        }
+        Ok(())
+    }
+
     /// The interface in words, for the model's `doc_string` (what a person reading the
     /// graph in Netron or onnx needs; the metadata says the same as data).
     pub fn doc_string(&self) -> String {
@@ -578,6 +644,13 @@ impl ExportDescription {
                 b = dims::BATCH,
             ));
         }
+        if self.window_depends_on_release() && self.variant.runtime == RuntimeTarget::From1_20To1_23
+        {
+            doc.push_str(
+                " The sliding window is GroupQueryAttention's local_window_size as onnxruntime \
+                 1.20 to 1.23 count it: on 1.24 and later a query sees one key fewer.",
+            );
+        }
         if self.past_present_share_buffer {
             doc.push_str(
                 " The KV inputs may be buffers longer than past_sequence (attention_mask gives \
@@ -604,6 +677,7 @@ impl ExportDescription {
         );
         add(keys::PRECISION, v.precision.to_string());
         add(keys::MATMUL_WEIGHTS, v.matmul_weights.to_string());
+        add(keys::ONNXRUNTIME, v.runtime.to_string());
         add(keys::SOURCE_FILE, self.source.file_name.clone());
         add(keys::SOURCE_SHA256, self.source.sha256.clone());
         add(keys::STATE_INPUTS, self.state_inputs.join(","));
@@ -646,6 +720,11 @@ impl ExportDescription {
                 attention,
                 precision: read.spelled(keys::PRECISION)?,
                 matmul_weights: read.spelled(keys::MATMUL_WEIGHTS)?,
+                // Graphs exported before the key were all written for onnxruntime 1.24.
+                runtime: match get(keys::ONNXRUNTIME) {
+                    None => RuntimeTarget::Since1_24,
+                    Some(_) => read.spelled(keys::ONNXRUNTIME)?,
+                },
             },
             source: Source {
                 file_name: read.text(keys::SOURCE_FILE)?,
@@ -890,6 +969,7 @@ mod tests {
             attention,
             precision: Precision::Fp16,
             matmul_weights: MatMulWeights::Int4,
+            runtime: RuntimeTarget::From1_20To1_23,
         };
         let source = Source {
             file_name: "m.cact".into(),
@@ -931,6 +1011,49 @@ mod tests {
     }
 
     #[test]
+    fn an_export_from_before_the_onnxruntime_key_was_written_for_1_24() {
+        let mut meta: std::collections::HashMap<_, _> = description(AttentionKind::FUSED)
+            .to_metadata()
+            .into_iter()
+            .collect();
+        meta.remove(keys::ONNXRUNTIME);
+        let read = ExportDescription::from_metadata(|k| meta.get(k).cloned()).unwrap();
+        assert_eq!(read.variant.runtime, RuntimeTarget::Since1_24);
+    }
+
+    #[test]
+    fn only_a_fused_graph_for_1_20_refuses_a_one_key_window() {
+        for (window, attention, runtime, refused) in [
+            (1, AttentionKind::FUSED, RuntimeTarget::From1_20To1_23, true),
+            (
+                2,
+                AttentionKind::FUSED,
+                RuntimeTarget::From1_20To1_23,
+                false,
+            ),
+            (1, AttentionKind::FUSED, RuntimeTarget::Since1_24, false),
+            (
+                1,
+                AttentionKind::Reference,
+                RuntimeTarget::From1_20To1_23,
+                false,
+            ),
+        ] {
+            let mut d = description(attention);
+            d.variant.runtime = runtime;
+            let ModelConfig::Needle2(c) = &mut d.config else {
+                unreachable!()
+            };
+            c.kv_window = window;
+            assert_eq!(
+                d.check().is_err(),
+                refused,
+                "{window} {attention} {runtime}"
+            );
+        }
+    }
+
+    #[test]
     fn a_missing_or_misspelled_key_is_named() {
         let meta: std::collections::HashMap<_, _> = description(AttentionKind::FUSED)
             .to_metadata()
@@ -958,5 +1081,6 @@ mod tests {
         round_trips::<FusedOp>();
         round_trips::<Precision>();
         round_trips::<MatMulWeights>();
+        round_trips::<RuntimeTarget>();
     }
 }

@@ -9,7 +9,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use exporter::export::ExportOptions;
 use exporter::model::NeedleModel;
 use exporter::tokenizer::{NeedleTokenizer, SpecialIds};
-use graphs::contract::{keys, AttentionKind, MatMulWeights, Precision};
+use graphs::contract::{keys, AttentionKind, MatMulWeights, Precision, RuntimeTarget};
 use std::path::{Path, PathBuf};
 
 /// The demo model shipped in the binary (`runner/demo/needle-demo.cact`).
@@ -136,6 +136,17 @@ fn from_onnx(
             "{}: --layers picks a rung of a .cact; an exported graph is the rung it was \
              exported as (needle-export --layers N)",
             path.display()
+        );
+    }
+    if variant.runtime != RuntimeTarget::Since1_24
+        && session.description.window_depends_on_release()
+    {
+        bail!(
+            "{}: written for onnxruntime 1.20 to 1.23 (--onnxruntime {}), whose sliding window \
+             the onnxruntime needle-run links (1.24 or later) makes one key narrower; export it \
+             again without --onnxruntime",
+            path.display(),
+            variant.runtime
         );
     }
     if opts.attention.is_some_and(|a| a != variant.attention)

@@ -2,7 +2,9 @@
 //! variant a `.cact` is exported as, prefill chunking, the in-place cache, threads.
 
 use crate::provider::Provider;
-use graphs::contract::{AttentionKind, ExportDescription, MatMulWeights, Precision, Variant};
+use graphs::contract::{
+    AttentionKind, ExportDescription, MatMulWeights, Precision, RuntimeTarget, Variant,
+};
 
 /// Prompt tokens per forward call of a CPU prefill. onnxruntime's CPU attention scores
 /// every cached key for every new query and masks afterwards, so a long prompt costs less
@@ -46,7 +48,8 @@ impl RunPlan {
 /// Attention: fused for CUDA and CPU, reference for TensorRT and CoreML (they take a
 /// plain ai.onnx graph whole). Precision: fp32 everywhere; on CUDA the fused fp16 graph
 /// was an order of magnitude slower than fp32 on small models (`bench/RESULTS.md`), and
-/// fp32 matches upstream to 1.4e-6 there.
+/// fp32 matches upstream to 1.4e-6 there. Runtime: 1.24, the releases of the onnxruntime
+/// the runner links.
 pub fn variant_for(
     provider: Provider,
     attention: Option<AttentionKind>,
@@ -61,6 +64,7 @@ pub fn variant_for(
         attention: attention.unwrap_or(preferred),
         precision: precision.unwrap_or(Precision::Fp32),
         matmul_weights,
+        runtime: RuntimeTarget::Since1_24,
     }
 }
 
@@ -96,7 +100,8 @@ mod tests {
             Variant {
                 attention: AttentionKind::Reference,
                 precision: Precision::Fp16,
-                matmul_weights: MatMulWeights::Int4
+                matmul_weights: MatMulWeights::Int4,
+                runtime: RuntimeTarget::Since1_24,
             }
         );
     }

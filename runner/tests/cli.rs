@@ -4,7 +4,7 @@
 use exporter::model::NeedleModel;
 use exporter::output::ExportFiles;
 use exporter::tokenizer::NeedleTokenizer;
-use graphs::contract::{AttentionKind, MatMulWeights, Precision};
+use graphs::contract::{AttentionKind, MatMulWeights, Precision, RuntimeTarget};
 use serde_json::Value;
 use std::process::{Command, Output};
 use test_support::{fixture, scratch};
@@ -72,7 +72,13 @@ fn raw_mode_reproduces_upstream_generations_from_cact_and_from_exported_onnx() {
         let exported = NeedleModel::read(&cact).unwrap();
         let tokenizer = NeedleTokenizer::from_spec(&exported.tokenizer, true).unwrap();
         ExportFiles::beside(&onnx, &[AttentionKind::FUSED])
-            .write(&exported, &tokenizer, Precision::Fp32, MatMulWeights::Float)
+            .write(
+                &exported,
+                &tokenizer,
+                Precision::Fp32,
+                MatMulWeights::Float,
+                RuntimeTarget::Since1_24,
+            )
             .unwrap();
         for m in [cact.display().to_string(), onnx.display().to_string()] {
             for r in generate_refs(model) {
@@ -97,6 +103,45 @@ fn raw_mode_reproduces_upstream_generations_from_cact_and_from_exported_onnx() {
             }
         }
     }
+}
+
+/// A fused graph written for onnxruntime 1.20–1.23 runs in needle-run's onnxruntime as
+/// exported, unless its sliding window binds: that one would see one key fewer, so it is
+/// refused in one line.
+#[test]
+fn an_onnxruntime_1_20_graph_runs_unless_its_window_would_narrow() {
+    let dir = scratch("run-onnxruntime-1.20");
+    let export = |model: &str| {
+        let onnx = dir.join(format!("{model}.onnx"));
+        let exported = NeedleModel::read(&fixture(&format!("{model}.cact"))).unwrap();
+        let tokenizer = NeedleTokenizer::from_spec(&exported.tokenizer, true).unwrap();
+        ExportFiles::beside(&onnx, &[AttentionKind::FUSED])
+            .write(
+                &exported,
+                &tokenizer,
+                Precision::Fp32,
+                MatMulWeights::Float,
+                RuntimeTarget::From1_20To1_23,
+            )
+            .unwrap();
+        onnx.display().to_string()
+    };
+    let m64 = export("m64");
+    let r = &generate_refs("m64")[0];
+    let prompt = r["prompt"].as_str().unwrap();
+    let raw = ["--raw", prompt, "--json", "--max-new-tokens", "32"];
+    let got = json_out(&run(&[&["--model", m64.as_str()], &raw[..]].concat()));
+    assert_eq!(got["generated_ids"], r["generated_ids"]);
+    let m64w = export("m64w");
+    let o = run(&[&["--model", m64w.as_str()], &raw[..]].concat());
+    fails_with(&o, "--onnxruntime");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr)
+            .trim_end()
+            .lines()
+            .count(),
+        1
+    );
 }
 
 #[test]

@@ -3,7 +3,7 @@
 
 use exporter::export::ExportOptions;
 use exporter::model::NeedleModel;
-use graphs::contract::{AttentionKind, MatMulWeights, Precision, Variant};
+use graphs::contract::{AttentionKind, MatMulWeights, Precision, RuntimeTarget, Variant};
 use runner::provider::Provider;
 use runner::session::NeedleSession;
 use safetensors::SafeTensors;
@@ -148,6 +148,7 @@ pub fn options(
         attention,
         precision,
         matmul_weights,
+        runtime: RuntimeTarget::Since1_24,
     })
 }
 

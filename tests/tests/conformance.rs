@@ -168,3 +168,55 @@ fn chunked_prefill_equals_the_full_forward() {
         assert!(err <= 1e-5, "{kind:?}: chunked prefill differs by {err}");
     }
 }
+
+/// The fused graph written for onnxruntime 1.20–1.23 (`--onnxruntime 1.20`) in the runner's
+/// onnxruntime: the same model for the models whose window does not bind (m64w's is one
+/// key narrower from 1.24 on, checked in `exporter/tests/cli.rs`), whole cases and a
+/// prefill plus one-token steps through a cache updated in place.
+#[test]
+fn the_fused_graph_for_onnxruntime_1_20_matches_upstream_here_too() {
+    use graphs::contract::{MatMulWeights, Precision, RuntimeTarget};
+    use needle_tests::{fixture, options, session_of};
+    use runner::provider::Provider;
+    let mut opts = options(FUSED, Precision::Fp32, MatMulWeights::Float);
+    opts.variant.runtime = RuntimeTarget::From1_20To1_23;
+    for model in ["m48", "m64", "m96"] {
+        let bytes = std::fs::read(fixture(&format!("{model}.cact"))).unwrap();
+        let mut s = session_of(&bytes, &opts, Provider::Cpu);
+        let vocab = s.config().output_vocab();
+        for case in cases(model) {
+            let cache = s.empty_cache(case.batch).unwrap();
+            let got = s
+                .forward(&case.input_ids, case.batch, cache)
+                .unwrap()
+                .logits;
+            let row = case.seq * vocab;
+            for b in 0..case.batch {
+                let rows = b * row..(b + 1) * row;
+                let err = row_error(
+                    &got[rows.clone()],
+                    &case.logits[rows],
+                    case.lengths[b],
+                    vocab,
+                );
+                assert!(
+                    err <= TOLERANCE,
+                    "{model} case {} row {b}: {err}",
+                    case.name
+                );
+            }
+        }
+        let case = cases(model).into_iter().max_by_key(|c| c.seq).unwrap();
+        let ids = &case.input_ids[..case.lengths[0]];
+        let prefill = ids.len() / 2;
+        let cache = s.preallocated_cache(1, ids.len()).unwrap();
+        let mut step = s.forward(&ids[..prefill], 1, cache).unwrap();
+        let mut got = step.logits.clone();
+        for &t in &ids[prefill..] {
+            step = s.forward(&[t], 1, step.cache).unwrap();
+            got.extend_from_slice(&step.logits);
+        }
+        let err = row_error(&got, &case.logits[..ids.len() * vocab], ids.len(), vocab);
+        assert!(err <= TOLERANCE, "{model}: cached path vs upstream {err}");
+    }
+}

@@ -4,7 +4,7 @@
 use exporter::model::NeedleModel;
 use exporter::output::ExportFiles;
 use exporter::tokenizer::NeedleTokenizer;
-use graphs::contract::{AttentionKind, MatMulWeights, Precision};
+use graphs::contract::{AttentionKind, MatMulWeights, Precision, RuntimeTarget};
 use needle_tests::{fixture, generations, python, repo_root, scratch};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -32,7 +32,13 @@ fn export(dir: &Path, model: &str, attention: AttentionKind) -> PathBuf {
     let exported = NeedleModel::read(&fixture(&format!("{model}.cact"))).unwrap();
     let tokenizer = NeedleTokenizer::from_spec(&exported.tokenizer, true).unwrap();
     ExportFiles::beside(&out, &[attention])
-        .write(&exported, &tokenizer, Precision::Fp32, MatMulWeights::Float)
+        .write(
+            &exported,
+            &tokenizer,
+            Precision::Fp32,
+            MatMulWeights::Float,
+            RuntimeTarget::Since1_24,
+        )
         .unwrap();
     out
 }

@@ -15,7 +15,7 @@
 use exporter::model::NeedleModel;
 use exporter::output::ExportFiles;
 use exporter::tokenizer::NeedleTokenizer;
-use graphs::contract::{AttentionKind, MatMulWeights, Precision};
+use graphs::contract::{AttentionKind, MatMulWeights, Precision, RuntimeTarget};
 use needle_tests::{fixture, python_in, repo_root, scratch};
 use runner::answer::Runner;
 use runner::load::{LoadOptions, ModelSource, DEMO_CACT};
@@ -37,7 +37,13 @@ fn genai_folder(name: &str, model: &NeedleModel) -> (PathBuf, NeedleTokenizer) {
     let dir = scratch(name);
     let tokenizer = NeedleTokenizer::from_spec(&model.tokenizer, true).unwrap();
     ExportFiles::genai_folder(&dir, AttentionKind::FUSED)
-        .write(model, &tokenizer, Precision::Fp32, MatMulWeights::Float)
+        .write(
+            model,
+            &tokenizer,
+            Precision::Fp32,
+            MatMulWeights::Float,
+            RuntimeTarget::Since1_24,
+        )
         .unwrap();
     (dir, tokenizer)
 }

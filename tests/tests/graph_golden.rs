@@ -4,7 +4,8 @@
 //! hyper-connections, the engram gate, attention and the Hadamard MLP.
 //! After an intended change: `cargo insta review` (or `INSTA_UPDATE=always cargo test`).
 
-use graphs::contract::{AttentionKind, MatMulWeights, Precision};
+use exporter::export::ExportOptions;
+use graphs::contract::{AttentionKind, MatMulWeights, Precision, RuntimeTarget};
 use graphs::onnx::ModelProto;
 use needle_tests::{onnx_of, options, read_fixture};
 use prost::Message;
@@ -13,9 +14,8 @@ const LAYER: &str = "/model/layers.0/";
 
 /// `op name(inputs) -> outputs`, one node a line, names relative to the layer's scope and
 /// a node's first output written as the node itself.
-fn layer_listing(attention: AttentionKind) -> String {
-    let opts = options(attention, Precision::Fp32, MatMulWeights::Float);
-    let model = ModelProto::decode(onnx_of(&read_fixture("m48.cact"), &opts).as_slice()).unwrap();
+fn layer_listing(opts: &ExportOptions) -> String {
+    let model = ModelProto::decode(onnx_of(&read_fixture("m48.cact"), opts).as_slice()).unwrap();
     let short = |name: &str| {
         let name = name.strip_prefix(LAYER).unwrap_or(name);
         name.strip_suffix("/output_0").unwrap_or(name).to_string()
@@ -38,12 +38,23 @@ fn layer_listing(attention: AttentionKind) -> String {
     out
 }
 
+fn default_options(attention: AttentionKind) -> ExportOptions {
+    options(attention, Precision::Fp32, MatMulWeights::Float)
+}
+
 #[test]
 fn fused_layer_nodes() {
-    insta::assert_snapshot!(layer_listing(AttentionKind::FUSED));
+    insta::assert_snapshot!(layer_listing(&default_options(AttentionKind::FUSED)));
+}
+
+#[test]
+fn fused_for_onnxruntime_1_20_layer_nodes() {
+    let mut opts = default_options(AttentionKind::FUSED);
+    opts.variant.runtime = RuntimeTarget::From1_20To1_23;
+    insta::assert_snapshot!(layer_listing(&opts));
 }
 
 #[test]
 fn reference_layer_nodes() {
-    insta::assert_snapshot!(layer_listing(AttentionKind::Reference));
+    insta::assert_snapshot!(layer_listing(&default_options(AttentionKind::Reference)));
 }

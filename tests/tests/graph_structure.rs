@@ -4,7 +4,7 @@
 
 use exporter::cact::CactFile;
 use graphs::contract::AttentionKind;
-use graphs::contract::{MatMulWeights, Precision};
+use graphs::contract::{MatMulWeights, Precision, RuntimeTarget};
 use graphs::onnx::{DimensionValue, ModelProto, ValueInfoProto};
 use needle_tests::{fixture, onnx_of, options};
 use prost::Message;
@@ -194,4 +194,47 @@ fn rms_normalization_scales_are_as_wide_as_their_axis() {
         seen += 1;
     }
     assert!(seen > 0, "the fused graph has no RMSNormalization");
+}
+
+/// The fused graph for onnxruntime 1.20–1.23 is what those releases load (IR 10, ai.onnx
+/// opset 21: no `RMSNormalization`, RoPE as the contrib kernel) and gives its sliding
+/// window as they count `local_window_size`, one less than 1.24 does; it says so.
+#[test]
+fn the_fused_graph_for_onnxruntime_1_20_is_ir_10_opset_21_with_their_window() {
+    let bytes = std::fs::read(fixture("m64w.cact")).unwrap();
+    let window = CactFile::parse(&bytes).unwrap().config().kv_window as i64;
+    for (runtime, ir, opset, rope_domain, local_window) in [
+        (RuntimeTarget::Since1_24, 11, 23, "", window),
+        (
+            RuntimeTarget::From1_20To1_23,
+            10,
+            21,
+            "com.microsoft",
+            window - 1,
+        ),
+    ] {
+        let mut opts = options(AttentionKind::FUSED, Precision::Fp32, MatMulWeights::Float);
+        opts.variant.runtime = runtime;
+        let m = ModelProto::decode(onnx_of(&bytes, &opts).as_slice()).unwrap();
+        assert_eq!(m.ir_version, ir, "{runtime}");
+        let ai_onnx = m.opset_import.iter().find(|o| o.domain.is_empty()).unwrap();
+        assert_eq!(ai_onnx.version, opset, "{runtime}");
+        let g = m.graph.as_ref().unwrap();
+        let of = |op: &'static str| g.node.iter().filter(move |n| n.op_type == op);
+        let rope_domains: HashSet<&str> =
+            of("RotaryEmbedding").map(|n| n.domain.as_str()).collect();
+        assert_eq!(rope_domains, HashSet::from([rope_domain]), "{runtime}");
+        assert_eq!(of("RMSNormalization").count() > 0, opset == 23, "{runtime}");
+        let windows: HashSet<i64> = of("GroupQueryAttention")
+            .flat_map(|n| &n.attribute)
+            .filter(|a| a.name == "local_window_size")
+            .map(|a| a.i)
+            .collect();
+        assert_eq!(windows, HashSet::from([local_window]), "{runtime}");
+        let recorded = m
+            .metadata_props
+            .iter()
+            .find(|p| p.key == "needle.onnxruntime");
+        assert_eq!(recorded.map(|p| p.value.clone()), Some(runtime.to_string()));
+    }
 }

@@ -11,8 +11,9 @@
 
 use crate::builder::{Attr, Dim, GraphBuilder, Value, MS_DOMAIN};
 use crate::contract::dims::{BATCH, SEQUENCE, TOTAL_SEQUENCE};
-use crate::contract::{AttentionKind, FusedOp, MatMulWeights, Precision};
+use crate::contract::{AttentionKind, FusedOp, MatMulWeights, Precision, RuntimeTarget};
 use crate::needle::block_quant::matmul_nbits;
+use crate::needle::context::RotaryKernel;
 use crate::needle::norms::zc_rms_norm;
 use crate::needle::{BuildContext, Config, LayerWeights, Tensor};
 use crate::onnx::data_type;
@@ -28,9 +29,10 @@ pub enum Rope {
     /// Slices and Muls (opset 21): `[batch, sequence, 1, head_dim/2]` tables of the new
     /// positions.
     Expanded { cos: Value, sin: Value },
-    /// The opset-23 `RotaryEmbedding` kernel: `[max_seq_len, head_dim/2]` caches and
-    /// `[batch, sequence]` positions.
+    /// A `RotaryEmbedding` kernel (opset 23's or onnxruntime's contrib op):
+    /// `[max_seq_len, head_dim/2]` caches and `[batch, sequence]` positions.
     Kernel {
+        op: RotaryKernel,
         cos_cache: Value,
         sin_cache: Value,
         position_ids: Value,
@@ -44,10 +46,21 @@ pub enum CoreInputs {
         op: FusedOp,
         seqlens_k: Value,
         total_len: Value,
+        /// `local_window_size` as the build's onnxruntime releases count it.
         local_window: Option<usize>,
     },
     /// `[batch, 1, 1, sequence, total_sequence]` bool: causal, in window, key not padding.
     Reference { visible: Value },
+}
+
+/// `GroupQueryAttention`'s `local_window_size` for a window of `keys` keys, the query's own
+/// among them. onnxruntime 1.24 counts the query's key in it (PR 25927); 1.20 to 1.23 count
+/// only the keys before it (with `local_window_size = w` a query sees `w + 1` keys there).
+fn local_window_size(keys: usize, runtime: RuntimeTarget) -> usize {
+    match runtime {
+        RuntimeTarget::Since1_24 => keys,
+        RuntimeTarget::From1_20To1_23 => keys - 1,
+    }
 }
 
 /// The cache of one layer: `[batch, num_kv_heads, past|total_sequence, head_dim]`.
@@ -120,7 +133,7 @@ pub fn attention_ctx(
         cfg.rope_theta,
         position_ids,
     );
-    let core = core_inputs(b, ctx, mask, position_ids, effective_window(cfg));
+    let core = core_inputs(b, ctx, mask, position_ids, cfg.sliding_window());
     AttentionCtx { rope, core }
 }
 
@@ -138,18 +151,20 @@ pub fn rope<C>(
     let half = head_dim / 2;
     let cos = b.const_float(&[max_seq_len, half], &cos_table);
     let sin = b.const_float(&[max_seq_len, half], &sin_table);
-    if ctx.kernels.rotary_embedding {
-        Rope::Kernel {
+    match ctx.kernels.rotary_embedding {
+        Some(op) => Rope::Kernel {
+            op,
             cos_cache: cos,
             sin_cache: sin,
             position_ids: position_ids.clone(),
-        }
-    } else {
-        let cos = b.gather(&cos, position_ids, 0);
-        let sin = b.gather(&sin, position_ids, 0);
-        Rope::Expanded {
-            cos: b.unsqueeze(&cos, &[2]),
-            sin: b.unsqueeze(&sin, &[2]),
+        },
+        None => {
+            let cos = b.gather(&cos, position_ids, 0);
+            let sin = b.gather(&sin, position_ids, 0);
+            Rope::Expanded {
+                cos: b.unsqueeze(&cos, &[2]),
+                sin: b.unsqueeze(&sin, &[2]),
+            }
         }
     }
 }
@@ -181,7 +196,7 @@ pub fn core_inputs<C>(
                 op,
                 seqlens_k,
                 total_len: total,
-                local_window: window,
+                local_window: window.map(|keys| local_window_size(keys, ctx.variant.runtime)),
             }
         }
         AttentionKind::Reference => {
@@ -217,11 +232,6 @@ pub fn core_inputs<C>(
             CoreInputs::Reference { visible }
         }
     }
-}
-
-/// The sliding window when it can bind (shorter than `max_seq_len`).
-fn effective_window(cfg: &Config) -> Option<usize> {
-    (cfg.kv_window > 0 && cfg.kv_window < cfg.max_seq_len).then_some(cfg.kv_window)
 }
 
 /// `cos`/`sin` of `t · inv_freq` for `t < max_seq_len`, `[max_seq_len, head_dim/2]`,
@@ -389,6 +399,7 @@ pub fn rotate_half_rope(
     let width = (heads * head_dim) as i64;
     match rope {
         Rope::Kernel {
+            op,
             cos_cache,
             sin_cache,
             position_ids,
@@ -398,11 +409,17 @@ pub fn rotate_half_rope(
                 ("interleaved", Attr::Int(0)),
                 ("num_heads", Attr::Int(heads as i64)),
             ];
-            b.op1(
-                "RotaryEmbedding",
-                &[&x, cos_cache, sin_cache, position_ids],
-                attrs,
-            )
+            match op {
+                RotaryKernel::Contrib => {
+                    let ins = [&x, position_ids, cos_cache, sin_cache];
+                    b.op_in(MS_DOMAIN, "RotaryEmbedding", &ins, attrs, 1)
+                        .remove(0)
+                }
+                RotaryKernel::Onnx => {
+                    let ins = [&x, cos_cache, sin_cache, position_ids];
+                    b.op1("RotaryEmbedding", &ins, attrs)
+                }
+            }
         }
         Rope::Expanded { cos, sin } => {
             let half = (head_dim / 2) as i64;
@@ -422,7 +439,8 @@ pub fn rotate_half_rope(
 
 /// `GroupQueryAttention` on `[B,S,N·hd]` inputs; the cache stays BNSH. With unequal
 /// q/k and v widths every head is zero-padded to [`HeadShape::fused_dim`] and the score
-/// scale stays `1/√qk_dim`; the output is cut back to `v_dim` per head.
+/// scale stays `1/√qk_dim`; the output is cut back to `v_dim` per head. `local_window`:
+/// the `local_window_size` attribute, as [`CoreInputs::Fused`] holds it.
 fn gqa_core(
     b: &mut GraphBuilder,
     [q, k, v]: [&Value; 3],

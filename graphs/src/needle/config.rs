@@ -36,4 +36,9 @@ impl Config {
     pub fn engram_history(&self) -> usize {
         self.engram_conv_taps * self.engram_conv_dilation
     }
+
+    /// The sliding window when it can bind (shorter than `max_seq_len`).
+    pub fn sliding_window(&self) -> Option<usize> {
+        (self.kv_window > 0 && self.kv_window < self.max_seq_len).then_some(self.kv_window)
+    }
 }

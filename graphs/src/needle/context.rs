@@ -3,38 +3,70 @@
 //! infers a variant from the opset).
 
 use crate::builder::Opset;
-use crate::contract::{AttentionKind, MatMulWeights, Variant};
+use crate::contract::{AttentionKind, MatMulWeights, RuntimeTarget, Variant};
 use crate::needle::Config;
 
 /// Which single-kernel forms the graph uses instead of their ai.onnx expansions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Kernels {
-    /// Opset-23 `RMSNormalization` instead of Mul/ReduceMean/Add/Sqrt/Div.
-    pub rms_normalization: bool,
-    /// Opset-23 `RotaryEmbedding` instead of Slice/Mul/Concat.
-    pub rotary_embedding: bool,
+    /// How the RMS norms are written.
+    pub rms_normalization: RmsNorm,
+    /// A `RotaryEmbedding` kernel instead of Slice/Mul/Concat.
+    pub rotary_embedding: Option<RotaryKernel>,
+}
+
+/// How an RMS normalisation is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RmsNorm {
+    /// Opset-23 `RMSNormalization`.
+    Kernel,
+    /// `gain · x / sqrt(mean(x · x) + ε)` in plain primitives.
+    Expanded,
+    /// `x / sqrt(mean(x²) + ε) · gain` with `Pow`, the nodes onnxruntime's
+    /// `SimplifiedLayerNormFusion` matches (1.20 on): opset-21 primitives that its session
+    /// runs as one RMS kernel.
+    FusedByOnnxruntime,
+}
+
+/// Which `RotaryEmbedding` kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RotaryKernel {
+    /// Opset 23's.
+    Onnx,
+    /// `com.microsoft.RotaryEmbedding`, onnxruntime's contrib op that opset 23's was made
+    /// from (in onnxruntime 1.20 already; inputs in another order).
+    Contrib,
 }
 
 impl Kernels {
-    /// The fused variant is onnxruntime's fast path, so it takes every single kernel; the
+    /// The fused variant is onnxruntime's fast path, so it takes every single kernel its
+    /// runtime target has. Before 1.23 RoPE has its contrib kernel; the RMS kernel there
+    /// (`SimplifiedLayerNormalization`) claims the ai.onnx domain, which `onnx.checker`
+    /// refuses, so the norms are written in the form onnxruntime fuses into it. The
     /// reference variant stays on opset-21 primitives that any runtime and execution
     /// provider takes.
-    pub fn for_attention(attention: AttentionKind) -> Self {
-        match attention {
-            AttentionKind::Fused(_) => Kernels {
-                rms_normalization: true,
-                rotary_embedding: true,
+    pub fn for_variant(variant: Variant) -> Self {
+        match (variant.attention, variant.runtime) {
+            (AttentionKind::Fused(_), RuntimeTarget::Since1_24) => Kernels {
+                rms_normalization: RmsNorm::Kernel,
+                rotary_embedding: Some(RotaryKernel::Onnx),
             },
-            AttentionKind::Reference => Kernels {
-                rms_normalization: false,
-                rotary_embedding: false,
+            (AttentionKind::Fused(_), RuntimeTarget::From1_20To1_23) => Kernels {
+                rms_normalization: RmsNorm::FusedByOnnxruntime,
+                rotary_embedding: Some(RotaryKernel::Contrib),
+            },
+            (AttentionKind::Reference, _) => Kernels {
+                rms_normalization: RmsNorm::Expanded,
+                rotary_embedding: None,
             },
         }
     }
 
     /// The lowest ai.onnx opset that has these kernels.
     pub fn opset(self) -> Opset {
-        if self.rms_normalization || self.rotary_embedding {
+        if self.rms_normalization == RmsNorm::Kernel
+            || self.rotary_embedding == Some(RotaryKernel::Onnx)
+        {
             Opset::V23
         } else {
             Opset::V21
@@ -117,7 +149,7 @@ impl<'a, C: Geometry> BuildContext<'a, C> {
         BuildContext {
             cfg,
             variant,
-            kernels: Kernels::for_attention(variant.attention),
+            kernels: Kernels::for_variant(variant),
             shared: cfg.shared(),
         }
     }

@@ -1,9 +1,9 @@
 //! `ZCRMSNorm` (`(1 + scale) · x / rms(x)`) and the unit RMS normalisation
-//! `_rms_unit` (`x · rsqrt(mean(x²) + ε)`), both over the last axis: one
-//! `RMSNormalization` node where the build context takes that kernel, its five-op
-//! expansion elsewhere.
+//! `_rms_unit` (`x · rsqrt(mean(x²) + ε)`), both over the last axis, in the form the
+//! build context takes ([`RmsNorm`]).
 
 use crate::builder::{Attr, GraphBuilder, Value};
+use crate::needle::context::RmsNorm;
 use crate::needle::BuildContext;
 
 const EPSILON: f32 = 1e-6;
@@ -21,29 +21,41 @@ pub fn zc_rms_norm<C>(
     b.scope(name, |b| {
         let gain: Vec<f32> = scale.iter().map(|s| 1.0 + s).collect();
         let gain = b.weight("gain", &[gain.len()], &gain);
-        if ctx.kernels.rms_normalization {
-            return rms_normalization(b, x, &gain);
+        match ctx.kernels.rms_normalization {
+            RmsNorm::Kernel => rms_normalization(b, x, &gain),
+            RmsNorm::FusedByOnnxruntime => fusable_rms_norm(b, x, &gain),
+            RmsNorm::Expanded => {
+                let rms = root_mean_square(b, x);
+                let scaled = b.mul(&gain, x);
+                b.div(&scaled, &rms)
+            }
         }
-        let rms = root_mean_square(b, x);
-        let scaled = b.mul(&gain, x);
-        b.div(&scaled, &rms)
     })
 }
 
 /// Needle `_rms_unit`: `x * rsqrt(mean(x²) + 1e-6)` over the last axis, `width` wide.
 pub fn rms_unit<C>(b: &mut GraphBuilder, ctx: &BuildContext<C>, x: &Value, width: usize) -> Value {
     b.scope("rms_unit", |b| {
-        if ctx.kernels.rms_normalization {
-            // A scale as wide as the axis, not a broadcast scalar: onnxruntime's CUDA
-            // kernel reads `width` scale values whatever the scale's shape (a scalar
-            // gave garbage on an H200), and the CPU kernel is faster with it too.
-            let ones = b.const_float(&[width], &vec![1.0; width]);
-            return rms_normalization(b, x, &ones);
+        // A scale as wide as the axis, not a broadcast scalar: onnxruntime's CUDA
+        // kernel reads `width` scale values whatever the scale's shape (a scalar
+        // gave garbage on an H200), and the CPU kernel is faster with it too.
+        let ones = |b: &mut GraphBuilder| b.const_float(&[width], &vec![1.0; width]);
+        match ctx.kernels.rms_normalization {
+            RmsNorm::Kernel => {
+                let ones = ones(b);
+                rms_normalization(b, x, &ones)
+            }
+            RmsNorm::FusedByOnnxruntime => {
+                let ones = ones(b);
+                fusable_rms_norm(b, x, &ones)
+            }
+            RmsNorm::Expanded => {
+                let rms = root_mean_square(b, x);
+                let one = b.scalar_float(1.0);
+                let inv = b.div(&one, &rms);
+                b.mul(x, &inv)
+            }
         }
-        let rms = root_mean_square(b, x);
-        let one = b.scalar_float(1.0);
-        let inv = b.div(&one, &rms);
-        b.mul(x, &inv)
     })
 }
 
@@ -53,6 +65,20 @@ fn root_mean_square(b: &mut GraphBuilder, x: &Value) -> Value {
     let eps = b.scalar_float(EPSILON);
     let var = b.add(&mean, &eps);
     b.sqrt(&var)
+}
+
+/// `x / sqrt(mean(x²) + ε) · scale` as onnxruntime's `SimplifiedLayerNormFusion` matches
+/// it: `Pow` by 2 (a `Mul` of `x` by itself is not matched), the division by the root, then
+/// the scale.
+fn fusable_rms_norm(b: &mut GraphBuilder, x: &Value, scale: &Value) -> Value {
+    let two = b.scalar_float(2.0);
+    let sq = b.op1("Pow", &[x, &two], vec![]);
+    let mean = b.reduce_mean(&sq, &[-1]);
+    let eps = b.scalar_float(EPSILON);
+    let var = b.add(&mean, &eps);
+    let rms = b.sqrt(&var);
+    let normalized = b.div(x, &rms);
+    b.mul(&normalized, scale)
 }
 
 fn rms_normalization(b: &mut GraphBuilder, x: &Value, scale: &Value) -> Value {
