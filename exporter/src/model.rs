@@ -33,7 +33,7 @@ impl NeedleModel {
                 let file = CactFile::parse(bytes)?;
                 Ok(NeedleModel {
                     config: ModelConfig::Needle2(file.config()),
-                    weights: ModelWeights::Needle2(file.weights()?),
+                    weights: ModelWeights::Needle2(Box::new(file.weights()?)),
                     tokenizer: file.tokenizer().clone(),
                     source,
                     skipped_audio_tensors: 0,
@@ -43,7 +43,7 @@ impl NeedleModel {
                 let file = Cact3File::parse(bytes)?;
                 Ok(NeedleModel {
                     config: ModelConfig::Needle3(file.config()),
-                    weights: ModelWeights::Needle3(file.weights()?),
+                    weights: ModelWeights::Needle3(Box::new(file.weights()?)),
                     tokenizer: file.tokenizer().clone(),
                     source,
                     skipped_audio_tensors: file.audio_tensors(),
@@ -64,7 +64,7 @@ impl NeedleModel {
                 let (config, weights) = graphs::needle3::ladder::rung(&config, &weights, depth)?;
                 Ok(NeedleModel {
                     config: ModelConfig::Needle3(config),
-                    weights: ModelWeights::Needle3(weights),
+                    weights: ModelWeights::Needle3(Box::new(weights)),
                     ..self
                 })
             }

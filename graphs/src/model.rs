@@ -7,8 +7,8 @@ use crate::{needle, needle3};
 /// A model's dequantized weights, whatever its generation.
 #[derive(Clone, Debug)]
 pub enum ModelWeights {
-    Needle2(needle::Weights),
-    Needle3(needle3::Weights),
+    Needle2(Box<needle::Weights>),
+    Needle3(Box<needle3::Weights>),
 }
 
 /// Builds the graph `desc` describes from `weights` of the same generation.

@@ -199,8 +199,11 @@ pub struct HeaderLayout {
     pub fields: &'static [Field],
     /// Dimension symbols of the tensor walk that are functions of the header rather
     /// than fields of it (Needle 3's Monarch factor sizes), with their values.
-    pub(crate) derived: &'static [(&'static str, fn(&RawHeader<'_>) -> u64)],
+    pub(crate) derived: &'static [DerivedSize],
 }
+
+/// A walk dimension computed from header fields: its symbol and how to compute it.
+pub(crate) type DerivedSize = (&'static str, fn(&RawHeader<'_>) -> u64);
 
 impl HeaderLayout {
     /// Position of the field `name` in `fields`, if there is one.

@@ -33,8 +33,14 @@ pub struct AttentionCtx {
     pub real_new: Value,
 }
 
-/// Attention of layer `layer`. `conv_past`: its QKV-conv state when the model has the
-/// conv. Returns the output, the present cache and the next conv state.
+/// One layer's state in: its KV cache and, when the model has the conv, its QKV-conv state.
+pub struct LayerPast<'a> {
+    pub kv: &'a KvPair,
+    pub conv: Option<&'a Value>,
+}
+
+/// Attention of layer `layer`. Returns the output, the present cache and the next conv
+/// state.
 pub fn attention(
     b: &mut GraphBuilder,
     ctx: &BuildContext<Config>,
@@ -42,8 +48,7 @@ pub fn attention(
     layer: usize,
     x: &Value,
     w: &LayerWeights,
-    past: &KvPair,
-    conv_past: Option<&Value>,
+    past: LayerPast<'_>,
 ) -> (Value, KvPair, Option<Value>) {
     let cfg = ctx.cfg;
     let shape = cfg.head_shape();
@@ -58,7 +63,7 @@ pub fn attention(
     )
     .try_into()
     .expect("four projections");
-    let (q, k, v, next_conv) = match (&w.qkv_taps, conv_past) {
+    let (q, k, v, next_conv) = match (&w.qkv_taps, past.conv) {
         (Some(taps), Some(state)) => {
             let (q, k, v, next) = b.scope("qkv_conv", |b| {
                 qkv_conv(b, ctx, layer, [&q, &k, &v], taps, state, &attn.real_new)
@@ -81,7 +86,7 @@ pub fn attention(
         (Some(local), true) => local,
         _ => &attn.global,
     };
-    let (out, present) = attention_core(b, inputs, [&q, &k, &v], past, shape);
+    let (out, present) = attention_core(b, inputs, [&q, &k, &v], past.kv, shape);
     let gate = b.sigmoid(&gate);
     let out = b.mul(&out, &gate);
     (

@@ -22,7 +22,7 @@ use crate::needle::model::{
 };
 use crate::needle::norms::zc_rms_norm;
 use crate::needle::BuildContext;
-use crate::needle3::attention::{attention, AttentionCtx};
+use crate::needle3::attention::{attention, AttentionCtx, LayerPast};
 use crate::needle3::confidence::confidence_logit;
 use crate::needle3::monarch_mlp::monarch_mlp;
 use crate::needle3::{Config, LayerWeights, Weights};
@@ -269,8 +269,10 @@ fn block(
             layer,
             &h,
             w,
-            inputs.past,
-            inputs.conv_past,
+            LayerPast {
+                kv: inputs.past,
+                conv: inputs.conv_past,
+            },
         )
     });
     let h = zc_rms_norm(b, ctx, &h, "post_attn_norm", &w.post_norm.data);
