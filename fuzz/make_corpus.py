@@ -3,7 +3,8 @@
 
   fuzz/corpus/cact/            the fixture .cact files, truncations of each at its
                                structural boundaries, and small synthesized models
-                               (same layout, tiny geometry) that run fast
+                               (same layout, tiny geometry) that run fast; the Needle 3
+                               fixtures whole and cut inside their header, directory and blobs
   fuzz/corpus/tokenizer_blob/  the fixtures' tokenizer blobs, truncations, and a
                                16-piece blob
 
@@ -188,6 +189,13 @@ def main():
         write(tok_dir, stem, blob)
         for cut in (4, 24, 31, len(blob) // 2, len(blob) - 1):
             write(tok_dir, f"{stem}-cut{cut}", blob[:cut])
+
+    # Needle 3 files (a 196-byte header, the same directory records): whole and cut.
+    for path in sorted((ROOT / "tests/fixtures/needle3").glob("*.cact")):
+        b = path.read_bytes()
+        write(cact_dir, path.stem, b)
+        for cut in (4, 100, 196, 400, len(b) // 2, len(b) - 1):
+            write(cact_dir, f"{path.stem}-cut{cut}", b[:cut])
 
     rng = random.Random(2)
     plans = {
