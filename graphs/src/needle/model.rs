@@ -13,8 +13,8 @@
 use crate::builder::{Dim, GraphBuilder, Value};
 use crate::contract::dims::{BATCH, PAST_SEQUENCE, SEQUENCE, TOTAL_SEQUENCE};
 use crate::contract::names::{self, layer_cache};
-use crate::contract::{ExportDescription, MatMulWeights, Precision};
-use crate::needle::attention::{attention, attention_ctx, AttentionCtx, KvPair};
+use crate::contract::{AttentionKind, ExportDescription, MatMulWeights, Precision};
+use crate::needle::attention::{attention, attention_ctx, AttentionCtx, HeadShape, KvPair};
 use crate::needle::block_quant::{gather_table, matmul_nbits};
 use crate::needle::engram::{self, EngramKv};
 use crate::needle::hadamard_mlp::hadamard_mlp;
@@ -154,18 +154,81 @@ pub(crate) fn engram_state_outputs<C>(
     );
 }
 
-/// `[batch, num_kv_heads, len, head_dim]`.
-fn cache_dims(ctx: &BuildContext, len: &'static str) -> [Dim; 4] {
+/// `[batch, num_kv_heads, len, width]` of the cached keys (`value` false) or values, the
+/// widths the variant's attention core caches (see [`HeadShape::cached_key_dim`]).
+fn cache_dims(
+    shape: HeadShape,
+    attention: AttentionKind,
+    len: &'static str,
+    value: bool,
+) -> [Dim; 4] {
+    let width = if value {
+        shape.cached_value_dim(attention)
+    } else {
+        shape.cached_key_dim(attention)
+    };
     [
         Dim::Named(BATCH),
-        Dim::Fixed(ctx.cfg.num_kv_heads),
+        Dim::Fixed(shape.kv_heads),
         Dim::Named(len),
-        Dim::Fixed(ctx.cfg.head_dim),
+        Dim::Fixed(width),
     ]
 }
 
-fn inputs(b: &mut GraphBuilder, ctx: &BuildContext) -> Inputs {
+/// Each layer's `past_key_values.{i}.key/.value` input.
+pub(crate) fn kv_cache_inputs<C>(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext<C>,
+    shape: HeadShape,
+    num_layers: usize,
+) -> Vec<KvPair> {
     let float = b.precision().data_type();
+    let attention = ctx.variant.attention;
+    (0..num_layers)
+        .map(|i| {
+            let n = layer_cache(i);
+            KvPair {
+                key: b.input(
+                    &n.past_key,
+                    float,
+                    &cache_dims(shape, attention, PAST_SEQUENCE, false),
+                ),
+                value: b.input(
+                    &n.past_value,
+                    float,
+                    &cache_dims(shape, attention, PAST_SEQUENCE, true),
+                ),
+            }
+        })
+        .collect()
+}
+
+/// The `logits` output (`width` ids) and each layer's `present.{i}.key/.value`.
+pub(crate) fn logits_and_cache_outputs<C>(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext<C>,
+    shape: HeadShape,
+    logits: &Value,
+    width: usize,
+    presents: &[KvPair],
+) {
+    let float = b.precision().data_type();
+    let attention = ctx.variant.attention;
+    b.output(
+        logits,
+        names::LOGITS,
+        data_type::FLOAT,
+        &[Dim::Named(BATCH), Dim::Named(SEQUENCE), Dim::Fixed(width)],
+    );
+    for (i, p) in presents.iter().enumerate() {
+        let n = layer_cache(i);
+        let dims = |value| cache_dims(shape, attention, TOTAL_SEQUENCE, value);
+        b.output(&p.key, &n.present_key, float, &dims(false));
+        b.output(&p.value, &n.present_value, float, &dims(true));
+    }
+}
+
+fn inputs(b: &mut GraphBuilder, ctx: &BuildContext) -> Inputs {
     let input_ids = b.input(names::INPUT_IDS, data_type::INT64, &ids_dims(SEQUENCE));
     let mask = b.input(
         names::ATTENTION_MASK,
@@ -173,15 +236,7 @@ fn inputs(b: &mut GraphBuilder, ctx: &BuildContext) -> Inputs {
         &ids_dims(TOTAL_SEQUENCE),
     );
     let position_ids = b.input(names::POSITION_IDS, data_type::INT64, &ids_dims(SEQUENCE));
-    let pasts = (0..ctx.cfg.num_layers)
-        .map(|i| {
-            let n = layer_cache(i);
-            KvPair {
-                key: b.input(&n.past_key, float, &cache_dims(ctx, PAST_SEQUENCE)),
-                value: b.input(&n.past_value, float, &cache_dims(ctx, PAST_SEQUENCE)),
-            }
-        })
-        .collect();
+    let pasts = kv_cache_inputs(b, ctx, HeadShape::of(ctx.cfg), ctx.cfg.num_layers);
     let (past_ids, placeholder) = engram_state_inputs(b, ctx, ctx.cfg.num_layers);
     Inputs {
         input_ids,
@@ -320,31 +375,7 @@ fn outputs(
     presents: &[KvPair],
     [next_history, placeholder]: [&Value; 2],
 ) {
-    let float = b.precision().data_type();
-    b.output(
-        logits,
-        names::LOGITS,
-        data_type::FLOAT,
-        &[
-            Dim::Named(BATCH),
-            Dim::Named(SEQUENCE),
-            Dim::Fixed(ctx.cfg.vocab),
-        ],
-    );
-    for (i, p) in presents.iter().enumerate() {
-        let n = layer_cache(i);
-        b.output(
-            &p.key,
-            &n.present_key,
-            float,
-            &cache_dims(ctx, TOTAL_SEQUENCE),
-        );
-        b.output(
-            &p.value,
-            &n.present_value,
-            float,
-            &cache_dims(ctx, TOTAL_SEQUENCE),
-        );
-    }
+    let shape = HeadShape::of(ctx.cfg);
+    logits_and_cache_outputs(b, ctx, shape, logits, ctx.cfg.vocab, presents);
     engram_state_outputs(b, ctx, ctx.cfg.num_layers, [next_history, placeholder]);
 }

@@ -11,14 +11,15 @@
 //! ```
 
 use crate::builder::{Dim, GraphBuilder, Value};
-use crate::contract::dims::{BATCH, PAST_SEQUENCE, SEQUENCE, TOTAL_SEQUENCE};
-use crate::contract::names::{self, layer_cache};
+use crate::contract::dims::{BATCH, SEQUENCE, TOTAL_SEQUENCE};
+use crate::contract::names;
 use crate::contract::ExportDescription;
 use crate::needle::attention::{core_inputs, rope, KvPair};
 use crate::needle::engram::{self, EngramKv};
 use crate::needle::hyper_connections::{hc_post, hc_pre};
 use crate::needle::model::{
-    embed_tokens, engram_state_inputs, engram_state_outputs, ids_dims, lm_head,
+    embed_tokens, engram_state_inputs, engram_state_outputs, ids_dims, kv_cache_inputs, lm_head,
+    logits_and_cache_outputs,
 };
 use crate::needle::norms::zc_rms_norm;
 use crate::needle::BuildContext;
@@ -161,30 +162,12 @@ struct Inputs {
     placeholder: Value,
 }
 
-/// `[batch, num_kv_heads, len, width]` of the cached keys (`value` false) or values.
-fn cache_dims(ctx: &BuildContext<Config>, len: &'static str, value: bool) -> [Dim; 4] {
-    let shape = ctx.cfg.head_shape();
-    let attention = ctx.variant.attention;
-    let width = if value {
-        shape.cached_value_dim(attention)
-    } else {
-        shape.cached_key_dim(attention)
-    };
-    [
-        Dim::Named(BATCH),
-        Dim::Fixed(ctx.cfg.num_kv_heads),
-        Dim::Named(len),
-        Dim::Fixed(width),
-    ]
-}
-
 fn conv_dims(ctx: &BuildContext<Config>) -> Option<[Dim; 3]> {
     let (slots, width) = ctx.cfg.qkv_conv_state()?;
     Some([Dim::Named(BATCH), Dim::Fixed(slots), Dim::Fixed(width)])
 }
 
 fn inputs(b: &mut GraphBuilder, ctx: &BuildContext<Config>) -> Inputs {
-    let float = b.precision().data_type();
     let input_ids = b.input(names::INPUT_IDS, data_type::INT64, &ids_dims(SEQUENCE));
     let mask = b.input(
         names::ATTENTION_MASK,
@@ -192,15 +175,7 @@ fn inputs(b: &mut GraphBuilder, ctx: &BuildContext<Config>) -> Inputs {
         &ids_dims(TOTAL_SEQUENCE),
     );
     let position_ids = b.input(names::POSITION_IDS, data_type::INT64, &ids_dims(SEQUENCE));
-    let pasts = (0..ctx.cfg.num_layers)
-        .map(|i| {
-            let n = layer_cache(i);
-            KvPair {
-                key: b.input(&n.past_key, float, &cache_dims(ctx, PAST_SEQUENCE, false)),
-                value: b.input(&n.past_value, float, &cache_dims(ctx, PAST_SEQUENCE, true)),
-            }
-        })
-        .collect();
+    let pasts = kv_cache_inputs(b, ctx, ctx.cfg.head_shape(), ctx.cfg.num_layers);
     let conv_pasts = match conv_dims(ctx) {
         Some(dims) => (0..ctx.cfg.num_layers)
             .map(|i| b.input(&names::qkv_conv_state(i).0, data_type::FLOAT, &dims))
@@ -296,32 +271,8 @@ fn outputs(
     next_convs: &[Value],
     [next_history, placeholder]: [&Value; 2],
 ) {
-    let float = b.precision().data_type();
-    b.output(
-        logits,
-        names::LOGITS,
-        data_type::FLOAT,
-        &[
-            Dim::Named(BATCH),
-            Dim::Named(SEQUENCE),
-            Dim::Fixed(ctx.cfg.out_vocab),
-        ],
-    );
-    for (i, p) in presents.iter().enumerate() {
-        let n = layer_cache(i);
-        b.output(
-            &p.key,
-            &n.present_key,
-            float,
-            &cache_dims(ctx, TOTAL_SEQUENCE, false),
-        );
-        b.output(
-            &p.value,
-            &n.present_value,
-            float,
-            &cache_dims(ctx, TOTAL_SEQUENCE, true),
-        );
-    }
+    let shape = ctx.cfg.head_shape();
+    logits_and_cache_outputs(b, ctx, shape, logits, ctx.cfg.out_vocab, presents);
     if let Some(dims) = conv_dims(ctx) {
         for (i, c) in next_convs.iter().enumerate() {
             b.output(c, &names::qkv_conv_state(i).1, data_type::FLOAT, &dims);
