@@ -218,49 +218,86 @@ impl Header {
                 return Err(raw.bad(field.name, 0, "a nonzero size"));
             }
         }
-        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
-            return Err(raw.bad(
+        raw.check_heads(
+            [self.num_heads, self.num_kv_heads],
+            ("head_dim", self.head_dim),
+            [self.d_model, self.hada_n],
+        )?;
+        raw.check_engram_and_rope(
+            self.num_engram_tables,
+            &self.engram_orders,
+            &self.engram_sites,
+            self.num_layers,
+            self.rope_theta,
+        )
+    }
+}
+
+/// The header checks both generations make, in the order they make them.
+impl RawHeader<'_> {
+    /// KV heads divide the heads, the RoPE head width (`head_field`) is even, and
+    /// `hada_n` is `d_model` rounded up to a power of two.
+    pub(crate) fn check_heads(
+        &self,
+        [num_heads, num_kv_heads]: [u32; 2],
+        (head_field, head_dim): (&'static str, u32),
+        [d_model, hada_n]: [u32; 2],
+    ) -> Result<(), CactError> {
+        if !num_heads.is_multiple_of(num_kv_heads) {
+            return Err(self.bad(
                 "num_kv_heads",
-                self.num_kv_heads,
-                format!("a divisor of num_heads ({})", self.num_heads),
+                num_kv_heads,
+                format!("a divisor of num_heads ({num_heads})"),
             ));
         }
-        if !self.head_dim.is_multiple_of(2) {
-            return Err(raw.bad("head_dim", self.head_dim, "even (RoPE rotates pairs)"));
+        if !head_dim.is_multiple_of(2) {
+            return Err(self.bad(head_field, head_dim, "even (RoPE rotates pairs)"));
         }
-        let hada_n = self.d_model.checked_next_power_of_two();
-        if hada_n != Some(self.hada_n) {
-            return Err(raw.bad(
+        if d_model.checked_next_power_of_two() != Some(hada_n) {
+            return Err(self.bad(
                 "hada_n",
-                self.hada_n,
-                format!("d_model ({}) rounded up to a power of two", self.d_model),
+                hada_n,
+                format!("d_model ({d_model}) rounded up to a power of two"),
             ));
         }
-        let num_orders = self.engram_orders.len() as u32;
-        if !self.num_engram_tables.is_multiple_of(num_orders) {
-            return Err(raw.bad(
+        Ok(())
+    }
+
+    /// The engram tables split evenly over the orders, orders are nonzero, sites name
+    /// layers, and `rope_theta` is finite and positive.
+    pub(crate) fn check_engram_and_rope(
+        &self,
+        num_engram_tables: u32,
+        orders: &[u32],
+        sites: &[u32],
+        num_layers: u32,
+        rope_theta: f32,
+    ) -> Result<(), CactError> {
+        let num_orders = orders.len() as u32;
+        if !num_engram_tables.is_multiple_of(num_orders) {
+            return Err(self.bad(
                 "num_engram_tables",
-                self.num_engram_tables,
+                num_engram_tables,
                 format!("a multiple of num_engram_orders ({num_orders})"),
             ));
         }
-        for (i, &order) in self.engram_orders.iter().enumerate() {
+        for (i, &order) in orders.iter().enumerate() {
             if order == 0 {
-                return Err(raw.bad_element("engram_orders", i, order, "a nonzero n-gram order"));
+                return Err(self.bad_element("engram_orders", i, order, "a nonzero n-gram order"));
             }
         }
-        for (i, &site) in self.engram_sites.iter().enumerate() {
-            if site >= self.num_layers {
-                return Err(raw.bad_element(
+        for (i, &site) in sites.iter().enumerate() {
+            if site >= num_layers {
+                return Err(self.bad_element(
                     "engram_sites",
                     i,
                     site,
-                    format!("a layer index below num_layers ({})", self.num_layers),
+                    format!("a layer index below num_layers ({num_layers})"),
                 ));
             }
         }
-        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            return Err(raw.bad("rope_theta", self.rope_theta, "a finite positive number"));
+        if !(rope_theta.is_finite() && rope_theta > 0.0) {
+            return Err(self.bad("rope_theta", rope_theta, "a finite positive number"));
         }
         Ok(())
     }

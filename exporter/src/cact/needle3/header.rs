@@ -175,53 +175,21 @@ impl Header {
                 format!("at most vocab ({})", self.vocab),
             ));
         }
-        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
-            return Err(raw.bad(
-                "num_kv_heads",
-                self.num_kv_heads,
-                format!("a divisor of num_heads ({})", self.num_heads),
-            ));
-        }
-        if !self.qk_head_dim.is_multiple_of(2) {
-            return Err(raw.bad("qk_head_dim", self.qk_head_dim, "even (RoPE rotates pairs)"));
-        }
-        if self.d_model.checked_next_power_of_two() != Some(self.hada_n) {
-            return Err(raw.bad(
-                "hada_n",
-                self.hada_n,
-                format!("d_model ({}) rounded up to a power of two", self.d_model),
-            ));
-        }
+        raw.check_heads(
+            [self.num_heads, self.num_kv_heads],
+            ("qk_head_dim", self.qk_head_dim),
+            [self.d_model, self.hada_n],
+        )?;
         if self.qkv_conv_taps > 16 {
             return Err(raw.bad("qkv_conv_taps", self.qkv_conv_taps, "0..=16"));
         }
-        let num_orders = self.engram_orders.len() as u32;
-        if !self.num_engram_tables.is_multiple_of(num_orders) {
-            return Err(raw.bad(
-                "num_engram_tables",
-                self.num_engram_tables,
-                format!("a multiple of num_engram_orders ({num_orders})"),
-            ));
-        }
-        for (i, &order) in self.engram_orders.iter().enumerate() {
-            if order == 0 {
-                return Err(raw.bad_element("engram_orders", i, order, "a nonzero n-gram order"));
-            }
-        }
-        for (i, &site) in self.engram_sites.iter().enumerate() {
-            if site >= self.num_layers {
-                return Err(raw.bad_element(
-                    "engram_sites",
-                    i,
-                    site,
-                    format!("a layer index below num_layers ({})", self.num_layers),
-                ));
-            }
-        }
-        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            return Err(raw.bad("rope_theta", self.rope_theta, "a finite positive number"));
-        }
-        Ok(())
+        raw.check_engram_and_rope(
+            self.num_engram_tables,
+            &self.engram_orders,
+            &self.engram_sites,
+            self.num_layers,
+            self.rope_theta,
+        )
     }
 
     /// Rows of the output head: `out_vocab`, or all of `vocab` when that is 0.
