@@ -120,13 +120,6 @@ fn monarch_b(h: &RawHeader<'_>) -> u64 {
     monarch_blocks(h.u32("hada_n").into()).1
 }
 
-/// `embedding`, `[vocab, d_model]`: input rows for every id, the tied output head
-/// for the first `out_vocab`.
-pub const EMBEDDING: TensorGroup = TensorGroup {
-    repeat: Repeat::Once,
-    tensors: &[tensor("embedding", &["vocab", "d_model"])],
-};
-
 /// The 24 tensors of each layer (27 with the QKV conv taps), `layer00.norm_in` first.
 pub const LAYER: TensorGroup = TensorGroup {
     repeat: Repeat::Indexed {
@@ -186,8 +179,9 @@ pub const PERMUTATIONS: TensorGroup = TensorGroup {
     ],
 };
 
-/// The hyper-connection, engram and final-norm tensors are Needle 2's, field names and all.
-pub use crate::cact::layout::{ENGRAM, FINAL_NORM, MHC};
+/// The embedding (in Needle 3 its first `out_vocab` rows are the tied head), hyper-connection,
+/// engram and final-norm tensors are Needle 2's, field names and all.
+pub use crate::cact::layout::{EMBEDDING, ENGRAM, FINAL_NORM, MHC};
 
 /// The fixed part of the positional tensor order, `embedding` through `final_norm`.
 /// After it come `heads.manifest` and the probe heads it lists, the optional Whistle
