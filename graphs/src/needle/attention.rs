@@ -133,7 +133,7 @@ pub fn attention_ctx(
         cfg.rope_theta,
         position_ids,
     );
-    let core = core_inputs(b, ctx, mask, position_ids, cfg.sliding_window());
+    let core = core_inputs(b, ctx, mask, position_ids, &[cfg.sliding_window()]).remove(0);
     AttentionCtx { rope, core }
 }
 
@@ -169,15 +169,15 @@ pub fn rope<C>(
     }
 }
 
-/// The core's mask-derived inputs for keys within `window` positions (`None`: all
-/// earlier keys).
+/// The core's mask-derived inputs for each of `windows` (keys within that many positions;
+/// `None`: all earlier keys), the window-independent parts built once for all of them.
 pub fn core_inputs<C>(
     b: &mut GraphBuilder,
     ctx: &BuildContext<C>,
     mask: &Value,
     position_ids: &Value,
-    window: Option<usize>,
-) -> CoreInputs {
+    windows: &[Option<usize>],
+) -> Vec<CoreInputs> {
     let one = b.scalar_i64(1);
     match ctx.variant.attention {
         AttentionKind::Fused(op) => {
@@ -192,12 +192,15 @@ pub fn core_inputs<C>(
             let total = b.shape_of(mask, 1, 2);
             let total = b.squeeze(&total, &[0]);
             let total = b.cast(&total, data_type::INT32);
-            CoreInputs::Fused {
-                op,
-                seqlens_k,
-                total_len: total,
-                local_window: window.map(|keys| local_window_size(keys, ctx.variant.runtime)),
-            }
+            windows
+                .iter()
+                .map(|window| CoreInputs::Fused {
+                    op,
+                    seqlens_k: seqlens_k.clone(),
+                    total_len: total.clone(),
+                    local_window: window.map(|keys| local_window_size(keys, ctx.variant.runtime)),
+                })
+                .collect()
         }
         AttentionKind::Reference => {
             // A real key's position in its row is the count of real columns before it.
@@ -211,16 +214,24 @@ pub fn core_inputs<C>(
             );
             let k_pos = b.unsqueeze(&key_pos, &[1, 2, 3]);
             let q_pos = b.unsqueeze(position_ids, &[1, 2, 4]);
-            let mut visible = b.op1("LessOrEqual", &[&k_pos, &q_pos], vec![]);
-            if let Some(w) = window {
-                let distance = b.sub(&q_pos, &k_pos);
-                let limit = b.scalar_i64(w as i64);
-                let recent = b.op1("Less", &[&distance, &limit], vec![]);
-                visible = b.op1("And", &[&visible, &recent], vec![]);
-            }
+            let causal = b.op1("LessOrEqual", &[&k_pos, &q_pos], vec![]);
+            let mut distance = None;
+            let in_window: Vec<Value> = windows
+                .iter()
+                .map(|window| match window {
+                    None => causal.clone(),
+                    Some(w) => {
+                        let distance = distance
+                            .get_or_insert_with(|| b.sub(&q_pos, &k_pos))
+                            .clone();
+                        let limit = b.scalar_i64(*w as i64);
+                        let recent = b.op1("Less", &[&distance, &limit], vec![]);
+                        b.op1("And", &[&causal, &recent], vec![])
+                    }
+                })
+                .collect();
             let key_valid = b.cast(mask, data_type::BOOL);
             let key_valid = b.unsqueeze(&key_valid, &[1, 2, 3]);
-            let visible = b.op1("And", &[&visible, &key_valid], vec![]);
             let dims = [
                 Dim::Named(BATCH),
                 Dim::Fixed(1),
@@ -228,8 +239,14 @@ pub fn core_inputs<C>(
                 Dim::Named(SEQUENCE),
                 Dim::Named(TOTAL_SEQUENCE),
             ];
-            b.declare(&visible, data_type::BOOL, &dims);
-            CoreInputs::Reference { visible }
+            in_window
+                .iter()
+                .map(|visible| {
+                    let visible = b.op1("And", &[visible, &key_valid], vec![]);
+                    b.declare(&visible, data_type::BOOL, &dims);
+                    CoreInputs::Reference { visible }
+                })
+                .collect()
         }
     }
 }

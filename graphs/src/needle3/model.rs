@@ -50,13 +50,13 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
             cfg.rope_theta,
             &inputs.position_ids,
         );
-        let global = core_inputs(b, &ctx, &inputs.mask, &inputs.position_ids, None);
+        // Global layers see every earlier key; local ones (if any) their window.
         let window = (0..cfg.num_layers).find_map(|l| cfg.window_of(l));
-        let local = window.map(|w| {
-            b.scope("local", |b| {
-                core_inputs(b, &ctx, &inputs.mask, &inputs.position_ids, Some(w))
-            })
-        });
+        let windows: Vec<Option<usize>> = std::iter::once(None).chain(window.map(Some)).collect();
+        let mut cores =
+            core_inputs(b, &ctx, &inputs.mask, &inputs.position_ids, &windows).into_iter();
+        let global = cores.next().expect("the global core");
+        let local = cores.next();
         let real_new = b.reduce_sum(&new_mask, &[1], true);
         let real_new = b.unsqueeze(&real_new, &[2]);
         AttentionCtx {
