@@ -29,8 +29,10 @@ struct Args {
     /// Float precision of weights and activations (logits stay float32).
     #[arg(long, value_parser = spelled::<Precision>(), default_value_t = Precision::Fp32)]
     precision: Precision,
-    /// Weights of the large MatMuls: `float` is the exact model; `int8`/`int4`
-    /// re-quantize them into `com.microsoft.MatMulNBits` blocks (smaller, faster, approximate).
+    /// Weights of the large MatMuls: `float` is the exact model; `cq` the exact model as the
+    /// `.cact`'s codes, decoded by ops onnxruntime folds at session creation (about the
+    /// `.cact`'s size, slower to load); `int8`/`int4` re-quantize them into
+    /// `com.microsoft.MatMulNBits` blocks (smaller, faster, approximate).
     #[arg(long, value_parser = spelled::<MatMulWeights>(), default_value_t = MatMulWeights::Float)]
     weights: MatMulWeights,
     /// The onnxruntime releases the fused graph is for, by the oldest: 1.24 (1.24 and later:

@@ -26,6 +26,8 @@ struct Report {
     node_domains: Vec<String>,
     /// The op types the onnxruntime session runs, after its graph optimizations.
     session_ops: Vec<String>,
+    /// The initializers it keeps after them (constant folding replaces what it folds).
+    session_initializers: Vec<String>,
 }
 
 /// `tests/python/check_onnx.py` on `graph` with the Python of `venv`, every case of `model`
@@ -69,6 +71,7 @@ fn report_in(venv: &str, graph: &Path, model: &str) -> Report {
             .collect(),
         node_domains: strings("node_domains"),
         session_ops: strings("session_ops"),
+        session_initializers: strings("session_initializers"),
     }
 }
 
@@ -123,6 +126,33 @@ fn both_variants_pass_the_onnx_checker_and_match_upstream_in_python_onnxruntime(
             "{model}: reference graph must be ai.onnx only"
         );
         assert!(dir.join(format!("{model}.tokenizer.json")).exists());
+    }
+}
+
+/// `--weights cq` keeps the `.cact`'s codes in the file and stock onnxruntime folds them
+/// into float kernels at session creation: the checker passes, the upstream cases hold,
+/// and no kernel's codes are left for the running session (the embedding's and engram
+/// tables' rows are decoded as gathered, so their codes stay). n3q carries every CQ width.
+#[test]
+fn cq_weights_pass_the_checker_match_upstream_and_fold_at_session_creation() {
+    let dir = scratch("cq-weights");
+    for model in ["m48", "m64w", "needle3/n3a", "needle3/n3q"] {
+        for graph in <[PathBuf; 2]>::from(export_both(&dir, model, &["--weights", "cq"])) {
+            let report = check_in(".venv", &graph, model, FP32_BOUND);
+            let left: Vec<&String> = report
+                .session_initializers
+                .iter()
+                .filter(|name| name.ends_with("kernel.codes"))
+                .collect();
+            assert!(left.is_empty(), "{model}: not folded: {left:?}");
+            assert!(
+                report
+                    .session_initializers
+                    .iter()
+                    .any(|n| n == "embed_tokens.embedding.codes"),
+                "{model}: the embedding should stay codes"
+            );
+        }
     }
 }
 

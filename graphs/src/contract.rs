@@ -460,22 +460,35 @@ spelled_traits!(Precision);
 pub enum MatMulWeights {
     /// Dense, in the graph's precision: the exact model.
     Float,
+    /// The `.cact`'s own CQ codes, norms and codebooks, decoded to the dense matrices by
+    /// ai.onnx ops on initializers, which onnxruntime folds into float initializers at
+    /// session creation: the exact model at about the `.cact`'s size on disk.
+    Cq,
     /// `com.microsoft.MatMulNBits`, symmetric 8-bit blocks of 32 along K.
     Int8,
     /// `com.microsoft.MatMulNBits`, symmetric 4-bit blocks of 32 along K.
     Int4,
 }
 
+impl MatMulWeights {
+    /// Re-quantized into `MatMulNBits` blocks (approximate), rather than exact.
+    pub fn is_block_quantized(self) -> bool {
+        matches!(self, MatMulWeights::Int8 | MatMulWeights::Int4)
+    }
+}
+
 impl Spelled for MatMulWeights {
     const WHAT: &'static str = "weight storage";
     const ALL: &'static [Self] = &[
         MatMulWeights::Float,
+        MatMulWeights::Cq,
         MatMulWeights::Int8,
         MatMulWeights::Int4,
     ];
     fn name(self) -> &'static str {
         match self {
             MatMulWeights::Float => "float",
+            MatMulWeights::Cq => "cq",
             MatMulWeights::Int8 => "int8",
             MatMulWeights::Int4 => "int4",
         }

@@ -34,7 +34,8 @@ struct Args {
     /// Precision of the graph (default: the provider's choice; `.cact` only).
     #[arg(long, value_parser = spelled::<Precision>())]
     precision: Option<Precision>,
-    /// MatMul weights: `float` (exact) or re-quantized `int8`/`int4` MatMulNBits (`.cact` only).
+    /// MatMul weights: `float` (exact), `cq` (exact, the `.cact`'s codes folded at load) or
+    /// re-quantized `int8`/`int4` MatMulNBits (`.cact` only).
     #[arg(long, value_parser = spelled::<MatMulWeights>(), default_value_t = MatMulWeights::Float)]
     weights: MatMulWeights,
     /// onnxruntime intra-op threads (0: onnxruntime decides).

@@ -12,7 +12,8 @@ Usage: check_onnx.py MODEL.onnx CASES.safetensors
 4. prints one JSON line: per case (and per case's cached run, `<case>.cached`), the max
    over rows of max|got - ref| / max(1, max|ref|) over the row's real positions; the
    operator domains the graph's nodes use ("" is ai.onnx); and the op types the session
-   runs after onnxruntime's graph optimizations (its fusions).
+   runs and the initializers it keeps after onnxruntime's graph optimizations (its
+   fusions and constant folding).
 """
 import json
 import os
@@ -67,7 +68,9 @@ def main(model_path, cases_path):
         options.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
         options.log_severity_level = 3  # not the warning that the file is for this machine
         sess = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
-        session_ops = sorted({n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node})
+        optimized = onnx.load(options.optimized_model_filepath).graph
+        session_ops = sorted({n.op_type for n in optimized.node})
+        session_initializers = sorted(t.name for t in optimized.initializer)
     cases = load_file(cases_path)
     errors = {}
     # Needle 3's head cases have head outputs instead of logits.
@@ -85,7 +88,7 @@ def main(model_path, cases_path):
         errors[f"{name}.cached"] = relative_error(cached_run(sess, ids[0, :n]), ref[0, :n])
     domains = sorted({n.domain for n in onnx.load(model_path).graph.node})
     print(json.dumps({"model": model_path, "max_rel_error": errors, "node_domains": domains,
-                      "session_ops": session_ops}))
+                      "session_ops": session_ops, "session_initializers": session_initializers}))
 
 
 if __name__ == "__main__":

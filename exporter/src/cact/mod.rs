@@ -13,6 +13,7 @@ pub mod tokenizer_blob;
 mod weights;
 
 use std::path::Path;
+use std::sync::Arc;
 
 use graphs::needle::Tensor;
 
@@ -105,9 +106,11 @@ pub(crate) fn named_tensor(
         .ok_or_else(|| CactError::Missing {
             tensor: name.to_string(),
         })?;
+    let blob = entry.blob(file);
     Ok(Tensor {
         shape: entry.shape.clone(),
-        data: cq::decode(entry, entry.blob(file), codebooks)?,
+        data: cq::decode(entry, blob, codebooks)?,
+        codes: cq::rows(entry, blob, codebooks)?.map(Arc::new),
     })
 }
 

@@ -14,8 +14,9 @@ use crate::contract::dims::{BATCH, SEQUENCE, TOTAL_SEQUENCE};
 use crate::contract::{AttentionKind, FusedOp, MatMulWeights, Precision, RuntimeTarget};
 use crate::needle::block_quant::matmul_nbits;
 use crate::needle::context::RotaryKernel;
+use crate::needle::cq_kernel::{cq_kernel, CqKernel};
 use crate::needle::norms::zc_rms_norm;
-use crate::needle::{BuildContext, Config, LayerWeights, Tensor};
+use crate::needle::{BuildContext, Config, CqRows, LayerWeights, Tensor};
 use crate::onnx::data_type;
 
 /// Position- and mask-derived inputs, built once at the top of the graph and shared by all layers.
@@ -364,10 +365,20 @@ pub fn projections<C>(
     let outs: Vec<usize> = ws.iter().map(|w| w.shape[0]).collect();
     let width: usize = outs.iter().sum();
     let storage = ctx.matmul_weights();
-    if storage != MatMulWeights::Float {
+    if storage.is_block_quantized() {
         let rows: Vec<f32> = ws.iter().flat_map(|w| w.data.iter().copied()).collect();
         return b.scope(name, |b| {
             let y = matmul_nbits(b, storage, x, &rows, width, cols);
+            split_last(b, &y, &outs)
+        });
+    }
+    if let Some(kernel) = (storage == MatMulWeights::Cq)
+        .then(|| cq_kernel_of(ws))
+        .flatten()
+    {
+        return b.scope(name, |b| {
+            let kernel = cq_kernel(b, "kernel", &kernel);
+            let y = b.matmul(x, &kernel);
             split_last(b, &y, &outs)
         });
     }
@@ -387,6 +398,13 @@ pub fn projections<C>(
         let y = b.matmul(x, &kernel);
         split_last(b, &y, &outs)
     })
+}
+
+/// The CQ kernel of matrices that are all CQ with one codebook (otherwise they stay
+/// float: FP16/FP32 matrices of hand-made files).
+fn cq_kernel_of(ws: &[&Tensor]) -> Option<CqKernel> {
+    let codes: Option<Vec<&CqRows>> = ws.iter().map(|w| w.codes.as_deref()).collect();
+    CqKernel::of(&codes?)
 }
 
 /// `y` split along its last axis into parts of `sizes` (no node for one part).

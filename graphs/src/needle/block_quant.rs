@@ -6,6 +6,7 @@
 
 use crate::builder::{Attr, GraphBuilder, Value, MS_DOMAIN};
 use crate::contract::MatMulWeights;
+use crate::needle::cq_rows::gather_cq_rows;
 use crate::needle::Tensor;
 use crate::onnx::data_type;
 
@@ -16,8 +17,8 @@ fn bits(storage: MatMulWeights) -> usize {
     match storage {
         MatMulWeights::Int8 => 8,
         MatMulWeights::Int4 => 4,
-        MatMulWeights::Float => {
-            unreachable!("block quantization is only emitted for compact weights")
+        MatMulWeights::Float | MatMulWeights::Cq => {
+            unreachable!("block quantization is only emitted for block-quantized weights")
         }
     }
 }
@@ -140,8 +141,9 @@ fn gather_nbits(
     )
 }
 
-/// Rows `indices` of a weight table `[rows, cols]`: `GatherBlockQuantized` with compact
-/// `storage` where the width allows, else a Gather of the float table named `name`.
+/// Rows `indices` of a weight table `[rows, cols]`: `GatherBlockQuantized` with
+/// block-quantized `storage` where the width allows, the rows decoded from the `.cact`'s
+/// codes with `cq` storage, else a Gather of the float table named `name`.
 pub fn gather_table(
     b: &mut GraphBuilder,
     storage: MatMulWeights,
@@ -150,7 +152,10 @@ pub fn gather_table(
     indices: &Value,
 ) -> Value {
     let (rows, cols) = (table.shape[0], table.shape[1]);
-    if storage != MatMulWeights::Float {
+    if let (MatMulWeights::Cq, Some(codes)) = (storage, &table.codes) {
+        return gather_cq_rows(b, name, codes, indices);
+    }
+    if storage.is_block_quantized() {
         let quantized = b.scope(name, |b| gather_nbits(b, &table.data, rows, cols, indices));
         if let Some(rows) = quantized {
             return rows;

@@ -4,6 +4,7 @@ pub mod attention;
 pub mod block_quant;
 pub mod config;
 pub mod context;
+pub mod cq_kernel;
 pub mod cq_rows;
 pub mod engram;
 pub mod hadamard_mlp;

@@ -16,6 +16,7 @@ use crate::contract::names::{self, layer_cache};
 use crate::contract::{AttentionKind, ExportDescription, MatMulWeights, Precision};
 use crate::needle::attention::{attention, attention_ctx, AttentionCtx, HeadShape, KvPair};
 use crate::needle::block_quant::{gather_table, matmul_nbits};
+use crate::needle::cq_kernel::{cq_kernel, CqKernel};
 use crate::needle::engram::{self, EngramKv};
 use crate::needle::hadamard_mlp::hadamard_mlp;
 use crate::needle::hyper_connections::{hc_post, hc_pre};
@@ -256,13 +257,30 @@ pub(crate) fn embed_tokens<C>(
     embedding: &Tensor,
     input_ids: &Value,
 ) -> (Option<Value>, Value) {
-    // Compact weights quantize each use of the table in its own layout.
+    // Compact weights keep each use of the table in its own layout: block-quantized, or
+    // the codes (rows decoded as gathered, the lm_head a folded kernel).
     let storage = ctx.matmul_weights();
-    let emb = (storage == MatMulWeights::Float)
-        .then(|| b.weight("embedding", &embedding.shape, &embedding.data));
+    let dense = match storage {
+        MatMulWeights::Float => true,
+        MatMulWeights::Cq => embedding.codes.is_none(),
+        MatMulWeights::Int8 | MatMulWeights::Int4 => false,
+    };
+    let emb = dense.then(|| b.weight("embedding", &embedding.shape, &embedding.data));
     let x = match &emb {
         Some(emb) => b.gather(emb, input_ids, 0),
-        None => gather_table(b, storage, "embedding", embedding, input_ids),
+        None => {
+            let x = gather_table(b, storage, "embedding", embedding, input_ids);
+            // Rows decoded from codes get their shape from a Reshape that shape inference
+            // cannot follow; without a name for it, every later tensor gets fresh symbols
+            // and session creation took 5 s longer (full-size Needle 3).
+            let dims = [
+                Dim::Named(BATCH),
+                Dim::Named(SEQUENCE),
+                Dim::Fixed(ctx.shared.d_model),
+            ];
+            b.declare(&x, b.precision().data_type(), &dims);
+            x
+        }
     };
     let scale = b.scalar_float((ctx.shared.d_model as f64).sqrt() as f32);
     let x = b.mul(&x, &scale);
@@ -356,9 +374,17 @@ pub(crate) fn lm_head<C>(
             b.matmul(&x, &et)
         }
         None => b.scope("embedding", |b| {
-            let storage = ctx.matmul_weights();
-            let head = &table.data[..rows * d_model];
-            matmul_nbits(b, storage, &x, head, rows, d_model)
+            match (ctx.matmul_weights(), &table.codes) {
+                (MatMulWeights::Cq, Some(codes)) => {
+                    let head = CqKernel::of(&[&codes.first_rows(rows)]).expect("one matrix");
+                    let kernel = cq_kernel(b, "kernel", &head);
+                    b.matmul(&x, &kernel)
+                }
+                (storage, _) => {
+                    let head = &table.data[..rows * d_model];
+                    matmul_nbits(b, storage, &x, head, rows, d_model)
+                }
+            }
         }),
     };
     match ctx.variant.precision {

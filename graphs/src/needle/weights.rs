@@ -1,11 +1,28 @@
 //! Dequantized float32 weights of one model, in the `.cact` layout
 //! (matrices pre-transposed to `[out, in]`).
 
-/// A dense float32 tensor, row-major.
+use std::sync::Arc;
+
+/// A dense float32 tensor, row-major, with the CQ codes it was dequantized from.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tensor {
     pub shape: Vec<usize>,
     pub data: Vec<f32>,
+    /// The `.cact`'s codes of a CQ matrix, exactly what `data` decodes (`None` for FP16/FP32
+    /// tensors and for tensors cut or combined in Rust): `cq` weight storage writes these
+    /// into the graph instead of `data`.
+    pub codes: Option<Arc<CqRows>>,
+}
+
+impl Tensor {
+    /// A tensor with no codes behind it.
+    pub fn dense(shape: Vec<usize>, data: Vec<f32>) -> Tensor {
+        Tensor {
+            shape,
+            data,
+            codes: None,
+        }
+    }
 }
 
 /// The 14 tensors of one `Block` (`layerNN.*` in the `.cact`).
@@ -91,6 +108,30 @@ impl CqRows {
     /// Bytes per row of codes.
     pub fn row_bytes(&self) -> usize {
         self.groups() * self.group * self.index_bits / 8
+    }
+
+    /// The stored index of input `k` (of the padded `groups · group`) of row `r`.
+    pub fn index(&self, r: usize, k: usize) -> usize {
+        let row = &self.codes[r * self.row_bytes()..(r + 1) * self.row_bytes()];
+        let bit = k * self.index_bits;
+        let low = row[bit / 8] as usize;
+        let high = row.get(bit / 8 + 1).copied().unwrap_or(0) as usize;
+        ((low | (high << 8)) >> (bit % 8)) & ((1 << self.index_bits) - 1)
+    }
+
+    /// Its first `n` rows.
+    pub fn first_rows(&self, n: usize) -> CqRows {
+        CqRows {
+            rows: n,
+            codes: self.codes[..n * self.row_bytes()].to_vec(),
+            norms: self.norms[..n * self.groups()].to_vec(),
+            ..self.clone()
+        }
+    }
+
+    /// The fp16 norm of group `g` of row `r`.
+    pub fn norm(&self, r: usize, g: usize) -> u16 {
+        self.norms[r * self.groups() + g]
     }
 }
 

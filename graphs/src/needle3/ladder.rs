@@ -103,15 +103,12 @@ fn head_rows(h: &ProbeHead, kept: &[usize]) -> ProbeHead {
         .collect();
     let q = h.row_bias.shape[0];
     let per_query = h.row_bias.shape[1..].iter().product::<usize>();
-    let mut row_bias = Tensor {
-        shape: vec![q, kept_rows.len(), h.row_bias.shape[2]],
-        data: Vec::new(),
-    };
+    let mut row_bias = Tensor::dense(vec![q, kept_rows.len(), h.row_bias.shape[2]], Vec::new());
     for qi in 0..q {
-        let one = Tensor {
-            shape: h.row_bias.shape[1..].to_vec(),
-            data: h.row_bias.data[qi * per_query..(qi + 1) * per_query].to_vec(),
-        };
+        let one = Tensor::dense(
+            h.row_bias.shape[1..].to_vec(),
+            h.row_bias.data[qi * per_query..(qi + 1) * per_query].to_vec(),
+        );
         row_bias.data.extend(rows(&one, &kept_rows, 1).data);
     }
     ProbeHead {
@@ -133,7 +130,7 @@ fn rows(t: &Tensor, kept: &[usize], per_layer: usize) -> Tensor {
     }
     let mut shape = t.shape.clone();
     shape[0] = per_layer * kept.len();
-    Tensor { shape, data }
+    Tensor::dense(shape, data)
 }
 
 #[cfg(test)]
