@@ -108,7 +108,8 @@ fn fp16_graphs_stay_close_to_upstream() {
     use graphs::contract::{MatMulWeights, Precision};
     use needle_tests::{fixture, options, session_of};
     use runner::provider::Provider;
-    for model in ["m48", "m64", "m96"] {
+    let needle3 = ["needle3/n3a", "needle3/n3b", "needle3/n3c", "needle3/n3q"];
+    for model in ["m48", "m64", "m96"].into_iter().chain(needle3) {
         let bytes = std::fs::read(fixture(&format!("{model}.cact"))).unwrap();
         for kind in [FUSED, Reference] {
             let opts = options(kind, Precision::Fp16, MatMulWeights::Float);
