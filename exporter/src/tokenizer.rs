@@ -249,6 +249,22 @@ impl NeedleTokenizer {
             .expect("a tokenizer with string-keyed maps always serializes")
     }
 
+    /// What each id adds to the text in the middle of a text, by id: its bytes (`▁` as a
+    /// space, a byte piece as its byte, a chat marker as spelled), or `None` for the control
+    /// pieces and `<unk>`, which stand for no text.
+    pub fn text_bytes(&self) -> Vec<Option<Vec<u8>>> {
+        self.pieces
+            .iter()
+            .map(|piece| match piece.kind {
+                PieceKind::Control | PieceKind::Unknown => None,
+                PieceKind::Byte => piece.byte_value().map(|b| vec![b]),
+                PieceKind::Normal | PieceKind::UserDefined => {
+                    Some(piece.text.replace(SPACE, " ").into_bytes())
+                }
+            })
+            .collect()
+    }
+
     /// Id of the piece spelled `piece` (e.g. `<|im_end|>`), if any.
     pub fn token_id(&self, piece: &str) -> Option<u32> {
         self.inner.token_to_id(piece)
@@ -273,7 +289,8 @@ impl NeedleTokenizer {
         self.pad_id
     }
 
-    fn is_marker(&self, id: u32) -> bool {
+    /// Whether `id` is a chat marker (a user-defined piece, matched verbatim).
+    pub fn is_marker(&self, id: u32) -> bool {
         self.pieces
             .get(id as usize)
             .is_some_and(|p| p.kind == PieceKind::UserDefined)

@@ -1,7 +1,8 @@
 //! Queries to answers, the embeddable API:
 //! `Runner::new(source, options)?.complete(&tools, query, None, 256)?`.
 
-use crate::generate::{generate, GenerateOptions, Generation, Sampling};
+use crate::constrain::ConstraintFactory;
+use crate::generate::{generate_filtered, GenerateOptions, Generation, Sampling, TokenFilter};
 use crate::load::{load, LoadOptions, LoadedModel, ModelSource};
 use crate::prompt::{parse_answer, render_prompt, IM_END};
 use crate::provider::{Provider, Unavailable};
@@ -14,6 +15,8 @@ use serde_json::Value;
 pub struct Runner {
     model: LoadedModel,
     sampling: Sampling,
+    /// Set by [`Runner::constrained`]: tool answers are decoded under the tools' grammar.
+    constraints: Option<ConstraintFactory>,
 }
 
 /// Tool mode's answer (upstream's response contract plus run statistics).
@@ -55,7 +58,15 @@ impl Runner {
         Ok(Runner {
             model: load(source, options)?,
             sampling: Sampling::Greedy,
+            constraints: None,
         })
+    }
+
+    /// Decodes tool answers so they are always well-formed for the declared tools
+    /// (`--constrain`, see [`crate::constrain`]).
+    pub fn constrained(mut self) -> Result<Self> {
+        self.constraints = Some(ConstraintFactory::new(&self.model.tokenizer)?);
+        Ok(self)
     }
 
     /// Samples with `temperature` from a generator seeded with `seed` instead of argmax.
@@ -89,7 +100,21 @@ impl Runner {
             .ok_or_else(|| anyhow!("the tokenizer has no {IM_END} marker"))?;
         let prompt = render_prompt(tools, query, system);
         let ids = [vec![tok.bos_id()], tok.encode(&prompt)].concat();
-        let run = self.run(&ids, vec![tok.eos_id(), im_end], max_new_tokens)?;
+        let stop_ids = vec![tok.eos_id(), im_end];
+        // The answer has to close before the context is full, too.
+        let context_left = self
+            .model
+            .session
+            .config()
+            .max_seq_len()
+            .saturating_sub(ids.len());
+        let budget = max_new_tokens.min(context_left);
+        let mut constraint = match &self.constraints {
+            Some(factory) => Some(factory.for_tools(tools, budget)?),
+            None => None,
+        };
+        let filter = constraint.as_mut().map(|c| c as &mut dyn TokenFilter);
+        let run = self.run(&ids, stop_ids, max_new_tokens, filter)?;
         let answer = parse_answer(&self.model.tokenizer.decode(&run.generated_ids));
         let confidence = self.confidence(&[ids, run.generated_ids.clone()].concat())?;
         let (success, error) = match &answer.calls {
@@ -132,7 +157,7 @@ impl Runner {
     pub fn continue_raw(&mut self, text: &str, max_new_tokens: usize) -> Result<RawResponse> {
         let tok = &self.model.tokenizer;
         let ids = [vec![tok.bos_id()], tok.encode(text)].concat();
-        let run = self.run(&ids, vec![tok.eos_id()], max_new_tokens)?;
+        let run = self.run(&ids, vec![tok.eos_id()], max_new_tokens, None)?;
         Ok(RawResponse {
             text: self.model.tokenizer.decode(&run.generated_ids),
             prompt_ids: ids,
@@ -148,13 +173,14 @@ impl Runner {
         ids: &[u32],
         stop_ids: Vec<u32>,
         max_new_tokens: usize,
+        filter: Option<&mut dyn TokenFilter>,
     ) -> Result<Generation> {
         let opts = GenerateOptions {
             max_new_tokens,
             stop_ids,
             sampling: self.sampling,
         };
-        generate(&mut self.model.session, ids, &opts)
+        generate_filtered(&mut self.model.session, ids, &opts, filter)
     }
 }
 

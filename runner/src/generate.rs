@@ -55,12 +55,30 @@ fn rate(n: usize, secs: f64) -> f64 {
     }
 }
 
+/// Restricts which tokens may come next (constrained decoding).
+pub trait TokenFilter {
+    /// Sets the logits of the tokens that may not come next to −∞.
+    fn mask(&mut self, logits: &mut [f32]) -> Result<()>;
+    /// Moves past the chosen `token`.
+    fn accept(&mut self, token: u32) -> Result<()>;
+}
+
 /// Generates after `prompt_ids` (batch 1; the prompt includes BOS if the caller wants it).
 /// Stops at a stop token, after `max_new_tokens`, or when the model's `max_seq_len` is full.
 pub fn generate(
     session: &mut NeedleSession,
     prompt_ids: &[u32],
     opts: &GenerateOptions,
+) -> Result<Generation> {
+    generate_filtered(session, prompt_ids, opts, None)
+}
+
+/// [`generate`] choosing each token among those `filter` allows.
+pub fn generate_filtered(
+    session: &mut NeedleSession,
+    prompt_ids: &[u32],
+    opts: &GenerateOptions,
+    mut filter: Option<&mut dyn TokenFilter>,
 ) -> Result<Generation> {
     let max_len = session.config().max_seq_len();
     if prompt_ids.is_empty() {
@@ -84,11 +102,18 @@ pub fn generate(
     let mut decode_tokens = 0;
     let start = Instant::now();
     loop {
-        let last = &step.logits[step.logits.len() - vocab..];
+        let from = step.logits.len() - vocab;
+        let last = &mut step.logits[from..];
+        if let Some(filter) = filter.as_mut() {
+            filter.mask(last)?;
+        }
         let next = sampler.pick(last);
         if opts.stop_ids.contains(&next) {
             stopped_on = Some(next);
             break;
+        }
+        if let Some(filter) = filter.as_mut() {
+            filter.accept(next)?;
         }
         generated.push(next);
         if generated.len() >= opts.max_new_tokens || step.cache.len() >= max_len {

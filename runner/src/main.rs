@@ -50,6 +50,10 @@ struct Args {
     /// Optional system prompt (tool mode).
     #[arg(long, conflicts_with = "raw")]
     system: Option<String>,
+    /// Decode the answer under the tools' grammar (tool mode): always a `<tool_call>` list
+    /// of declared tools whose arguments satisfy their JSON schemas.
+    #[arg(long, conflicts_with = "raw")]
+    constrain: bool,
     /// Continue this text with no chat template (raw mode).
     #[arg(long)]
     raw: Option<String>,
@@ -103,6 +107,9 @@ fn run(args: Args) -> Result<()> {
         layers: args.layers,
     };
     let mut runner = Runner::new(&source, &options)?;
+    if args.constrain {
+        runner = runner.constrained()?;
+    }
     if let Some(t) = args.temperature {
         runner = runner.with_sampling(Sampling::Temperature {
             temperature: t,

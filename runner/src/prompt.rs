@@ -10,12 +10,12 @@
 use serde_json::Value;
 
 pub use exporter::tokenizer::{IM_END, IM_START};
-const THINK_START: &str = "<think>";
-const THINK_END: &str = "</think>";
+pub const THINK_START: &str = "<think>";
+pub const THINK_END: &str = "</think>";
 const TOOLS_START: &str = "<tools>";
 const TOOLS_END: &str = "</tools>";
-const TOOL_CALL_START: &str = "<tool_call>";
-const TOOL_CALL_END: &str = "</tool_call>";
+pub const TOOL_CALL_START: &str = "<tool_call>";
+pub const TOOL_CALL_END: &str = "</tool_call>";
 
 /// The prompt `render_example({"tools": tools, "query": query, "system": system})`
 /// returns, byte for byte. `tools` is written like Python's

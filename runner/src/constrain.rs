@@ -1,0 +1,372 @@
+//! `--constrain`: tool-mode decoding masked so the answer is always well-formed for the
+//! declared tools. The answer's grammar (Needle's target format, upstream
+//! `finetune.render_example`) is
+//!
+//! ```text
+//! [<think> free text </think>] <tool_call> JSON list of calls </tool_call> <|im_end|>
+//! ```
+//! with optional spaces and newlines before `<think>` and `<tool_call>` (the answer's
+//! first piece is sentencepiece's dummy-prefix `▁`).
+//!
+//! where each call is `{"name": <a declared tool>, "arguments": <its parameters' JSON
+//! schema, every object closed to its declared keys>}` in the compact JSON the model was
+//! trained on, and the empty list is the "respond" answer. llguidance (the engine behind
+//! onnxruntime-genai's and llama.cpp's structured output) compiles it and computes the
+//! allowed tokens each step over a token trie built from our tokenizer's pieces.
+
+use crate::generate::TokenFilter;
+use crate::prompt::{THINK_END, THINK_START, TOOL_CALL_END, TOOL_CALL_START};
+use anyhow::{anyhow, bail, Result};
+use exporter::tokenizer::{NeedleTokenizer, IM_END};
+use llguidance::api::TopLevelGrammar;
+use llguidance::{Matcher, ParserFactory};
+use serde_json::{json, Map, Value};
+use std::sync::Arc;
+use toktrie::{TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
+
+/// What every constrained generation with one tokenizer shares: the token trie, the
+/// grammar compiler's precomputed vocabulary slices, each token's text and the answer's
+/// markers.
+pub struct ConstraintFactory {
+    factory: ParserFactory,
+    texts: Arc<[Vec<u8>]>,
+    markers: Markers,
+}
+
+/// The ids of the markers that move an answer from one part to the next.
+#[derive(Clone, Copy)]
+struct Markers {
+    think_start: u32,
+    think_end: u32,
+    tool_call: u32,
+    tool_call_end: u32,
+}
+
+impl ConstraintFactory {
+    pub fn new(tokenizer: &NeedleTokenizer) -> Result<Self> {
+        let id = |marker: &str| {
+            tokenizer
+                .token_id(marker)
+                .ok_or_else(|| anyhow!("--constrain: the tokenizer has no {marker} marker"))
+        };
+        let eos = id(IM_END)?;
+        let markers = Markers {
+            think_start: id(THINK_START)?,
+            think_end: id(THINK_END)?,
+            tool_call: id(TOOL_CALL_START)?,
+            tool_call_end: id(TOOL_CALL_END)?,
+        };
+        let env: TokEnv = Arc::new(PieceTrie::new(tokenizer, eos));
+        let mut factory = ParserFactory::new_simple(&env)?;
+        factory.quiet();
+        let texts = tokenizer
+            .text_bytes()
+            .into_iter()
+            .map(Option::unwrap_or_default)
+            .collect();
+        Ok(ConstraintFactory {
+            factory,
+            texts,
+            markers,
+        })
+    }
+
+    /// The constraint of one answer with the tools of `tools` (a JSON list) that must end
+    /// within `max_new_tokens`.
+    pub fn for_tools(&self, tools: &Value, max_new_tokens: usize) -> Result<ToolConstraint> {
+        let grammar = TopLevelGrammar::from_lark(answer_grammar(tools, self.markers)?);
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| anyhow!("--constrain: {e}"))?;
+        Ok(ToolConstraint {
+            matcher: Matcher::new(Ok(parser)),
+            texts: self.texts.clone(),
+            markers: self.markers,
+            phase: Phase::Start,
+            json: JsonScan::default(),
+            left: max_new_tokens,
+            closing_from: max_new_tokens.min(CLOSING_TOKENS),
+        })
+    }
+}
+
+/// The most tokens an answer keeps for closing itself (see [`ToolConstraint`]).
+const CLOSING_TOKENS: usize = 48;
+
+/// Where the JSON of the calls is, as far as closing it goes: inside a string or not.
+#[derive(Clone, Copy, Default)]
+struct JsonScan {
+    in_string: bool,
+    escaped: bool,
+}
+
+impl JsonScan {
+    fn push(&mut self, byte: u8) {
+        match (self.in_string, self.escaped, byte) {
+            (true, true, _) => self.escaped = false,
+            (true, false, b'\\') => self.escaped = true,
+            (true, false, b'"') | (false, _, b'"') => self.in_string = !self.in_string,
+            _ => {}
+        }
+    }
+
+    /// How far `text` takes the JSON from here towards its end: most when it ends
+    /// strings, objects or lists and starts nothing (2 + how many it ends), some when it
+    /// is punctuation that moves on to the next item, key or value (1: a number or word
+    /// that goes on would not end), nothing for content that only extends a value.
+    fn closing(mut self, text: &[u8]) -> u8 {
+        let (mut closed, mut moves_on) = (0u8, false);
+        for &byte in text {
+            let was_in_string = self.in_string;
+            self.push(byte);
+            match (was_in_string, self.in_string, byte) {
+                (true, false, _) => closed = closed.saturating_add(1),
+                (true, true, _) => {}
+                (false, true, _) | (false, false, b'{' | b'[' | b',' | b':') => moves_on = true,
+                (false, false, b'}' | b']') => closed = closed.saturating_add(1),
+                (false, false, _) => {}
+            }
+        }
+        match (closed, moves_on) {
+            (0, false) => 0,
+            (_, true) => 1,
+            (closed, false) => closed.saturating_add(2),
+        }
+    }
+}
+
+/// Where an answer is.
+#[derive(Clone, Copy, PartialEq)]
+enum Phase {
+    /// Before `<tool_call>`, outside the reasoning.
+    Start,
+    /// In the free reasoning.
+    Reasoning,
+    /// In the `<tool_call>` list.
+    Calls,
+}
+
+/// The state of one constrained answer. A model can run away inside the free reasoning
+/// or a string (repeating a word until the token budget ends) and leave the answer
+/// unfinished; so in its last `closing_from` tokens the answer closes itself: of the
+/// allowed tokens only those that take it furthest are left to the model, the longest of
+/// them — `<tool_call>` at the start, `</think>` in the reasoning, in the calls the tokens
+/// that end the most strings, objects and lists without starting anything, else
+/// punctuation that moves on (see [`JsonScan::closing`]).
+pub struct ToolConstraint {
+    matcher: Matcher,
+    texts: Arc<[Vec<u8>]>,
+    markers: Markers,
+    phase: Phase,
+    json: JsonScan,
+    /// Tokens left in the budget.
+    left: usize,
+    closing_from: usize,
+}
+
+impl ToolConstraint {
+    /// How much token `id` closes in the current phase.
+    fn closes(&self, id: usize) -> u8 {
+        let marker = match self.phase {
+            Phase::Start => self.markers.tool_call,
+            Phase::Reasoning => self.markers.think_end,
+            Phase::Calls => return self.json.closing(&self.texts[id]),
+        };
+        2 * u8::from(id == marker as usize)
+    }
+}
+
+impl TokenFilter for ToolConstraint {
+    fn mask(&mut self, logits: &mut [f32]) -> Result<()> {
+        // Once the answer is complete only `<|im_end|>` (the trie's EOS) may follow.
+        let allowed = self.matcher.compute_mask_or_eos().map_err(grammar_error)?;
+        let allowed = |id: usize| allowed.is_allowed(id as u32);
+        // Closing: the allowed tokens that take the answer furthest, longest first (a key
+        // the grammar forces goes in one token, not letter by letter).
+        let rank = |id: usize| (self.closes(id), self.texts[id].len());
+        let best = match self.left <= self.closing_from {
+            true => (0..logits.len()).filter(|&id| allowed(id)).map(rank).max(),
+            false => None,
+        };
+        for (id, logit) in logits.iter_mut().enumerate() {
+            if !allowed(id) || best.is_some_and(|best| rank(id) < best) {
+                *logit = f32::NEG_INFINITY;
+            }
+        }
+        Ok(())
+    }
+
+    fn accept(&mut self, token: u32) -> Result<()> {
+        self.left = self.left.saturating_sub(1);
+        if self.phase == Phase::Calls {
+            for &byte in self.texts.get(token as usize).map_or(&[][..], |t| t) {
+                self.json.push(byte);
+            }
+        } else if token == self.markers.think_start {
+            self.phase = Phase::Reasoning;
+        } else if token == self.markers.think_end {
+            self.phase = Phase::Start;
+        } else if token == self.markers.tool_call {
+            self.phase = Phase::Calls;
+        }
+        self.matcher.consume_token(token).map_err(grammar_error)
+    }
+}
+
+fn grammar_error(e: anyhow::Error) -> anyhow::Error {
+    anyhow!("--constrain: the grammar matcher failed: {e}")
+}
+
+/// The Lark grammar of an answer (see the module docs).
+fn answer_grammar(tools: &Value, markers: Markers) -> Result<String> {
+    let calls = serde_json::to_string(&calls_schema(tools)?)?;
+    let Markers {
+        think_start,
+        think_end,
+        tool_call,
+        tool_call_end,
+    } = markers;
+    Ok(format!(
+        r#"start: SPACE? think? <[{tool_call}]> calls <[{tool_call_end}]>
+think: <[{think_start}]> REASONING? <[{think_end}]> SPACE?
+REASONING: /(.|\n)+/
+SPACE: /[ \n]+/
+calls: %json {calls}
+"#
+    ))
+}
+
+/// The schema of the `<tool_call>` list: any number of calls of the declared tools, in
+/// the compact separators of the training data.
+pub fn calls_schema(tools: &Value) -> Result<Value> {
+    let Value::Array(tools) = tools else {
+        bail!("--constrain: the tool list is not a JSON array");
+    };
+    let calls = tools
+        .iter()
+        .enumerate()
+        .map(|(i, tool)| call_schema(tool).map_err(|e| anyhow!("--constrain: tool {i}: {e}")))
+        .collect::<Result<Vec<_>>>()?;
+    let items = match calls.is_empty() {
+        true => json!({"type": "array", "maxItems": 0}),
+        false => json!({"type": "array", "items": {"anyOf": calls}}),
+    };
+    let mut schema = items;
+    schema["x-guidance"] = json!({
+        "item_separator": ",",
+        "key_separator": ":",
+        "whitespace_flexible": false,
+    });
+    Ok(schema)
+}
+
+/// `{"name": <the tool's name>, "arguments": <its parameters>}` for a tool in Needle's flat
+/// form (`{name, description, parameters}`) or OpenAI's (`{"type": "function",
+/// "function": {…}}`). Parameters are a JSON schema (`{"type": "object", "properties":
+/// …}`), or a bare map of property schemas, as some Needle tool lists write them.
+fn call_schema(tool: &Value) -> Result<Value> {
+    let tool = match tool.get("function") {
+        Some(function) if tool.get("type").and_then(Value::as_str) == Some("function") => function,
+        _ => tool,
+    };
+    let name = tool
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| anyhow!("no \"name\" string"))?;
+    let arguments = match tool.get("parameters") {
+        None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
+        Some(Value::Object(p)) if p.contains_key("type") || p.contains_key("properties") => {
+            Value::Object(p.clone())
+        }
+        Some(Value::Object(properties)) => json!({"type": "object", "properties": properties}),
+        Some(other) => bail!("\"parameters\" of {name:?} is not an object: {other}"),
+    };
+    Ok(json!({
+        "type": "object",
+        "properties": {"name": {"const": name}, "arguments": closed(arguments)},
+        "required": ["name", "arguments"],
+        "additionalProperties": false,
+    }))
+}
+
+/// `schema` with every object schema that does not say otherwise closed to its declared
+/// properties (`additionalProperties: false`): argument keys must be declared ones.
+fn closed(mut schema: Value) -> Value {
+    if let Value::Object(map) = &mut schema {
+        let is_object = map.get("type").and_then(Value::as_str) == Some("object")
+            || map.contains_key("properties");
+        if is_object && !map.contains_key("additionalProperties") {
+            map.insert("additionalProperties".into(), Value::Bool(false));
+        }
+        for key in ["properties", "$defs", "definitions", "patternProperties"] {
+            if let Some(Value::Object(children)) = map.get_mut(key) {
+                close_all(children);
+            }
+        }
+        for key in ["items", "additionalProperties", "not"] {
+            if let Some(child) = map.get_mut(key) {
+                *child = closed(child.take());
+            }
+        }
+        for key in ["anyOf", "oneOf", "allOf", "prefixItems"] {
+            if let Some(Value::Array(children)) = map.get_mut(key) {
+                for child in children.iter_mut() {
+                    *child = closed(child.take());
+                }
+            }
+        }
+    }
+    schema
+}
+
+fn close_all(children: &mut Map<String, Value>) {
+    for child in children.values_mut() {
+        *child = closed(child.take());
+    }
+}
+
+/// The token trie of a Needle tokenizer: each piece's text bytes; control pieces,
+/// `<unk>` and the chat markers are special tokens (never text: a string that held
+/// `</tool_call>` would end the block for every parser), `<|im_end|>` the end of the
+/// answer.
+struct PieceTrie {
+    trie: TokTrie,
+}
+
+impl PieceTrie {
+    fn new(tokenizer: &NeedleTokenizer, eos: u32) -> Self {
+        let words: Vec<Vec<u8>> = tokenizer
+            .text_bytes()
+            .into_iter()
+            .enumerate()
+            .map(|(id, bytes)| match bytes {
+                Some(text) if !tokenizer.is_marker(id as u32) && id as u32 != eos => text,
+                _ => special(id),
+            })
+            .collect();
+        let info = TokRxInfo::new(words.len() as u32, eos);
+        PieceTrie {
+            trie: TokTrie::from(&info, &words),
+        }
+    }
+}
+
+/// A special token's trie entry: the marker byte, then a name no text can spell.
+fn special(id: usize) -> Vec<u8> {
+    [
+        &[TokTrie::SPECIAL_TOKEN_MARKER][..],
+        format!("[{id}]").as_bytes(),
+    ]
+    .concat()
+}
+
+impl TokenizerEnv for PieceTrie {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<u32> {
+        self.trie.greedy_tokenize(s)
+    }
+}
