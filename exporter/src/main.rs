@@ -5,7 +5,7 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Parser;
 use exporter::cli::spelled;
 use exporter::model::NeedleModel;
-use exporter::output::ExportFiles;
+use exporter::output::{interrupt, ExportFiles};
 use exporter::tokenizer::NeedleTokenizer;
 use graphs::contract::{
     parse_spelled, AttentionKind, Generation, MatMulWeights, Precision, RuntimeTarget, Spelled,
@@ -94,6 +94,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<()> {
+    interrupt::remove_temporaries_on_signal().context("cannot watch for SIGINT/SIGTERM")?;
     let attentions = match args.attention {
         Targets::One(kind) => vec![kind],
         Targets::Both => vec![AttentionKind::FUSED, AttentionKind::Reference],

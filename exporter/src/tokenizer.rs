@@ -265,6 +265,11 @@ impl NeedleTokenizer {
             .collect()
     }
 
+    /// Number of pieces.
+    pub fn vocab_size(&self) -> usize {
+        self.pieces.len()
+    }
+
     /// Id of the piece spelled `piece` (e.g. `<|im_end|>`), if any.
     pub fn token_id(&self, piece: &str) -> Option<u32> {
         self.inner.token_to_id(piece)

@@ -64,7 +64,9 @@ pub trait TokenFilter {
 }
 
 /// Generates after `prompt_ids` (batch 1; the prompt includes BOS if the caller wants it).
-/// Stops at a stop token, after `max_new_tokens`, or when the model's `max_seq_len` is full.
+/// Stops at a stop token, after `max_new_tokens`, or when the model's `max_seq_len` is full:
+/// like upstream `generate_cached`, a token is kept only if it still fits the context
+/// (prompt + generated ≤ `max_seq_len`), so the last one kept could be fed back.
 pub fn generate(
     session: &mut NeedleSession,
     prompt_ids: &[u32],
@@ -112,11 +114,14 @@ pub fn generate_filtered(
             stopped_on = Some(next);
             break;
         }
+        if step.cache.len() >= max_len {
+            break;
+        }
         if let Some(filter) = filter.as_mut() {
             filter.accept(next)?;
         }
         generated.push(next);
-        if generated.len() >= opts.max_new_tokens || step.cache.len() >= max_len {
+        if generated.len() >= opts.max_new_tokens {
             break;
         }
         step = session.forward(&[next as i64], 1, step.cache)?;

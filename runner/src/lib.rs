@@ -8,5 +8,6 @@ pub mod ort_env;
 pub mod plan;
 pub mod prompt;
 pub mod provider;
+pub mod python_json;
 pub mod session;
 pub use exporter::tokenizer;

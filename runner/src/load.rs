@@ -185,5 +185,36 @@ fn from_onnx(
         t.remove_extra_whitespaces,
     )
     .with_context(|| tok_path.display().to_string())?;
+    check_belongs_together(path, &session, &tok_path, &tokenizer)?;
     Ok((session, tokenizer))
+}
+
+/// The tokenizer beside a graph must fit it: the graph's vocabulary size and room for its
+/// special ids. A tokenizer of another model would otherwise run and decode ids as "�".
+fn check_belongs_together(
+    graph: &Path,
+    session: &NeedleSession,
+    tok_path: &Path,
+    tokenizer: &NeedleTokenizer,
+) -> Result<()> {
+    let d = &session.description;
+    let (graph, tok) = (graph.display(), tok_path.display());
+    let vocab = d.config.vocab();
+    if tokenizer.vocab_size() != vocab {
+        bail!(
+            "{tok}: has {} pieces; {graph} has a vocabulary of {vocab}",
+            tokenizer.vocab_size()
+        );
+    }
+    let t = &d.tokenizer;
+    let special = [
+        ("pad", t.pad_id),
+        ("eos", t.eos_id),
+        ("bos", t.bos_id),
+        ("unk", t.unk_id),
+    ];
+    if let Some((name, id)) = special.iter().find(|(_, id)| *id as usize >= vocab) {
+        bail!("{graph}: metadata {name} id {id} is outside the vocabulary of {vocab}");
+    }
+    Ok(())
 }

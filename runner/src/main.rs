@@ -9,6 +9,7 @@ use runner::answer::Runner;
 use runner::generate::Sampling;
 use runner::load::{LoadOptions, ModelSource, DEMO_TOOLS};
 use runner::provider::Provider;
+use runner::python_json::{self, PyJson};
 use serde_json::Value;
 use std::io::{stdout, Write};
 use std::path::PathBuf;
@@ -144,19 +145,27 @@ fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-/// Reads a tool list: a JSON array of objects, each with a string `name`.
+/// Reads a tool list: a JSON array of objects, each with a string `name`, as Python's
+/// `json.loads` reads it. Returned as the text upstream writes into the prompt (a JSON
+/// string is used verbatim), so that integers beyond 64 bits and `Infinity` survive.
 fn read_tools(path: &PathBuf) -> Result<Value> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("{}: cannot read", path.display()))?;
-    let tools: Value = serde_json::from_str(&text)
-        .with_context(|| format!("{}: not valid JSON", path.display()))?;
-    let Some(list) = tools.as_array() else {
+    let tools = python_json::loads(&text)
+        .map_err(|e| anyhow::anyhow!("{}: not valid JSON: {e}", path.display()))?;
+    let PyJson::Array(list) = &tools else {
         bail!("{}: the tool list must be a JSON array", path.display());
     };
     for (i, t) in list.iter().enumerate() {
-        if !t.get("name").is_some_and(Value::is_string) {
+        let named = match t {
+            PyJson::Object(members) => members
+                .iter()
+                .any(|(k, v)| k == "name" && matches!(v, PyJson::Str(_))),
+            _ => false,
+        };
+        if !named {
             bail!("{}: tool {i} has no string \"name\"", path.display());
         }
     }
-    Ok(tools)
+    Ok(Value::String(tools.dumps_compact()))
 }

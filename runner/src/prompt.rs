@@ -7,6 +7,7 @@
 //! and the model's answer that follows it,
 //! `<think>\nREASONING\n</think>\n<tool_call>CALLS</tool_call><|im_end|>`.
 
+use crate::python_json::PyJson;
 use serde_json::Value;
 
 pub use exporter::tokenizer::{IM_END, IM_START};
@@ -45,75 +46,7 @@ fn python_strip(text: &str) -> &str {
 
 /// `json.dumps(value, separators=(",", ":"), ensure_ascii=False)`.
 fn python_json(value: &Value) -> String {
-    let mut out = String::new();
-    write_json(&mut out, value);
-    out
-}
-
-fn write_json(out: &mut String, value: &Value) {
-    match value {
-        Value::Number(n) => match n.as_f64() {
-            Some(float) if n.is_f64() => out.push_str(&python_float_repr(float)),
-            _ => out.push_str(&n.to_string()),
-        },
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_json(out, item);
-            }
-            out.push(']');
-        }
-        Value::Object(map) => {
-            out.push('{');
-            for (i, (key, item)) in map.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String(key.clone()).to_string());
-                out.push(':');
-                write_json(out, item);
-            }
-            out.push('}');
-        }
-        scalar => out.push_str(&scalar.to_string()),
-    }
-}
-
-/// Python's `repr(float)`: the shortest round-trip digits, positional when the
-/// decimal exponent is in -4..16, else `d.ddde±XX`; integral values keep `.0`.
-fn python_float_repr(value: f64) -> String {
-    let scientific = format!("{value:e}");
-    let (mantissa, exponent) = scientific
-        .split_once('e')
-        .expect("{:e} always has an exponent");
-    let exponent: i32 = exponent.parse().expect("{:e} exponent is an integer");
-    let (sign, mantissa) = match mantissa.strip_prefix('-') {
-        Some(rest) => ("-", rest),
-        None => ("", mantissa),
-    };
-    let digits = mantissa.replace('.', "");
-    let point = exponent + 1;
-    let body = if !(-3..=16).contains(&point) {
-        let (first, rest) = digits.split_at(1);
-        let fraction = if rest.is_empty() {
-            String::new()
-        } else {
-            format!(".{rest}")
-        };
-        let exp_sign = if exponent < 0 { '-' } else { '+' };
-        format!("{first}{fraction}e{exp_sign}{:02}", exponent.abs())
-    } else if point <= 0 {
-        format!("0.{}{digits}", "0".repeat(point.unsigned_abs() as usize))
-    } else if point as usize >= digits.len() {
-        format!("{digits}{}.0", "0".repeat(point as usize - digits.len()))
-    } else {
-        let (whole, fraction) = digits.split_at(point as usize);
-        format!("{whole}.{fraction}")
-    };
-    format!("{sign}{body}")
+    PyJson::from(value).dumps_compact()
 }
 
 /// The parts of a generated answer that tool mode reports.

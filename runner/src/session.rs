@@ -293,14 +293,20 @@ impl NeedleSession {
         }
         let max_seq_len = self.config().max_seq_len();
         let last_position = position_ids.iter().copied().max().unwrap_or(0);
+        let first_position = position_ids.iter().copied().min().unwrap_or(0);
         match cache.capacity {
             Some(capacity) if total > capacity => {
                 bail!("sequence of {total} tokens exceeds the preallocated cache's {capacity}")
             }
-            _ if last_position < 0 || last_position as usize >= max_seq_len => bail!(
-                "sequence of {} tokens exceeds the model's max_seq_len {max_seq_len}",
-                last_position + 1
+            _ if total > max_seq_len => bail!(
+                "sequence of {total} tokens ({} cached + {seq} in this call) exceeds the \
+                 model's max_seq_len {max_seq_len}",
+                cache.len
             ),
+            _ if first_position < 0 => bail!("position_ids must not be negative"),
+            _ if last_position as usize >= max_seq_len => {
+                bail!("position {last_position} is past the model's max_seq_len {max_seq_len}")
+            }
             _ => {}
         }
         let ids = Tensor::<i64>::from_array(([batch, seq], input_ids))?;

@@ -1,17 +1,22 @@
 //! The files of one export (each graph and the `tokenizer.json` beside them, or an
-//! onnxruntime-genai folder), checked before anything is read and written atomically: a
-//! temporary file in the destination directory, renamed into place.
+//! onnxruntime-genai folder): every destination is checked before anything is read
+//! ([`target`]), and the whole set is written all or nothing ([`staging`]).
+
+pub mod interrupt;
+mod staging;
+pub mod target;
 
 use crate::export::ExportOptions;
 use crate::genai;
 use crate::model::NeedleModel;
 use crate::tokenizer::{NeedleTokenizer, IM_END};
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use graphs::contract::{
     AttentionKind, MatMulWeights, ModelConfig, Precision, RuntimeTarget, Variant,
 };
-use std::io::Write;
+use staging::Staging;
 use std::path::{Path, PathBuf};
+use target::Existing;
 
 /// Where one export goes: `OUT.onnx` for the first graph, `OUT.reference.onnx` for a
 /// reference graph beside a fused one, `OUT.tokenizer.json` for the tokenizer; or an
@@ -73,15 +78,27 @@ impl ExportFiles {
             .collect()
     }
 
-    /// Refuses to write over `input`, and over an existing file unless `force`.
+    /// Refuses anything but a regular file or nothing at each destination ([`target`]),
+    /// the `input` itself, and an existing file unless `force`. A genai folder must be a
+    /// folder (a link to one is a folder like any above it) or not exist yet.
     pub fn check(&self, input: &Path, force: bool) -> Result<()> {
-        for out in &self.paths() {
-            if let (Ok(a), Ok(b)) = (input.canonicalize(), out.canonicalize()) {
-                if a == b {
-                    bail!("{}: refusing to write over the input model", out.display());
-                }
+        if let Some(dir) = &self.genai_dir {
+            if dir.exists() && !dir.is_dir() {
+                bail!("{}: is not a folder", dir.display());
             }
-            if out.exists() && !force {
+        }
+        let input = std::fs::metadata(input).ok();
+        for out in &self.paths() {
+            let Existing::RegularFile(existing) = target::inspect(out)? else {
+                continue;
+            };
+            if input
+                .as_ref()
+                .is_some_and(|i| target::same_file(i, &existing))
+            {
+                bail!("{}: refusing to write over the input model", out.display());
+            }
+            if !force {
                 bail!(
                     "{}: already exists (use --force to replace it)",
                     out.display()
@@ -94,7 +111,9 @@ impl ExportFiles {
     /// Exports `model` into these files with `precision` and `matmul_weights` for the
     /// onnxruntime releases of `runtime`, beside `tokenizer` (built from the model's, with
     /// the whitespace rule the graphs record). Nothing is written for a graph the model
-    /// cannot be exported as. Returns each path written and its size.
+    /// cannot be exported as, and nothing at all unless every file is written (an existing
+    /// regular file at a destination is replaced; see [`Self::check`] for what may be).
+    /// Returns each path written and its size.
     pub fn write(
         &self,
         model: &NeedleModel,
@@ -123,18 +142,24 @@ impl ExportFiles {
                 bail!("{}: {e}", model.source.file_name);
             }
         }
+        for path in self.paths() {
+            target::inspect(&path)?;
+        }
+        let mut staging = Staging::default();
         if let Some(dir) = &self.genai_dir {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("{}: cannot create the folder", dir.display()))?;
+            staging.create_dir_all(dir)?;
         }
         let mut written = Vec::new();
+        let json = tokenizer.to_json();
+        staging.stage(&self.tokenizer, json.as_bytes())?;
+        written.push((self.tokenizer.clone(), json.len()));
         for (opts, (_, path)) in options.iter().zip(&self.graphs) {
             let onnx = model.export(opts);
-            write_atomically(path, &onnx)
-                .with_context(|| format!("{}: cannot write", path.display()))?;
+            staging.stage(path, &onnx)?;
             written.push((path.clone(), onnx.len()));
             if self.genai_dir.is_some() {
-                written.extend(write_genai_files(
+                written.extend(stage_genai_files(
+                    &mut staging,
                     model,
                     tokenizer,
                     opts,
@@ -142,17 +167,15 @@ impl ExportFiles {
                 )?);
             }
         }
-        let json = tokenizer.to_json();
-        write_atomically(&self.tokenizer, json.as_bytes())
-            .with_context(|| format!("{}: cannot write", self.tokenizer.display()))?;
-        written.push((self.tokenizer.clone(), json.len()));
+        staging.commit()?;
         Ok(written)
     }
 }
 
-/// The genai files for the graph `opts` exports, into `paths` (config, tokenizer, tokenizer
-/// config).
-fn write_genai_files(
+/// The genai files for the graph `opts` exports, staged for `paths` (config, tokenizer,
+/// tokenizer config).
+fn stage_genai_files(
+    staging: &mut Staging,
     model: &NeedleModel,
     tokenizer: &NeedleTokenizer,
     opts: &ExportOptions,
@@ -185,8 +208,7 @@ fn write_genai_files(
     ];
     let mut written = Vec::new();
     for (path, text) in paths.iter().zip(texts) {
-        write_atomically(path, text.as_bytes())
-            .with_context(|| format!("{}: cannot write", path.display()))?;
+        staging.stage(path, text.as_bytes())?;
         written.push((path.clone(), text.len()));
     }
     Ok(written)
@@ -197,31 +219,4 @@ pub fn file_name(p: &Path) -> String {
     p.file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default()
-}
-
-/// Writes `bytes` to `path` so that readers see either the old file or the whole new
-/// one; on failure the temporary file is removed and `path` is untouched.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let name = path
-        .file_name()
-        .ok_or_else(|| std::io::Error::other("not a file path"))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
 }

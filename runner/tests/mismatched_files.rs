@@ -1,0 +1,60 @@
+//! An exported `.onnx` runs only with a tokenizer that fits it: one whose vocabulary is
+//! not the graph's (another model's) is one error line naming the mismatch, exit 1.
+
+use exporter::model::NeedleModel;
+use exporter::output::ExportFiles;
+use exporter::tokenizer::NeedleTokenizer;
+use graphs::contract::{AttentionKind, MatMulWeights, Precision, RuntimeTarget};
+use runner::load::DEMO_CACT;
+use std::path::Path;
+use std::process::Command;
+use test_support::{fixture, scratch};
+
+fn export(model: &NeedleModel, onnx: &Path) {
+    let tokenizer = NeedleTokenizer::from_spec(&model.tokenizer, true).unwrap();
+    ExportFiles::beside(onnx, &[AttentionKind::FUSED])
+        .write(
+            model,
+            &tokenizer,
+            Precision::Fp32,
+            MatMulWeights::Float,
+            RuntimeTarget::Since1_24,
+        )
+        .unwrap();
+}
+
+fn fails_with(onnx: &Path, says: &str) {
+    let o = Command::new(env!("CARGO_BIN_EXE_needle-run"))
+        .arg("--model")
+        .arg(onnx)
+        .args([
+            "--provider",
+            "cpu",
+            "--raw",
+            "hello",
+            "--max-new-tokens",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains(says), "wanted {says:?} in: {err}");
+}
+
+#[test]
+fn a_tokenizer_of_another_model_is_refused_by_name() {
+    let dir = scratch("mismatch");
+    let m64 = NeedleModel::read(&fixture("m64.cact")).unwrap();
+    let demo = NeedleModel::from_bytes("needle-demo.cact", DEMO_CACT).unwrap();
+    let onnx = dir.join("m64.onnx");
+    export(&m64, &onnx);
+    export(&demo, &dir.join("demo.onnx"));
+    std::fs::copy(
+        dir.join("demo.tokenizer.json"),
+        dir.join("m64.tokenizer.json"),
+    )
+    .unwrap();
+    fails_with(&onnx, "m64.onnx has a vocabulary of 512");
+}
