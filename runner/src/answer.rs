@@ -30,6 +30,11 @@ pub struct ToolResponse {
     pub reasoning: String,
     pub text: String,
     pub provider: Provider,
+    /// Tokens of the rendered prompt, BOS included (what the prefill ran on).
+    pub prompt_tokens: usize,
+    /// Tokens generated, the stop token not counted (a run that hit the cap has
+    /// `--max-new-tokens` of them).
+    pub generated_tokens: usize,
     pub prefill_tps: f64,
     pub decode_tps: f64,
     pub peak_ram_mb: Option<f64>,
@@ -91,7 +96,7 @@ impl Runner {
         let ids = [vec![tok.bos_id()], tok.encode(&prompt)].concat();
         let run = self.run(&ids, vec![tok.eos_id(), im_end], max_new_tokens)?;
         let answer = parse_answer(&self.model.tokenizer.decode(&run.generated_ids));
-        let confidence = self.confidence(&[ids, run.generated_ids.clone()].concat())?;
+        let confidence = self.confidence(&[ids.as_slice(), &run.generated_ids].concat())?;
         let (success, error) = match &answer.calls {
             Ok(_) => (true, None),
             Err(e) => (false, Some(e.clone())),
@@ -104,6 +109,8 @@ impl Runner {
             reasoning: answer.reasoning,
             text: answer.text,
             provider: self.provider(),
+            prompt_tokens: ids.len(),
+            generated_tokens: run.generated_ids.len(),
             prefill_tps: run.prefill_tps(),
             decode_tps: run.decode_tps(),
             peak_ram_mb: peak_ram_mb(),
