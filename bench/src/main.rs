@@ -160,7 +160,13 @@ impl Plan {
 }
 
 fn main() -> std::process::ExitCode {
-    match run(Args::parse()) {
+    // Not a clap option: everything after it belongs to the timed program.
+    let args: Vec<_> = std::env::args_os().collect();
+    let result = match args.get(1) {
+        Some(first) if first == peer::TIMED => peer::timed_process(&args[2..]),
+        _ => run(Args::parse()),
+    };
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("needle-bench: error: {e:#}");

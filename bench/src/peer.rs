@@ -4,22 +4,20 @@
 //! In-process figures (the main table) cannot be had from needle-rs, and they leave out
 //! what a user of either command pays: process start, model load, graph optimization. So
 //! both are timed the same way: one process answers one tool query, wall time from spawn
-//! to exit, peak RSS from `wait4`. Three points per column, each the median of `reps`
+//! to exit, peak RSS from `wait4` (in a small timer process of its own,
+//! [`timed_process`], so that it is not needle-bench's). Three points per column, each the median of `reps`
 //! runs, give a linear model: T(short prompt, 1 token) is start → first token,
 //! T(long, 1) − T(short, 1) prices the extra prompt tokens, T(short, N) − T(short, 1)
 //! the decode steps.
 
 use anyhow::{bail, Context, Result};
-use exporter::model::NeedleModel;
-use exporter::tokenizer::NeedleTokenizer;
 use runner::prompt::parse_answer;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::fmt::Write;
-use std::io::Read;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus};
 use std::time::Instant;
 
 /// The needle-rs release compared against (`cargo install needle-rs-cli --version`).
@@ -104,8 +102,8 @@ struct Run {
     peak_rss: u64,
     /// needle-run's count; needle-rs prints none.
     prompt_tokens: Option<usize>,
-    /// needle-run's count, or the re-encoding of needle-rs's completion (see [`fix_counts`]).
-    generated: usize,
+    /// needle-run's count; needle-rs prints none (see [`fix_counts`]).
+    generated: Option<usize>,
     /// `type`, `function_calls`, `reasoning` and `text` of the answer, as needle-run
     /// prints them or as its parser reads needle-rs's completion.
     answer: Value,
@@ -118,8 +116,8 @@ struct Point {
     secs: f64,
     peak_rss: u64,
     generated: usize,
-    /// needle-rs only: `generated` is the re-encoding of its text, since its answer
-    /// differs from needle-run's (whose count is taken otherwise).
+    /// needle-rs only: its answer differs from needle-run's (whose count it takes
+    /// otherwise), so `generated` is the cap it was given, an upper bound.
     estimated: bool,
     answer: Value,
 }
@@ -160,8 +158,6 @@ pub fn run(root: &Path, model: &Path, plan: &PeerPlan) -> Result<String> {
     let needle_run = sibling(&bin, "needle-run")?;
     let needle_export = sibling(&bin, "needle-export")?;
     let needle_rs = needle_rs(root)?;
-    // Whitespace kept: a random model may answer with whitespace only.
-    let tokenizer = NeedleTokenizer::from_spec(&NeedleModel::read(model)?.tokenizer, false)?;
 
     let mut engines = vec![
         (
@@ -217,27 +213,29 @@ pub fn run(root: &Path, model: &Path, plan: &PeerPlan) -> Result<String> {
         );
         let point = |tools: usize, max_tokens: usize| -> Result<Vec<Run>> {
             (0..plan.reps)
-                .map(|_| {
-                    c.run(
-                        model,
-                        (&tool_files[tools], &tool_lists[tools]),
-                        max_tokens,
-                        &tokenizer,
-                    )
-                })
+                .map(|_| c.run(model, (&tool_files[tools], &tool_lists[tools]), max_tokens))
                 .collect()
         };
         runs.push([point(0, 1)?, point(1, 1)?, point(0, plan.max_tokens)?]);
     }
-    let prompt = |i: usize| {
-        runs.iter()
+    // Every needle-run column must have read the same prompt (an `.onnx` brings its own
+    // tokenizer file), or the prefill figures would mix lengths.
+    let prompt = |i: usize| -> Result<usize> {
+        let mut lengths: Vec<usize> = runs
+            .iter()
             .flat_map(|r| &r[i])
-            .find_map(|r| r.prompt_tokens)
-            .unwrap_or(0)
+            .filter_map(|r| r.prompt_tokens)
+            .collect();
+        lengths.sort_unstable();
+        lengths.dedup();
+        match lengths[..] {
+            [n] => Ok(n),
+            _ => bail!("needle-run read the same prompt as {lengths:?} tokens"),
+        }
     };
-    let prompt_tokens = (prompt(0), prompt(1));
+    let prompt_tokens = (prompt(0)?, prompt(1)?);
     if runs.iter().flatten().flatten().any(|r| r.confidence) {
-        notes.push("needle-run also ran the model's confidence head (one more forward of prompt + answer, for the output's `confidence`); needle-rs has none. It is in needle-run's times, prefill's above all.".to_string());
+        notes.push("needle-run also ran the model's confidence head (one more forward of prompt + answer, for the output's `confidence`); needle-rs's CLI computes none. It is in needle-run's times, prefill's above all.".to_string());
     }
     let measured = fix_counts(&columns, runs, &mut notes, plan.max_tokens);
     Ok(render(
@@ -251,15 +249,24 @@ pub fn run(root: &Path, model: &Path, plan: &PeerPlan) -> Result<String> {
 }
 
 /// Points of every column. needle-rs prints no token counts: where its answer is
-/// needle-run's (`.cact`, same threads), so are its tokens; otherwise the re-encoding
-/// of its text stands in, marked as an estimate. Notes whether the answers agree.
+/// needle-run's (`.cact`, same threads), so are its tokens; otherwise the cap it was
+/// given stands in, marked as an upper bound. Notes whether the answers agree.
 fn fix_counts(
     columns: &[Column],
     runs: Vec<[Vec<Run>; 3]>,
     notes: &mut Vec<String>,
     max_tokens: usize,
 ) -> Vec<Measured> {
-    let mut points: Vec<[Point; 3]> = runs.into_iter().map(|r| r.map(point)).collect();
+    let mut points: Vec<[Point; 3]> = runs
+        .into_iter()
+        .map(|[short1, long1, short_n]| {
+            [
+                point(short1, 1),
+                point(long1, 1),
+                point(short_n, max_tokens),
+            ]
+        })
+        .collect();
     for (i, c) in columns.iter().enumerate() {
         if !c.is_peer() {
             continue;
@@ -277,8 +284,7 @@ fn fix_counts(
         for (p, (generated, answer)) in points[i].iter_mut().zip(reference) {
             if p.answer == answer {
                 p.generated = generated;
-            } else {
-                p.estimated = true;
+                p.estimated = false;
             }
         }
         let (rs, ours) = (&points[i][2].answer, &points[j][2].answer);
@@ -286,7 +292,7 @@ fn fix_counts(
             format!("{}t: needle-rs and needle-run give the same answer at {max_tokens} tokens.", c.threads)
         } else {
             format!(
-                "{}t: the answers at {max_tokens} tokens differ (with random weights the logits nearly tie, so small numeric differences can flip a token), so needle-rs's token counts are estimates: needle-rs {}, needle-run {}.",
+                "{}t: the answers at {max_tokens} tokens differ (with random weights the logits nearly tie, so small numeric differences can flip a token), so needle-rs's token counts are not known: needle-rs {}, needle-run {}.",
                 c.threads,
                 excerpt(rs),
                 excerpt(ours)
@@ -314,7 +320,8 @@ fn excerpt(answer: &Value) -> String {
     }
 }
 
-fn point(mut runs: Vec<Run>) -> Point {
+/// `max_tokens`: the cap the runs had, the count taken where they print none.
+fn point(mut runs: Vec<Run>, max_tokens: usize) -> Point {
     let peak_rss = runs.iter().map(|r| r.peak_rss).max().unwrap_or(0);
     let mut secs: Vec<f64> = runs.iter().map(|r| r.secs).collect();
     secs.sort_by(f64::total_cmp);
@@ -322,8 +329,8 @@ fn point(mut runs: Vec<Run>) -> Point {
     Point {
         secs: secs[secs.len() / 2],
         peak_rss,
-        generated: first.generated,
-        estimated: false,
+        generated: first.generated.unwrap_or(max_tokens),
+        estimated: first.generated.is_none(),
         answer: first.answer,
     }
 }
@@ -335,14 +342,8 @@ impl Column {
     }
 
     /// One process answering [`QUERY`] with `tools` (its file and its JSON).
-    fn run(
-        &self,
-        model: &Path,
-        tools: (&Path, &str),
-        max_tokens: usize,
-        tokenizer: &NeedleTokenizer,
-    ) -> Result<Run> {
-        let (mut cmd, name) = match &self.engine {
+    fn run(&self, model: &Path, tools: (&Path, &str), max_tokens: usize) -> Result<Run> {
+        let (cmd, name) = match &self.engine {
             Engine::NeedleRs(exe) => {
                 let mut cmd = Command::new(exe);
                 cmd.arg("--max-tokens")
@@ -367,14 +368,7 @@ impl Column {
                 (cmd, "needle-run")
             }
         };
-        let start = Instant::now();
-        let child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("cannot start {name}"))?;
-        let (status, peak_rss, stdout, stderr) = wait(child)?;
-        let secs = start.elapsed().as_secs_f64();
+        let (stdout, stderr, secs, peak_rss, status) = timed(&cmd)?;
         if !status.success() {
             let last = stderr.lines().last().unwrap_or_default();
             bail!("{name} failed ({status}): {last}");
@@ -388,7 +382,7 @@ impl Column {
                     secs,
                     peak_rss,
                     prompt_tokens: None,
-                    generated: tokenizer.encode(text).len(),
+                    generated: None,
                     answer: json!({"type": a.kind(), "function_calls": a.function_calls(),
                                    "reasoning": a.reasoning, "text": a.text}),
                     confidence: false,
@@ -402,7 +396,7 @@ impl Column {
                     secs,
                     peak_rss,
                     prompt_tokens: Some(o.prompt_tokens),
-                    generated: o.generated_tokens,
+                    generated: Some(o.generated_tokens),
                     answer: json!({"type": o.kind, "function_calls": o.function_calls,
                                    "reasoning": o.reasoning, "text": o.text}),
                     confidence: o.confidence.is_some(),
@@ -412,40 +406,70 @@ impl Column {
     }
 }
 
-/// Reads the child's output to the end and reaps it with `wait4`, which (unlike
-/// `Child::wait`) also returns the child's own peak RSS (`ru_maxrss`).
-fn wait(mut child: Child) -> Result<(ExitStatus, u64, String, String)> {
-    let mut err = child.stderr.take().context("stderr not piped")?;
-    let stderr = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let mut stdout = String::new();
-    child
-        .stdout
-        .take()
-        .context("stdout not piped")?
-        .read_to_string(&mut stdout)
-        .context("cannot read the child's output")?;
-    let stderr = stderr.join().unwrap_or_default();
+/// The hidden first argument that makes needle-bench the timer of one process.
+pub const TIMED: &str = "--timed-process";
+
+/// `needle-bench --timed-process PROGRAM ARGS…`: runs PROGRAM with this process's stdin,
+/// stdout and stderr, reaps it with `wait4` (which, unlike `Child::wait`, returns its
+/// `ru_maxrss`), then appends one line to stderr: `--timed-process SECONDS PEAK_RSS
+/// WAIT_STATUS`. A fresh process in between because Linux counts a child's peak RSS from
+/// its parent's memory at the spawn (vfork shares the parent's high-water mark, fork
+/// copies its resident set, and exec keeps the larger), and needle-bench is large after
+/// its in-process measurements; this one is a few MiB.
+pub fn timed_process(args: &[std::ffi::OsString]) -> Result<()> {
+    let (program, args) = args
+        .split_first()
+        .context("--timed-process needs a program")?;
+    let start = Instant::now();
+    let child = Command::new(program)
+        .args(args)
+        .spawn()
+        .with_context(|| format!("cannot start {}", program.to_string_lossy()))?;
     let pid = child.id() as libc::pid_t;
     let mut status = 0;
-    // SAFETY: rusage is plain data, all zeros a valid value; wait4 writes both out
-    // pointers, which live across the call.
+    // SAFETY: rusage is plain data, for which all zeros is a valid value; wait4 writes
+    // through both pointers, which outlive the call.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    loop {
-        if unsafe { libc::wait4(pid, &mut status, 0, &mut usage) } == pid {
-            break;
-        }
+    while unsafe { libc::wait4(pid, &mut status, 0, &mut usage) } != pid {
         let e = std::io::Error::last_os_error();
         if e.kind() != std::io::ErrorKind::Interrupted {
             bail!("cannot wait for process {pid}: {e}");
         }
     }
+    let secs = start.elapsed().as_secs_f64();
     // Linux reports ru_maxrss in KiB.
     let peak_rss = usage.ru_maxrss.max(0) as u64 * 1024;
-    Ok((ExitStatus::from_raw(status), peak_rss, stdout, stderr))
+    eprintln!("{TIMED} {secs} {peak_rss} {status}");
+    Ok(())
+}
+
+/// Runs `cmd` under [`timed_process`]: its stdout, its stderr, wall time, peak RSS and
+/// exit status.
+fn timed(cmd: &Command) -> Result<(String, String, f64, u64, ExitStatus)> {
+    let out = Command::new(std::env::current_exe()?)
+        .arg(TIMED)
+        .arg(cmd.get_program())
+        .args(cmd.get_args())
+        .envs(cmd.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .output()
+        .context("cannot run needle-bench --timed-process")?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = stderr.trim_end();
+    let (child_err, line) = stderr.rsplit_once('\n').unwrap_or(("", stderr));
+    let fields: Vec<&str> = line
+        .strip_prefix(TIMED)
+        .map(|f| f.split_whitespace().collect())
+        .unwrap_or_default();
+    let [secs, rss, status] = fields[..] else {
+        bail!("needle-bench --timed-process failed: {}", line.trim());
+    };
+    Ok((
+        String::from_utf8(out.stdout).context("the output is not UTF-8")?,
+        child_err.to_string(),
+        secs.parse()?,
+        rss.parse()?,
+        ExitStatus::from_raw(status.parse()?),
+    ))
 }
 
 /// A binary built beside needle-bench (`cargo build --release -p runner -p exporter`).
@@ -650,7 +674,7 @@ fn render(
         let _ = write!(s, "| generated tokens at N |");
         for &i in &cols {
             let p = &measured[i].short_n;
-            let mark = if p.estimated { "≈" } else { "" };
+            let mark = if p.estimated { "≤" } else { "" };
             let _ = write!(s, " {mark}{} |", p.generated);
             if !columns[i].is_peer() {
                 s.push_str(" |");
@@ -658,8 +682,8 @@ fn render(
         }
         s.push_str("\n\n");
     }
-    let _ = writeln!(s, "×rs = needle-run ÷ needle-rs at the same thread count (higher is better for tok/s, lower for seconds and sizes). Every run is one process, timed from spawn to exit; peak RSS is the process's `ru_maxrss` (`wait4`), the largest of its column's runs. Start → first token = T(short, 1); prefill = extra prompt tokens ÷ (T(long, 1) − T(short, 1)); decode = (generated at N − 1) ÷ (T(short, N) − T(short, 1)); start → answer = T(short, 1) + {} ÷ decode.", ANSWER_TOKENS - 1);
-    let _ = writeln!(s, "Threads: needle-run `--threads` (onnxruntime intra-op); needle-rs `RAYON_NUM_THREADS` (its rayon pool; it has no option). needle-rs prints no token counts: its prompt is needle-run's (same template and tokenizer); its generated count is needle-run's where the answers agree, else the re-encoding of its text (≈).");
+    let _ = writeln!(s, "×rs = needle-run ÷ needle-rs at the same thread count (higher is better for tok/s, lower for seconds and sizes). Every run is one process, timed from spawn to exit; peak RSS is the process's `ru_maxrss` (`wait4` in a timer process, whose own ~3 MiB are the floor), the largest of its column's runs. Start → first token = T(short, 1); prefill = extra prompt tokens ÷ (T(long, 1) − T(short, 1)); decode = (generated at N − 1) ÷ (T(short, N) − T(short, 1)); start → answer = T(short, 1) + {} ÷ decode.", ANSWER_TOKENS - 1);
+    let _ = writeln!(s, "Threads: needle-run `--threads` (onnxruntime intra-op); needle-rs `RAYON_NUM_THREADS` (its rayon pool; it has no option). needle-rs prints no token counts: its prompt is needle-run's (same template and tokenizer); its generated count is needle-run's where the answers agree, else the cap it was given (≤: it stops earlier only at EOS or `<|im_end|>`, and its decode rate is then an upper bound).");
     for n in notes {
         let _ = writeln!(s, "{n}");
     }
