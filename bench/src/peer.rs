@@ -29,6 +29,9 @@ const QUERY: &str = "What's the weather in Paris?";
 /// Generated tokens of a typical tool call (`<tool_call>[{"name":…,"arguments":…}]</tool_call>`).
 const ANSWER_TOKENS: usize = 30;
 
+/// The column whose answers needle-rs's are compared with (the same `.cact`, in memory).
+const NEEDLE_RUN_CACT: &str = "needle-run .cact";
+
 /// How much one peer run measures.
 pub struct PeerPlan {
     /// Runs per point; the median is kept.
@@ -166,7 +169,7 @@ pub fn run(root: &Path, model: &Path, plan: &PeerPlan) -> Result<String> {
             model.to_path_buf(),
         ),
         (
-            "needle-run .cact",
+            NEEDLE_RUN_CACT,
             Engine::NeedleRun {
                 exe: needle_run.clone(),
                 model: model.to_path_buf(),
@@ -273,7 +276,7 @@ fn fix_counts(
         }
         let Some(j) = columns
             .iter()
-            .position(|o| o.threads == c.threads && o.label == "needle-run .cact")
+            .position(|o| o.threads == c.threads && o.label == NEEDLE_RUN_CACT)
         else {
             continue;
         };
