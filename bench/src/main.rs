@@ -1,24 +1,31 @@
 //! `needle-bench`: the exported graphs against upstream JAX, on CPU, in one run.
 //!
 //! ```text
-//! needle-bench            full-size model (target/bench/needle-base.cact, made on first use)
-//! needle-bench --quick    smoke run on tests/fixtures/m64.cact: small sizes, one iteration, no JAX
-//! needle-bench --profile  onnxruntime profile of decode steps of the fused fp32 graph
+//! needle-bench              full-size model (target/bench/needle-base.cact, made on first use)
+//! needle-bench --needle3    full-size Needle 3 (target/bench/needle3-full.cact, made on first use)
+//! needle-bench --quick      smoke run on tests/fixtures/m64.cact: small sizes, one iteration, no JAX
+//! needle-bench --peer-only  only the whole-process comparison with needle-rs
+//! needle-bench --profile    onnxruntime profile of decode steps of the fused fp32 graph
 //! ```
 //!
 //! Every configuration (attention variant × thread count) runs in a child process of this
 //! binary (`--one VARIANT THREADS`), so its peak RSS is its own; upstream JAX runs in
-//! `bench/jax_bench.py`. The parent prints one markdown table.
+//! `bench/jax_bench.py`. The parent prints one markdown table, then the peer section
+//! (`peer.rs`): needle-rs and needle-run as whole processes (needle-run and needle-export
+//! are taken from beside this binary: build them with it).
 
 mod measure;
+mod peer;
 mod profile;
 mod table;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
+use exporter::model::generation_of;
 use graphs::contract::{
-    parse_spelled, AttentionKind, MatMulWeights, Precision, RuntimeTarget, Spelled,
+    parse_spelled, AttentionKind, Generation, MatMulWeights, Precision, RuntimeTarget, Spelled,
 };
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -30,9 +37,22 @@ struct Args {
     /// bench/make_full_model.py when missing), or tests/fixtures/m64.cact with --quick.
     #[arg(long)]
     model: Option<PathBuf>,
+    /// Default to Needle 3: target/bench/needle3-full.cact (written by
+    /// bench/make_full_needle3.py when missing), or tests/fixtures/needle3/n3a.cact with --quick.
+    #[arg(long, conflicts_with = "model")]
+    needle3: bool,
     /// Smoke run: small sizes, one iteration, no JAX unless --jax.
     #[arg(long)]
     quick: bool,
+    /// Only the whole-process comparison with needle-rs.
+    #[arg(long, conflicts_with = "no_peer")]
+    peer_only: bool,
+    /// Skip the whole-process comparison with needle-rs.
+    #[arg(long)]
+    no_peer: bool,
+    /// Tokens the peer comparison's long answer generates (default 64, 8 with --quick).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(2..))]
+    peer_tokens: Option<u32>,
     /// Run upstream JAX even with --quick.
     #[arg(long, conflicts_with = "no_jax")]
     jax: bool,
@@ -140,7 +160,13 @@ impl Plan {
 }
 
 fn main() -> std::process::ExitCode {
-    match run(Args::parse()) {
+    // Not a clap option: everything after it belongs to the timed program.
+    let args: Vec<_> = std::env::args_os().collect();
+    let result = match args.get(1) {
+        Some(first) if first == peer::TIMED => peer::timed_process(&args[2..]),
+        _ => run(Args::parse()),
+    };
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("needle-bench: error: {e:#}");
@@ -154,6 +180,8 @@ fn run(args: Args) -> Result<()> {
     let root = workspace_root();
     let model = match &args.model {
         Some(m) => m.clone(),
+        None if args.needle3 && args.quick => root.join("tests/fixtures/needle3/n3a.cact"),
+        None if args.needle3 => root.join("target/bench/needle3-full.cact"),
         None if args.quick => root.join("tests/fixtures/m64.cact"),
         None => root.join("target/bench/needle-base.cact"),
     };
@@ -172,7 +200,20 @@ fn run(args: Args) -> Result<()> {
         return Ok(());
     }
     if !model.exists() {
-        make_full_model(&root, &model)?;
+        if args.needle3 {
+            make_full_needle3(&root, &model)?;
+        } else {
+            make_full_model(&root, &model)?;
+        }
+    }
+    let peer_plan = peer::PeerPlan::new(
+        args.quick,
+        &args.threads,
+        args.peer_tokens.map(|n| n as usize),
+    );
+    if args.peer_only {
+        print!("{}", peer::run(&root, &model, &peer_plan)?);
+        return Ok(());
     }
     if args.profile {
         for &threads in &args.threads {
@@ -208,7 +249,13 @@ fn run(args: Args) -> Result<()> {
             b
         })
         .collect();
-    let run_jax = !args.no_jax && (!args.quick || args.jax);
+    let mut run_jax = !args.no_jax && (!args.quick || args.jax);
+    let mut notes = Vec::new();
+    if run_jax && generation(&model)? == Generation::Needle3 {
+        // Upstream's cached decode (needle/model/decode.py) is gone from cactus-needle 3.x.
+        notes.push("Upstream JAX: not run: cactus-needle 3.x has no cached decode (decode.py was removed), so it has no decode step to time.".to_string());
+        run_jax = false;
+    }
     let mut jax = Vec::new();
     if run_jax {
         for &threads in &args.threads {
@@ -233,7 +280,22 @@ fn run(args: Args) -> Result<()> {
         load: (load_before, load_after),
     };
     print!("{}", report.render());
+    for n in &notes {
+        println!("{n}");
+    }
+    if !args.no_peer {
+        print!("{}", peer::run(&root, &model, &peer_plan)?);
+    }
     Ok(())
+}
+
+/// The generation the `.cact`'s first word names.
+fn generation(model: &Path) -> Result<Generation> {
+    let mut tag = [0u8; 4];
+    std::fs::File::open(model)
+        .and_then(|mut f| f.read_exact(&mut tag))
+        .with_context(|| format!("cannot read {}", model.display()))?;
+    generation_of(u32::from_le_bytes(tag)).with_context(|| format!("{}", model.display()))
 }
 
 /// Runs `needle-bench --one` in a child process and reads its JSON line.
@@ -270,6 +332,52 @@ fn make_full_model(root: &Path, model: &Path) -> Result<()> {
         .context("cannot run .venv/bin/python (run scripts/setup)")?;
     if !status.success() {
         bail!("bench/make_full_model.py failed ({status})");
+    }
+    Ok(())
+}
+
+/// Writes the full-size Needle 3 with upstream cactus-needle 3.2.8
+/// (`bench/make_full_needle3.py`), in `.venv-needle3` (made from requirements-needle3.txt
+/// when missing; scripts/setup does not make it).
+fn make_full_needle3(root: &Path, model: &Path) -> Result<()> {
+    let venv = root.join(".venv-needle3");
+    let python = venv.join("bin/python");
+    if !python.exists() {
+        eprintln!(
+            "needle-bench: creating {} from requirements-needle3.txt",
+            venv.display()
+        );
+        let made = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .context("cannot run python3 -m venv")?;
+        let installed = made.success()
+            && Command::new(&python)
+                .args(["-m", "pip", "install", "--quiet", "-r"])
+                .arg(root.join("requirements-needle3.txt"))
+                .status()
+                .context("cannot run pip in .venv-needle3")?
+                .success();
+        if !installed {
+            bail!(
+                "cannot create {} from requirements-needle3.txt",
+                venv.display()
+            );
+        }
+    }
+    eprintln!(
+        "needle-bench: writing {} with upstream cactus-needle 3.2.8 write_export",
+        model.display()
+    );
+    let status = Command::new(&python)
+        .arg(root.join("bench/make_full_needle3.py"))
+        .arg(model)
+        .env("NEEDLE_TELEMETRY", "0")
+        .status()
+        .context("cannot run .venv-needle3/bin/python")?;
+    if !status.success() {
+        bail!("bench/make_full_needle3.py failed ({status})");
     }
     Ok(())
 }

@@ -84,10 +84,10 @@ pub fn one_config(model: &Path, variant: Variant, threads: usize, plan: &Plan) -
         let ids = tokens(past, vocab, 1000 + past as u64);
         // As `runner::generate` does: room for the prompt and every step.
         let out = generate::prefill(&mut session, &ids, past + plan.steps + 1)?;
-        let mut out = step(&mut session, out, vocab)?;
+        let mut out = step(&mut session, out)?;
         let start = Instant::now();
         for _ in 0..plan.steps {
-            out = step(&mut session, out, vocab)?;
+            out = step(&mut session, out)?;
         }
         decode.push((past, plan.steps, start.elapsed().as_secs_f64()));
     }
@@ -108,9 +108,11 @@ pub fn one_config(model: &Path, variant: Variant, threads: usize, plan: &Plan) -
     })
 }
 
-/// One greedy decode step after `out`, as `runner::generate` takes it.
-pub fn step(session: &mut NeedleSession, out: StepOutput, vocab: usize) -> Result<StepOutput> {
-    let next = argmax(&out.logits[out.logits.len() - vocab..]);
+/// One greedy decode step after `out`, as `runner::generate` takes it. The logits are
+/// `output_vocab` wide, which for Needle 3 need not be the input vocabulary.
+pub fn step(session: &mut NeedleSession, out: StepOutput) -> Result<StepOutput> {
+    let width = session.config().output_vocab();
+    let next = argmax(&out.logits[out.logits.len() - width..]);
     session.forward(&[next as i64], 1, out.cache)
 }
 

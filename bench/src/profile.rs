@@ -51,9 +51,9 @@ pub fn run(model: &Path, threads: usize, plan: &Plan, dir: &Path) -> Result<()> 
             &tokens(past, vocab, 7),
             past + PROFILED_STEPS + 1,
         )?;
-        let mut out = step(&mut session, out, vocab)?;
+        let mut out = step(&mut session, out)?;
         for _ in 0..PROFILED_STEPS {
-            out = step(&mut session, out, vocab)?;
+            out = step(&mut session, out)?;
         }
         drop(out);
         let others = cpu.others_cores();

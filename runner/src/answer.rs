@@ -33,6 +33,11 @@ pub struct ToolResponse {
     pub reasoning: String,
     pub text: String,
     pub provider: Provider,
+    /// Tokens of the rendered prompt, BOS included (what the prefill ran on).
+    pub prompt_tokens: usize,
+    /// Tokens generated, the stop token not counted (a run that hit the cap has
+    /// `--max-new-tokens` of them).
+    pub generated_tokens: usize,
     pub prefill_tps: f64,
     pub decode_tps: f64,
     pub peak_ram_mb: Option<f64>,
@@ -116,7 +121,7 @@ impl Runner {
         let filter = constraint.as_mut().map(|c| c as &mut dyn TokenFilter);
         let run = self.run(&ids, stop_ids, max_new_tokens, filter)?;
         let answer = parse_answer(&self.model.tokenizer.decode(&run.generated_ids));
-        let confidence = self.confidence(&[ids, run.generated_ids.clone()].concat())?;
+        let confidence = self.confidence(&[ids.as_slice(), &run.generated_ids].concat())?;
         let (success, error) = match &answer.calls {
             Ok(_) => (true, None),
             Err(e) => (false, Some(e.clone())),
@@ -129,6 +134,8 @@ impl Runner {
             reasoning: answer.reasoning,
             text: answer.text,
             provider: self.provider(),
+            prompt_tokens: ids.len(),
+            generated_tokens: run.generated_ids.len(),
             prefill_tps: run.prefill_tps(),
             decode_tps: run.decode_tps(),
             peak_ram_mb: peak_ram_mb(),

@@ -48,6 +48,8 @@ fn the_first_readme_command_answers_with_the_right_call() {
         "reasoning",
         "text",
         "provider",
+        "prompt_tokens",
+        "generated_tokens",
         "prefill_tps",
         "decode_tps",
         "peak_ram_mb",
