@@ -1,5 +1,5 @@
-//! An exported `.onnx` runs only with a tokenizer that fits it: one whose vocabulary is
-//! not the graph's (another model's) is one error line naming the mismatch, exit 1.
+//! An exported `.onnx` runs only with a tokenizer that fits it: one with more pieces than
+//! the graph embeds (another model's) is one error line naming the mismatch, exit 1.
 
 use exporter::model::NeedleModel;
 use exporter::output::ExportFiles;
@@ -56,5 +56,5 @@ fn a_tokenizer_of_another_model_is_refused_by_name() {
         dir.join("m64.tokenizer.json"),
     )
     .unwrap();
-    fails_with(&onnx, "m64.onnx has a vocabulary of 512");
+    fails_with(&onnx, "has 1024 pieces, more than the 512 ids");
 }
