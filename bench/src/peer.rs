@@ -181,6 +181,7 @@ pub fn run(root: &Path, model: &Path, plan: &PeerPlan) -> Result<String> {
     let stem = model.file_stem().unwrap_or_default().to_string_lossy();
     for (label, weights, file) in [
         ("needle-run .onnx fp32", "float", format!("{stem}.onnx")),
+        ("needle-run .onnx cq", "cq", format!("{stem}.cq.onnx")),
         ("needle-run .onnx int4", "int4", format!("{stem}.int4.onnx")),
     ] {
         let onnx = dir.join(file);
