@@ -64,15 +64,24 @@ struct Args {
     /// Most tokens to generate.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     max_new_tokens: u32,
-    /// Sample with this temperature instead of greedy argmax.
-    #[arg(long)]
+    /// Sample with this temperature (a positive number) instead of greedy argmax.
+    #[arg(long, value_parser = positive_temperature)]
     temperature: Option<f32>,
-    /// Seed of the sampler.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    /// Seed of the sampler (needs --temperature; default 0).
+    #[arg(long, requires = "temperature")]
+    seed: Option<u64>,
     /// Run the N-layer ladder rung of a Needle 3 `.cact` (2 to its depth).
     #[arg(long)]
     layers: Option<usize>,
+}
+
+/// A temperature that sampling can use: finite and above zero (0 would be greedy, which
+/// is what leaving the option out means).
+fn positive_temperature(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(t) if t.is_finite() && t > 0.0 => Ok(t),
+        _ => Err(format!("{s:?} is not a positive number")),
+    }
 }
 
 fn main() -> ExitCode {
@@ -114,7 +123,7 @@ fn run(args: Args) -> Result<()> {
     if let Some(t) = args.temperature {
         runner = runner.with_sampling(Sampling::Temperature {
             temperature: t,
-            seed: args.seed,
+            seed: args.seed.unwrap_or(0),
         });
     }
     if !runner.skipped().is_empty() {

@@ -220,3 +220,28 @@ fn an_onnx_that_needle_export_did_not_write_is_a_clear_error() {
         "not a needle-export graph",
     );
 }
+
+/// Sampling options that would do nothing, or nothing sensible, are refused by clap with
+/// one line and exit 2 instead of being ignored.
+#[test]
+fn sampling_options_that_do_nothing_are_errors() {
+    let query = [
+        "--query",
+        "turn on the kitchen lights",
+        "--max-new-tokens",
+        "4",
+    ];
+    for (extra, says) in [
+        (&["--seed", "7"][..], "--temperature"),
+        (&["--temperature=-1"][..], "not a positive number"),
+        (&["--temperature", "NaN"][..], "not a positive number"),
+        (&["--temperature", "0"][..], "not a positive number"),
+    ] {
+        let o = run(&[&query[..], extra].concat());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{extra:?}: {err}");
+        assert!(err.contains(says), "{extra:?}: {err}");
+    }
+    let o = run(&[&query[..], &["--temperature", "0.7", "--seed", "7"]].concat());
+    assert!(json_out(&o)["success"].is_boolean());
+}
