@@ -2,7 +2,7 @@
 //! `needle-export`, the runner's in-memory export, the tests and the benchmarks.
 
 use crate::model::NeedleModel;
-use graphs::contract::{ExportDescription, TokenizerDescription, Variant};
+use graphs::contract::{ExportDescription, TokenizerDescription, TokenizerFile, Variant};
 use graphs::model::build;
 use prost::Message;
 
@@ -10,8 +10,8 @@ use prost::Message;
 #[derive(Clone, Debug)]
 pub struct ExportOptions {
     pub variant: Variant,
-    /// File name of the tokenizer written beside the graph, recorded in metadata.
-    pub tokenizer_file: Option<String>,
+    /// The tokenizer written beside the graph (name and checksum), recorded in metadata.
+    pub tokenizer_file: Option<TokenizerFile>,
     /// The tokenizer's whitespace rule (sentencepiece `remove_extra_whitespaces`), recorded in metadata.
     pub remove_extra_whitespaces: bool,
 }

@@ -103,9 +103,16 @@ pub fn generation_of(tag: u32) -> Result<Generation, CactError> {
 
 /// Names the source and hashes its bytes.
 pub fn source_of(file_name: &str, bytes: &[u8]) -> Source {
-    let digest = Sha256::digest(bytes);
     Source {
         file_name: file_name.to_string(),
-        sha256: digest.iter().map(|b| format!("{b:02x}")).collect(),
+        sha256: sha256_hex(bytes),
     }
+}
+
+/// Lowercase hex SHA-256 of `bytes` (the checksums graphs record).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }

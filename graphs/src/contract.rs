@@ -152,6 +152,9 @@ pub mod keys {
     pub const STATE_INPUTS: &str = "needle.state_inputs";
     pub const PAST_PRESENT_SHARE_BUFFER: &str = "needle.past_present_share_buffer";
     pub const TOKENIZER: &str = "needle.tokenizer";
+    /// Lowercase hex SHA-256 of the tokenizer file's bytes, so a runtime can tell it is
+    /// the file the graph was exported with.
+    pub const TOKENIZER_SHA256: &str = "needle.tokenizer_sha256";
     pub const ADD_DUMMY_PREFIX: &str = "needle.add_dummy_prefix";
     pub const REMOVE_EXTRA_WHITESPACES: &str = "needle.remove_extra_whitespaces";
     pub const PAD_ID: &str = "needle.pad_token_id";
@@ -517,9 +520,9 @@ pub struct Source {
 /// the special ids.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TokenizerDescription {
-    /// File name of the `tokenizer.json` written beside the graph; `None` for an
-    /// in-memory export, which has none.
-    pub file: Option<String>,
+    /// The `tokenizer.json` written beside the graph; `None` for an in-memory export,
+    /// which has none.
+    pub file: Option<TokenizerFile>,
     /// sentencepiece `add_dummy_prefix`.
     pub add_dummy_prefix: bool,
     /// sentencepiece `remove_extra_whitespaces` (the `.cact` does not record it).
@@ -528,6 +531,14 @@ pub struct TokenizerDescription {
     pub eos_id: u32,
     pub bos_id: u32,
     pub unk_id: u32,
+}
+
+/// The tokenizer file beside a graph.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenizerFile {
+    pub name: String,
+    /// Lowercase hex SHA-256 of its bytes; `None` in graphs exported before it was recorded.
+    pub sha256: Option<String>,
 }
 
 /// Everything an exported graph says about itself in `metadata_props`.
@@ -697,7 +708,10 @@ impl ExportDescription {
         add(keys::PADDING_SIDE, self.padding_side.to_string());
         let t = &self.tokenizer;
         if let Some(file) = &t.file {
-            add(keys::TOKENIZER, file.clone());
+            add(keys::TOKENIZER, file.name.clone());
+            if let Some(sha256) = &file.sha256 {
+                add(keys::TOKENIZER_SHA256, sha256.clone());
+            }
         }
         add(keys::ADD_DUMMY_PREFIX, t.add_dummy_prefix.to_string());
         add(
@@ -744,7 +758,10 @@ impl ExportDescription {
                 sha256: read.text(keys::SOURCE_SHA256)?,
             },
             tokenizer: TokenizerDescription {
-                file: get(keys::TOKENIZER),
+                file: get(keys::TOKENIZER).map(|name| TokenizerFile {
+                    name,
+                    sha256: get(keys::TOKENIZER_SHA256),
+                }),
                 add_dummy_prefix: read.parsed(keys::ADD_DUMMY_PREFIX)?,
                 remove_extra_whitespaces: read.parsed(keys::REMOVE_EXTRA_WHITESPACES)?,
                 pad_id: read.parsed(keys::PAD_ID)?,
@@ -989,7 +1006,10 @@ mod tests {
             sha256: "ab".repeat(32),
         };
         let tokenizer = TokenizerDescription {
-            file: Some("m.tokenizer.json".into()),
+            file: Some(TokenizerFile {
+                name: "m.tokenizer.json".into(),
+                sha256: Some("cd".repeat(32)),
+            }),
             add_dummy_prefix: true,
             remove_extra_whitespaces: false,
             pad_id: 0,

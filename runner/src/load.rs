@@ -7,7 +7,7 @@ use crate::provider::{self, Provider, Unavailable};
 use crate::session::NeedleSession;
 use anyhow::{anyhow, bail, Context, Result};
 use exporter::export::ExportOptions;
-use exporter::model::NeedleModel;
+use exporter::model::{sha256_hex, NeedleModel};
 use exporter::tokenizer::{NeedleTokenizer, SpecialIds};
 use graphs::contract::{keys, AttentionKind, MatMulWeights, Precision, RuntimeTarget};
 use std::path::{Path, PathBuf};
@@ -171,7 +171,7 @@ fn from_onnx(
             keys::TOKENIZER
         )
     })?;
-    let tok_path = path.parent().unwrap_or(Path::new(".")).join(file);
+    let tok_path = path.parent().unwrap_or(Path::new(".")).join(&file.name);
     let json = std::fs::read_to_string(&tok_path).with_context(|| {
         format!(
             "{}: cannot read the tokenizer written beside the graph",
@@ -186,6 +186,17 @@ fn from_onnx(
     )
     .with_context(|| tok_path.display().to_string())?;
     check_belongs_together(path, &session, &tok_path, &tokenizer)?;
+    if let Some(recorded) = &file.sha256 {
+        if sha256_hex(json.as_bytes()) != *recorded {
+            bail!(
+                "{}: is not the tokenizer {} was exported with (its SHA-256 differs from the \
+                 graph's {}); export the model again or put its own tokenizer beside it",
+                tok_path.display(),
+                path.display(),
+                keys::TOKENIZER_SHA256
+            );
+        }
+    }
     Ok((session, tokenizer))
 }
 

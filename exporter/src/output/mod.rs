@@ -8,11 +8,11 @@ pub mod target;
 
 use crate::export::ExportOptions;
 use crate::genai;
-use crate::model::NeedleModel;
+use crate::model::{sha256_hex, NeedleModel};
 use crate::tokenizer::{NeedleTokenizer, IM_END};
 use anyhow::{bail, Result};
 use graphs::contract::{
-    AttentionKind, MatMulWeights, ModelConfig, Precision, RuntimeTarget, Variant,
+    AttentionKind, MatMulWeights, ModelConfig, Precision, RuntimeTarget, TokenizerFile, Variant,
 };
 use staging::Staging;
 use std::path::{Path, PathBuf};
@@ -122,7 +122,11 @@ impl ExportFiles {
         matmul_weights: MatMulWeights,
         runtime: RuntimeTarget,
     ) -> Result<Vec<(PathBuf, usize)>> {
-        let tokenizer_file = file_name(&self.tokenizer);
+        let json = tokenizer.to_json();
+        let tokenizer_file = TokenizerFile {
+            name: file_name(&self.tokenizer),
+            sha256: Some(sha256_hex(json.as_bytes())),
+        };
         let options: Vec<ExportOptions> = self
             .graphs
             .iter()
@@ -150,7 +154,6 @@ impl ExportFiles {
             staging.create_dir_all(dir)?;
         }
         let mut written = Vec::new();
-        let json = tokenizer.to_json();
         staging.stage(&self.tokenizer, json.as_bytes())?;
         written.push((self.tokenizer.clone(), json.len()));
         for (opts, (_, path)) in options.iter().zip(&self.graphs) {
