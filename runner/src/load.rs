@@ -91,7 +91,8 @@ pub fn load(source: &ModelSource, opts: &LoadOptions) -> Result<LoadedModel> {
     })
 }
 
-fn is_onnx(path: &Path) -> bool {
+/// Whether `path` names an exported graph (`.onnx`) rather than a `.cact`.
+pub fn is_onnx(path: &Path) -> bool {
     path.extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("onnx"))
 }

@@ -7,7 +7,7 @@ use exporter::cli::spelled;
 use graphs::contract::{AttentionKind, MatMulWeights, Precision};
 use runner::answer::Runner;
 use runner::generate::Sampling;
-use runner::load::{LoadOptions, ModelSource, DEMO_TOOLS};
+use runner::load::{is_onnx, LoadOptions, ModelSource, DEMO_TOOLS};
 use runner::provider::Provider;
 use runner::python_json::{self, PyJson};
 use serde_json::Value;
@@ -35,10 +35,10 @@ struct Args {
     /// Precision of the graph (default: the provider's choice; `.cact` only).
     #[arg(long, value_parser = spelled::<Precision>())]
     precision: Option<Precision>,
-    /// MatMul weights: `float` (exact), `cq` (exact, the `.cact`'s codes folded at load) or
-    /// re-quantized `int8`/`int4` MatMulNBits (`.cact` only).
-    #[arg(long, value_parser = spelled::<MatMulWeights>(), default_value_t = MatMulWeights::Float)]
-    weights: MatMulWeights,
+    /// MatMul weights: `float` (exact, the default), `cq` (exact, the `.cact`'s codes folded
+    /// at load) or re-quantized `int8`/`int4` MatMulNBits (`.cact` only).
+    #[arg(long, value_parser = spelled::<MatMulWeights>())]
+    weights: Option<MatMulWeights>,
     /// onnxruntime intra-op threads (0: onnxruntime decides).
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -102,6 +102,15 @@ fn run(args: Args) -> Result<()> {
         Some(path) => read_tools(path)?,
         None => serde_json::from_str(DEMO_TOOLS).context("built-in tools.json")?,
     };
+    if let (Some(model), Some(_)) = (&args.model, args.weights) {
+        if is_onnx(model) {
+            bail!(
+                "{}: --weights picks how a .cact is exported; an exported graph keeps the \
+                 weights it was exported with (needle-export --weights)",
+                model.display()
+            );
+        }
+    }
     let source = args
         .model
         .clone()
@@ -111,7 +120,7 @@ fn run(args: Args) -> Result<()> {
         fallback: args.fallback,
         attention: args.attention,
         precision: args.precision,
-        matmul_weights: args.weights,
+        matmul_weights: args.weights.unwrap_or(MatMulWeights::Float),
         threads: args.threads,
         remove_extra_whitespaces: true,
         layers: args.layers,

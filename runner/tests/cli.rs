@@ -245,3 +245,31 @@ fn sampling_options_that_do_nothing_are_errors() {
     let o = run(&[&query[..], &["--temperature", "0.7", "--seed", "7"]].concat());
     assert!(json_out(&o)["success"].is_boolean());
 }
+
+/// `--weights` chooses how a `.cact` is exported; with an exported graph it would do
+/// nothing, so it is an error naming the file.
+#[test]
+fn weights_with_an_exported_graph_is_an_error() {
+    let onnx = scratch("weights-onnx").join("m64.onnx");
+    let model = NeedleModel::read(&fixture("m64.cact")).unwrap();
+    let tokenizer = NeedleTokenizer::from_spec(&model.tokenizer, true).unwrap();
+    ExportFiles::beside(&onnx, &[AttentionKind::FUSED])
+        .write(
+            &model,
+            &tokenizer,
+            Precision::Fp32,
+            MatMulWeights::Float,
+            RuntimeTarget::Since1_24,
+        )
+        .unwrap();
+    let path = onnx.to_str().unwrap();
+    let o = run(&["--model", path, "--raw", "hi", "--weights", "int4"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("m64.onnx: --weights picks how a .cact is exported"),
+        "{err}"
+    );
+    let plain = run(&["--model", path, "--raw", "hi", "--max-new-tokens", "2"]);
+    assert!(plain.status.success());
+}
