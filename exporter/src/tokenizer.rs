@@ -294,6 +294,14 @@ impl NeedleTokenizer {
         self.pad_id
     }
 
+    /// Whether `id` is a byte-fallback piece (`<0xHH>`), whose text may be part of a
+    /// character that the next pieces complete.
+    pub fn is_byte_piece(&self, id: u32) -> bool {
+        self.pieces
+            .get(id as usize)
+            .is_some_and(|p| p.kind == PieceKind::Byte)
+    }
+
     /// Whether `id` is a chat marker (a user-defined piece, matched verbatim).
     pub fn is_marker(&self, id: u32) -> bool {
         self.pieces

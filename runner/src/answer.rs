@@ -6,6 +6,7 @@ use crate::generate::{generate_filtered, GenerateOptions, Generation, Sampling, 
 use crate::load::{load, LoadOptions, LoadedModel, ModelSource};
 use crate::prompt::{parse_answer, render_prompt, IM_END};
 use crate::provider::{Provider, Unavailable};
+use crate::stream::{Both, TextStream};
 use anyhow::{anyhow, Result};
 use graphs::contract::names::CONFIDENCE_LOGIT;
 use serde::Serialize;
@@ -17,6 +18,8 @@ pub struct Runner {
     sampling: Sampling,
     /// Set by [`Runner::constrained`]: tool answers are decoded under the tools' grammar.
     constraints: Option<ConstraintFactory>,
+    /// Set by [`Runner::streaming`]: the text is written to stderr as it is generated.
+    stream: bool,
 }
 
 /// Tool mode's answer (upstream's response contract plus run statistics).
@@ -64,7 +67,15 @@ impl Runner {
             model: load(source, options)?,
             sampling: Sampling::Greedy,
             constraints: None,
+            stream: false,
         })
+    }
+
+    /// Writes each answer's text to stderr as it is generated (`--stream`); the result is
+    /// returned as usual.
+    pub fn streaming(mut self) -> Self {
+        self.stream = true;
+        self
     }
 
     /// Decodes tool answers so they are always well-formed for the declared tools
@@ -187,7 +198,25 @@ impl Runner {
             stop_ids,
             sampling: self.sampling,
         };
-        generate_filtered(&mut self.model.session, ids, &opts, filter)
+        let tokenizer = &self.model.tokenizer;
+        let mut stream = self
+            .stream
+            .then(|| TextStream::new(tokenizer, std::io::stderr()));
+        let mut both;
+        let filter: Option<&mut dyn TokenFilter> = match (filter, stream.as_mut()) {
+            (Some(filter), Some(stream)) => {
+                both = Both(filter, stream);
+                Some(&mut both)
+            }
+            (Some(filter), None) => Some(filter),
+            (None, Some(stream)) => Some(stream),
+            (None, None) => None,
+        };
+        let generation = generate_filtered(&mut self.model.session, ids, &opts, filter)?;
+        if let Some(stream) = stream {
+            stream.finish()?;
+        }
+        Ok(generation)
     }
 }
 

@@ -10,4 +10,5 @@ pub mod prompt;
 pub mod provider;
 pub mod python_json;
 pub mod session;
+pub mod stream;
 pub use exporter::tokenizer;

@@ -51,6 +51,9 @@ struct Args {
     /// Optional system prompt (tool mode).
     #[arg(long, conflicts_with = "raw")]
     system: Option<String>,
+    /// Write the answer's text to stderr as it is generated; the result still goes to stdout.
+    #[arg(long)]
+    stream: bool,
     /// Decode the answer under the tools' grammar (tool mode): always a `<tool_call>` list
     /// of declared tools whose arguments satisfy their JSON schemas.
     #[arg(long, conflicts_with = "raw")]
@@ -128,6 +131,9 @@ fn run(args: Args) -> Result<()> {
     let mut runner = Runner::new(&source, &options)?;
     if args.constrain {
         runner = runner.constrained()?;
+    }
+    if args.stream {
+        runner = runner.streaming();
     }
     if let Some(t) = args.temperature {
         runner = runner.with_sampling(Sampling::Temperature {
