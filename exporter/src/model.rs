@@ -80,15 +80,20 @@ impl NeedleModel {
     pub fn read(path: &Path) -> anyhow::Result<Self> {
         let bytes =
             std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        Self::from_file_bytes(path, &bytes)
+    }
+
+    /// [`Self::read`] of a file whose `bytes` the caller has read already.
+    pub fn from_file_bytes(path: &Path, bytes: &[u8]) -> anyhow::Result<Self> {
         // Name the generation in errors once the tag says which it is.
-        let generation = read_tag(&mut Reader::new(&bytes, 0))
+        let generation = read_tag(&mut Reader::new(bytes, 0))
             .ok()
             .and_then(|tag| generation_of(tag).ok());
         let what = match generation {
             Some(g) => format!("{} (Needle {g})", path.display()),
             None => path.display().to_string(),
         };
-        Self::from_bytes(&file_name(path), &bytes).with_context(|| what)
+        Self::from_bytes(&file_name(path), bytes).with_context(|| what)
     }
 }
 

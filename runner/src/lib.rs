@@ -3,6 +3,7 @@
 pub mod answer;
 pub mod constrain;
 pub mod generate;
+pub mod graph_cache;
 pub mod load;
 pub mod ort_env;
 pub mod plan;

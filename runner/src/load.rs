@@ -2,12 +2,14 @@
 //! provider, an `.onnx` from `needle-export` with its tokenizer beside it, or the
 //! built-in demo model.
 
+use crate::graph_cache;
 use crate::plan::variant_for;
 use crate::provider::{self, Provider, Unavailable};
 use crate::session::NeedleSession;
 use anyhow::{anyhow, bail, Context, Result};
 use exporter::export::ExportOptions;
 use exporter::model::{sha256_hex, NeedleModel};
+use exporter::output::ExportFiles;
 use exporter::tokenizer::{NeedleTokenizer, SpecialIds};
 use graphs::contract::{keys, AttentionKind, MatMulWeights, Precision, RuntimeTarget};
 use std::path::{Path, PathBuf};
@@ -44,6 +46,9 @@ pub struct LoadOptions {
     pub remove_extra_whitespaces: bool,
     /// Run this ladder rung of a Needle 3 `.cact` (an `.onnx` is the rung it was exported as).
     pub layers: Option<usize>,
+    /// Keep the graphs exported from `.cact` files in this folder and load them from there
+    /// next time ([`crate::graph_cache`]); `None` exports in memory every time.
+    pub cache: Option<PathBuf>,
 }
 
 impl Default for LoadOptions {
@@ -57,6 +62,7 @@ impl Default for LoadOptions {
             threads: 1,
             remove_extra_whitespaces: true,
             layers: None,
+            cache: None,
         }
     }
 }
@@ -80,8 +86,11 @@ pub fn load(source: &ModelSource, opts: &LoadOptions) -> Result<LoadedModel> {
             from_cact(demo, registered, opts).context("the built-in demo model")?
         }
         ModelSource::Path(path) if is_onnx(path) => from_onnx(path, registered, opts)?,
-        ModelSource::Path(path) => from_cact(NeedleModel::read(path)?, registered, opts)
-            .with_context(|| path.display().to_string())?,
+        ModelSource::Path(path) => match &opts.cache {
+            Some(dir) => through_cache(path, dir, registered, opts)?,
+            None => from_cact(NeedleModel::read(path)?, registered, opts)
+                .with_context(|| path.display().to_string())?,
+        },
     };
     debug_assert_eq!(session.provider(), chosen);
     Ok(LoadedModel {
@@ -95,6 +104,76 @@ pub fn load(source: &ModelSource, opts: &LoadOptions) -> Result<LoadedModel> {
 pub fn is_onnx(path: &Path) -> bool {
     path.extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("onnx"))
+}
+
+/// The `.cact` at `path` through the graph cache in `dir`: its cached graph when there is
+/// a usable one, else exported into the cache and loaded from there; exported in memory
+/// when the cache cannot be written (said on stderr).
+fn through_cache(
+    path: &Path,
+    dir: &Path,
+    registered: provider::Registered,
+    opts: &LoadOptions,
+) -> Result<(NeedleSession, NeedleTokenizer)> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let variant = variant_for(
+        registered.provider,
+        opts.attention,
+        opts.precision,
+        opts.matmul_weights,
+    );
+    let graph = graph_cache::graph_path(
+        dir,
+        &sha256_hex(&bytes),
+        variant,
+        opts.layers,
+        opts.remove_extra_whitespaces,
+    );
+    // The cached graph is already the rung.
+    let cached_opts = LoadOptions {
+        layers: None,
+        ..opts.clone()
+    };
+    if graph.is_file() {
+        match from_onnx(&graph, registered.clone(), &cached_opts) {
+            Ok(loaded) => return Ok(loaded),
+            Err(e) => {
+                eprintln!("needle-run: the cached graph is unusable ({e:#}); exporting again")
+            }
+        }
+    }
+    let model = NeedleModel::from_file_bytes(path, &bytes)?;
+    let model = match opts.layers {
+        Some(depth) => model.rung(depth).map_err(anyhow::Error::msg)?,
+        None => model,
+    };
+    let tokenizer = NeedleTokenizer::from_spec(&model.tokenizer, opts.remove_extra_whitespaces)?;
+    let written = std::fs::create_dir_all(dir)
+        .map_err(anyhow::Error::from)
+        .and_then(|()| {
+            ExportFiles::beside(&graph, &[variant.attention]).write(
+                &model,
+                &tokenizer,
+                variant.precision,
+                variant.matmul_weights,
+                variant.runtime,
+            )
+        });
+    match written {
+        Ok(_) => from_onnx(&graph, registered, &cached_opts),
+        Err(e) => {
+            eprintln!(
+                "needle-run: cannot cache the exported graph in {} ({e:#}); exporting in memory",
+                dir.display()
+            );
+            let in_memory = LoadOptions {
+                layers: None,
+                ..opts.clone()
+            };
+            from_cact(model, registered, &in_memory)
+        }
+    }
+    .with_context(|| path.display().to_string())
 }
 
 /// Exports `model` in memory as the variant the plan picks for the registered provider.

@@ -7,6 +7,7 @@ use exporter::cli::spelled;
 use graphs::contract::{AttentionKind, MatMulWeights, Precision};
 use runner::answer::Runner;
 use runner::generate::Sampling;
+use runner::graph_cache;
 use runner::load::{is_onnx, LoadOptions, ModelSource, DEMO_TOOLS};
 use runner::provider::Provider;
 use runner::python_json::{self, PyJson};
@@ -51,6 +52,10 @@ struct Args {
     /// Optional system prompt (tool mode).
     #[arg(long, conflicts_with = "raw")]
     system: Option<String>,
+    /// Export a `.cact` in memory every time instead of caching the exported graph
+    /// (in $NEEDLE_ONNX_CACHE, else $XDG_CACHE_HOME/needle-onnx, else ~/.cache/needle-onnx).
+    #[arg(long)]
+    no_cache: bool,
     /// Write the answer's text to stderr as it is generated; the result still goes to stdout.
     #[arg(long)]
     stream: bool,
@@ -127,6 +132,7 @@ fn run(args: Args) -> Result<()> {
         threads: args.threads,
         remove_extra_whitespaces: true,
         layers: args.layers,
+        cache: (!args.no_cache).then(graph_cache::default_dir).flatten(),
     };
     let mut runner = Runner::new(&source, &options)?;
     if args.constrain {

@@ -107,6 +107,7 @@ impl std::error::Error for ProviderError {
 }
 
 /// A session builder with one provider registered.
+#[derive(Clone)]
 pub struct Registered {
     /// Ready for `commit_from_file` / `commit_from_memory`.
     pub builder: SessionBuilder,

@@ -1,0 +1,44 @@
+//! needle-run's cache of the graphs it exports from `.cact` files. Exporting in memory at
+//! every start parses and dequantizes the whole file and builds the graph (most of a cold
+//! start from a `.cact`); a cached graph is loaded like any exported `.onnx`, found by the
+//! `.cact`'s SHA-256 and everything else that chooses the graph, so an edited file or
+//! other options never meet a stale graph. Entries are written all or nothing (the
+//! exporter's staging) beside their tokenizer, whose checksum the graph records.
+
+use graphs::contract::Variant;
+use std::path::{Path, PathBuf};
+
+/// Where the cache lives: `$NEEDLE_ONNX_CACHE`, else `$XDG_CACHE_HOME/needle-onnx`, else
+/// `$HOME/.cache/needle-onnx`; `None` when none of them is set.
+pub fn default_dir() -> Option<PathBuf> {
+    let var = |name| {
+        std::env::var_os(name)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    var("NEEDLE_ONNX_CACHE")
+        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("needle-onnx")))
+        .or_else(|| var("HOME").map(|d| d.join(".cache/needle-onnx")))
+}
+
+/// The cached graph of the `.cact` with checksum `sha256` exported as `variant`, as ladder
+/// rung `layers` (the whole model when `None`) with the tokenizer's whitespace rule.
+pub fn graph_path(
+    dir: &Path,
+    sha256: &str,
+    variant: Variant,
+    layers: Option<usize>,
+    remove_extra_whitespaces: bool,
+) -> PathBuf {
+    let mut name = format!(
+        "{sha256}.{}.{}.{}.ort{}",
+        variant.attention, variant.precision, variant.matmul_weights, variant.runtime
+    );
+    if let Some(depth) = layers {
+        name.push_str(&format!(".layers{depth}"));
+    }
+    if !remove_extra_whitespaces {
+        name.push_str(".spaces");
+    }
+    dir.join(format!("{name}.onnx"))
+}
