@@ -1,7 +1,7 @@
 //! Queries to answers, the embeddable API:
 //! `Runner::new(source, options)?.complete(&tools, query, None, 256)?`.
 
-use crate::constrain::ConstraintFactory;
+use crate::constrain::{ConstraintFactory, ToolConstraint};
 use crate::generate::{generate_filtered, GenerateOptions, Generation, Sampling, TokenFilter};
 use crate::load::{load, LoadOptions, LoadedModel, ModelSource};
 use crate::prompt::{parse_answer, render_prompt, IM_END};
@@ -110,29 +110,50 @@ impl Runner {
         system: Option<&str>,
         max_new_tokens: usize,
     ) -> Result<ToolResponse> {
+        let ids = self.tool_prompt(tools, query, system);
+        let stop_ids = self.tool_stop_ids()?;
+        let mut constraint = self.constraint(tools, &ids, max_new_tokens)?;
+        let filter = constraint.as_mut().map(|c| c as &mut dyn TokenFilter);
+        let run = self.run(&ids, stop_ids, max_new_tokens, filter)?;
+        self.tool_response(&ids, &run)
+    }
+
+    /// `[BOS] + tokenize(render_prompt(..))`.
+    fn tool_prompt(&self, tools: &Value, query: &str, system: Option<&str>) -> Vec<u32> {
+        let tok = &self.model.tokenizer;
+        let prompt = render_prompt(tools, query, system);
+        [vec![tok.bos_id()], tok.encode(&prompt)].concat()
+    }
+
+    /// A tool answer ends at EOS or `<|im_end|>`.
+    fn tool_stop_ids(&self) -> Result<Vec<u32>> {
         let tok = &self.model.tokenizer;
         let im_end = tok
             .token_id(IM_END)
             .ok_or_else(|| anyhow!("the tokenizer has no {IM_END} marker"))?;
-        let prompt = render_prompt(tools, query, system);
-        let ids = [vec![tok.bos_id()], tok.encode(&prompt)].concat();
-        let stop_ids = vec![tok.eos_id(), im_end];
-        // The answer has to close before the context is full, too.
-        let context_left = self
-            .model
-            .session
-            .config()
-            .max_seq_len()
-            .saturating_sub(ids.len());
-        let budget = max_new_tokens.min(context_left);
-        let mut constraint = match &self.constraints {
-            Some(factory) => Some(factory.for_tools(tools, budget)?),
-            None => None,
+        Ok(vec![tok.eos_id(), im_end])
+    }
+
+    /// The `--constrain` state of one answer after prompt `ids`, when constraining.
+    fn constraint(
+        &self,
+        tools: &Value,
+        ids: &[u32],
+        max_new_tokens: usize,
+    ) -> Result<Option<ToolConstraint>> {
+        let Some(factory) = &self.constraints else {
+            return Ok(None);
         };
-        let filter = constraint.as_mut().map(|c| c as &mut dyn TokenFilter);
-        let run = self.run(&ids, stop_ids, max_new_tokens, filter)?;
+        // The answer has to close before the context is full, too.
+        let max_len = self.model.session.config().max_seq_len();
+        let budget = max_new_tokens.min(max_len.saturating_sub(ids.len()));
+        factory.for_tools(tools, budget).map(Some)
+    }
+
+    /// Tool mode's answer of the generation `run` after prompt `ids`.
+    fn tool_response(&mut self, ids: &[u32], run: &Generation) -> Result<ToolResponse> {
         let answer = parse_answer(&self.model.tokenizer.decode(&run.generated_ids));
-        let confidence = self.confidence(&[ids.as_slice(), &run.generated_ids].concat())?;
+        let confidence = self.confidence(&[ids, &run.generated_ids].concat())?;
         let (success, error) = match &answer.calls {
             Ok(_) => (true, None),
             Err(e) => (false, Some(e.clone())),

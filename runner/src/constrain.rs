@@ -240,6 +240,17 @@ calls: %json {calls}
 /// The schema of the `<tool_call>` list: any number of calls of the declared tools, in
 /// the compact separators of the training data.
 pub fn calls_schema(tools: &Value) -> Result<Value> {
+    // A tool list given as the text to render verbatim (needle-run --tools) is read here
+    // as JSON: the schema needs its structure, not Python's spelling of its numbers.
+    let parsed;
+    let tools = match tools {
+        Value::String(text) => {
+            parsed = serde_json::from_str(text)
+                .map_err(|e| anyhow!("--constrain: the tool list is not JSON: {e}"))?;
+            &parsed
+        }
+        other => other,
+    };
     let Value::Array(tools) = tools else {
         bail!("--constrain: the tool list is not a JSON array");
     };

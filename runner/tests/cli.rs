@@ -273,3 +273,23 @@ fn weights_with_an_exported_graph_is_an_error() {
     let plain = run(&["--model", path, "--raw", "hi", "--max-new-tokens", "2"]);
     assert!(plain.status.success());
 }
+
+/// `--constrain` with a `--tools` file (read as Python reads it and rendered verbatim).
+#[test]
+fn constrain_reads_a_tools_file() {
+    let tools = scratch("constrain-tools").join("tools.json");
+    std::fs::write(&tools, runner::load::DEMO_TOOLS).unwrap();
+    let o = run(&[
+        "--tools",
+        tools.to_str().unwrap(),
+        "--query",
+        "turn on the kitchen lights",
+        "--constrain",
+    ]);
+    let answer = json_out(&o);
+    assert_eq!(answer["success"], true, "{answer}");
+    assert_eq!(
+        answer["function_calls"][0]["name"], "set_lights",
+        "{answer}"
+    );
+}
