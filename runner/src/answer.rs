@@ -1,6 +1,7 @@
 //! Queries to answers, the embeddable API:
 //! `Runner::new(source, options)?.complete(&tools, query, None, 256)?`.
 
+use crate::batch::generate_batch;
 use crate::constrain::{ConstraintFactory, ToolConstraint};
 use crate::generate::{generate_filtered, GenerateOptions, Generation, Sampling, TokenFilter};
 use crate::load::{load, LoadOptions, LoadedModel, ModelSource};
@@ -47,6 +48,15 @@ pub struct ToolResponse {
     /// `sigmoid` of the confidence head's logit over prompt + completion; `None` when
     /// the model has no confidence head.
     pub confidence: Option<f64>,
+}
+
+/// One query of a batch: its tools (a JSON list, or the text to render verbatim), the
+/// request and an optional system prompt.
+#[derive(Clone, Debug)]
+pub struct ToolQuery {
+    pub tools: Value,
+    pub query: String,
+    pub system: Option<String>,
 }
 
 /// Raw mode's answer.
@@ -116,6 +126,40 @@ impl Runner {
         let filter = constraint.as_mut().map(|c| c as &mut dyn TokenFilter);
         let run = self.run(&ids, stop_ids, max_new_tokens, filter)?;
         self.tool_response(&ids, &run)
+    }
+
+    /// Answers every query of `queries` together in one batch (`--batch`): each answer is
+    /// the query's [`Runner::complete`] answer, but `decode_tps` is the batch's aggregate
+    /// rate and `prefill_tps` the batch's.
+    pub fn complete_batch(
+        &mut self,
+        queries: &[ToolQuery],
+        max_new_tokens: usize,
+    ) -> Result<Vec<ToolResponse>> {
+        let prompts: Vec<Vec<u32>> = queries
+            .iter()
+            .map(|q| self.tool_prompt(&q.tools, &q.query, q.system.as_deref()))
+            .collect();
+        let mut constraints = queries
+            .iter()
+            .zip(&prompts)
+            .map(|(q, ids)| self.constraint(&q.tools, ids, max_new_tokens))
+            .collect::<Result<Vec<_>>>()?;
+        let filters = constraints
+            .iter_mut()
+            .map(|c| c.as_mut().map(|c| c as &mut dyn TokenFilter))
+            .collect();
+        let opts = GenerateOptions {
+            max_new_tokens,
+            stop_ids: self.tool_stop_ids()?,
+            sampling: self.sampling,
+        };
+        let runs = generate_batch(&mut self.model.session, &prompts, &opts, filters)?;
+        prompts
+            .iter()
+            .zip(&runs)
+            .map(|(ids, run)| self.tool_response(ids, run))
+            .collect()
     }
 
     /// `[BOS] + tokenize(render_prompt(..))`.

@@ -1,6 +1,7 @@
 //! Runs exported Needle 2 graphs through onnxruntime: execution providers chosen at
 //! startup, the tokenizer, KV-cached generation and tool calling (`needle-run`).
 pub mod answer;
+pub mod batch;
 pub mod constrain;
 pub mod generate;
 pub mod graph_cache;

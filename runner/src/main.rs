@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use exporter::cli::spelled;
 use graphs::contract::{AttentionKind, MatMulWeights, Precision};
-use runner::answer::Runner;
+use runner::answer::{Runner, ToolQuery};
 use runner::generate::Sampling;
 use runner::graph_cache;
 use runner::load::{is_onnx, LoadOptions, ModelSource, DEMO_TOOLS};
@@ -52,6 +52,14 @@ struct Args {
     /// Optional system prompt (tool mode).
     #[arg(long, conflicts_with = "raw")]
     system: Option<String>,
+    /// Answer every query of this file together in batches of --batch-size (tool mode):
+    /// one JSON object a line, `{"query": …, "tools": […], "system": …}` (`tools` and
+    /// `system` optional; `tools` defaults to --tools); one answer a line, in order.
+    #[arg(long, conflicts_with_all = ["query", "raw", "stream"])]
+    batch: Option<PathBuf>,
+    /// Rows decoded together with --batch.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..), requires = "batch")]
+    batch_size: u32,
     /// Export a `.cact` in memory every time instead of caching the exported graph
     /// (in $NEEDLE_ONNX_CACHE, else $XDG_CACHE_HOME/needle-onnx, else ~/.cache/needle-onnx).
     #[arg(long)]
@@ -103,8 +111,11 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<()> {
-    if args.raw.is_none() && args.query.as_deref().is_none_or(|q| q.trim().is_empty()) {
-        bail!("give --query \"...\" (tool mode) or --raw \"...\" (raw mode); the query must not be empty");
+    if args.raw.is_none()
+        && args.batch.is_none()
+        && args.query.as_deref().is_none_or(|q| q.trim().is_empty())
+    {
+        bail!("give --query \"...\" (tool mode), --batch FILE or --raw \"...\" (raw mode); the query must not be empty");
     }
     let tools = match &args.tools {
         Some(path) => read_tools(path)?,
@@ -160,7 +171,15 @@ fn run(args: Args) -> Result<()> {
         );
     }
     let max_new = args.max_new_tokens as usize;
-    if let Some(text) = &args.raw {
+    if let Some(path) = &args.batch {
+        let queries = read_batch(path, &tools)?;
+        let mut out = stdout().lock();
+        for group in queries.chunks(args.batch_size as usize) {
+            for answer in runner.complete_batch(group, max_new)? {
+                writeln!(out, "{}", serde_json::to_string(&answer)?)?;
+            }
+        }
+    } else if let Some(text) = &args.raw {
         let r = runner.continue_raw(text, max_new)?;
         if args.json {
             writeln!(stdout(), "{}", serde_json::to_string(&r)?)?;
@@ -173,6 +192,45 @@ fn run(args: Args) -> Result<()> {
         writeln!(stdout(), "{}", serde_json::to_string(&r)?)?;
     }
     Ok(())
+}
+
+/// Reads `--batch`'s queries, one JSON object a line (blank lines skipped); a line
+/// without `tools` gets `default_tools`.
+fn read_batch(path: &PathBuf, default_tools: &Value) -> Result<Vec<ToolQuery>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("{}: cannot read", path.display()))?;
+    let mut queries = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let at = || format!("{}:{}", path.display(), i + 1);
+        let row: Value = serde_json::from_str(line)
+            .map_err(|e| anyhow::anyhow!("{}: not a JSON object: {e}", at()))?;
+        let text_field = |key: &str| match row.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(anyhow::anyhow!("{}: \"{key}\" is not a string", at())),
+        };
+        let query = text_field("query")?
+            .filter(|q| !q.trim().is_empty())
+            .ok_or_else(|| anyhow::anyhow!("{}: no \"query\" string", at()))?;
+        let tools = match row.get("tools") {
+            None | Some(Value::Null) => default_tools.clone(),
+            Some(list @ Value::Array(_)) => list.clone(),
+            Some(_) => bail!("{}: \"tools\" is not a JSON array", at()),
+        };
+        queries.push(ToolQuery {
+            tools,
+            query,
+            system: text_field("system")?,
+        });
+    }
+    if queries.is_empty() {
+        bail!("{}: no queries", path.display());
+    }
+    Ok(queries)
 }
 
 /// Reads a tool list: a JSON array of objects, each with a string `name`, as Python's

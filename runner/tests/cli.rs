@@ -293,3 +293,46 @@ fn constrain_reads_a_tools_file() {
         "{answer}"
     );
 }
+
+/// `--batch`: one answer a line, in order, each what `--query` answers alone; a bad line
+/// is one error naming the file and line.
+#[test]
+fn batch_answers_each_line_as_query_would() {
+    let dir = scratch("batch-cli");
+    let queries = [
+        "turn on the kitchen lights",
+        "set the thermostat to 21 on heat",
+        "what's the weather in Paris",
+        "tell me a joke",
+        "turn off the bedroom lights and set a timer for 5 minutes",
+    ];
+    let file = dir.join("queries.jsonl");
+    let mut lines: Vec<String> = queries
+        .iter()
+        .map(|q| serde_json::json!({ "query": q }).to_string())
+        .collect();
+    lines.insert(2, String::new());
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let o = run(&["--batch", file.to_str().unwrap(), "--batch-size", "3"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let answers: Vec<Value> = String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(answers.len(), queries.len());
+    for (q, batched) in queries.iter().zip(&answers) {
+        let alone = json_out(&run(&["--query", q]));
+        for key in ["function_calls", "reasoning", "text", "generated_tokens"] {
+            assert_eq!(batched[key], alone[key], "{q}: {key}");
+        }
+    }
+    std::fs::write(&file, "{\"query\": \"hi\"}\n{\"tools\": []}\n").unwrap();
+    let o = run(&["--batch", file.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("queries.jsonl:2: no \"query\" string"),
+        "{err}"
+    );
+}
