@@ -696,7 +696,8 @@ impl ExportDescription {
         let mut doc = String::new();
         if let Some(width) = contrastive_dim {
             doc.push_str(&format!(
-                " Also {} float32 [{b}, {width}]: the contrastive head's unit-norm embedding of                  this call's real tokens (cosine similarity is the dot product).",
+                " Also {} float32 [{b}, {width}]: the contrastive head's unit-norm embedding of \
+                 this call's real tokens (cosine similarity is the dot product).",
                 names::CONTRASTIVE_EMBEDDING,
                 b = dims::BATCH,
             ));
@@ -710,7 +711,8 @@ impl ExportDescription {
         }
         if !doc.is_empty() {
             doc.push_str(
-                " The heads pool over the call's positions: a sequence's values come from feeding                  it whole with an empty cache.",
+                " The heads pool over the call's positions: a sequence's values come from feeding \
+                 it whole with an empty cache.",
             );
         }
         doc

@@ -181,7 +181,8 @@ impl Runner {
     pub fn rank_tools(&mut self, tools: &[PyJson], query: &str) -> Result<Vec<(usize, f32)>> {
         if !self.model.session.has_contrastive_head() {
             bail!(
-                "the model has no contrastive head (its heads.manifest lists none), so it                  cannot rank tools"
+                "the model has no contrastive head (its heads.manifest lists none), so it \
+                 cannot rank tools"
             );
         }
         let tok = &self.model.tokenizer;
@@ -239,7 +240,8 @@ impl Runner {
                     let id = texts[i].get(p);
                     step.input_ids.push(id.map_or(0, |&id| i64::from(id)));
                     step.attention_mask.push(i64::from(id.is_some()));
-                    step.position_ids.push(if id.is_some() { p as i64 } else { 0 });
+                    step.position_ids
+                        .push(if id.is_some() { p as i64 } else { 0 });
                 }
             }
             let cache = session.empty_cache(chunk.len())?;

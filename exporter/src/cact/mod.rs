@@ -20,10 +20,10 @@ use graphs::needle::Tensor;
 use directory::{check_overlaps, DirectoryWalk, Slot, NEEDLE2_CQ};
 pub use directory::{Encoding, Entry};
 pub use error::CactError;
+pub use graphs::needle::{HeadKind, ProbeHead};
 pub use header::{Codebooks, Header};
 use layout::{directory_start, header_offset, RECORD_BYTES};
 pub use tokenizer_blob::{Piece, PieceKind, TokenizerSpec};
-pub use graphs::needle::{HeadKind, ProbeHead};
 
 /// The first u32 of a `.cact` file, which names its generation; `r` is at its start.
 pub(crate) fn read_tag(r: &mut bytes::Reader<'_>) -> Result<u32, CactError> {

@@ -90,7 +90,10 @@ impl CactFile {
             mhc,
             engrams,
             final_norm: self.tensor("final_norm")?,
-            contrastive: heads.iter().find(|h| h.kind == HeadKind::Contrastive).cloned(),
+            contrastive: heads
+                .iter()
+                .find(|h| h.kind == HeadKind::Contrastive)
+                .cloned(),
             confidence: heads.into_iter().find(|h| h.kind == HeadKind::Confidence),
         })
     }

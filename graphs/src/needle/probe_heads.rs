@@ -49,7 +49,7 @@ fn probe_pool(b: &mut GraphBuilder, cells: &[Value], keep: &Value, probes: &Tens
     let cells: Vec<Value> = cells.iter().map(|c| b.unsqueeze(c, &[2])).collect();
     let refs: Vec<&Value> = cells.iter().collect();
     let cells = b.concat(&refs, 2); // [B, S, L+1, d]
-    // Upstream's `reshape(b, t·l, d)`: position-major, layer-minor.
+                                    // Upstream's `reshape(b, t·l, d)`: position-major, layer-minor.
     let cells = b.reshape(&cells, &[0, 1, -1, d as i64]);
     let keep = b.unsqueeze(keep, &[2]);
     let per_layer = b.const_i64(&[1, 1, rows]);
