@@ -122,8 +122,12 @@ fn runner_for(model: &str, attention: AttentionKind) -> Runner {
     Runner::new(&source, &options).unwrap()
 }
 
-/// The retrieval fixture: the tools and, per query, upstream's scores and ranking.
-fn catalogue() -> (Vec<PyJson>, Vec<(String, Vec<f64>, Vec<usize>)>) {
+/// One query of the retrieval fixture: the query, upstream's cosine to each tool, and its
+/// ranking of the tools.
+type RetrievalCase = (String, Vec<f64>, Vec<usize>);
+
+/// The retrieval fixture: the tools and upstream's cases.
+fn catalogue() -> (Vec<PyJson>, Vec<RetrievalCase>) {
     let text = std::fs::read_to_string(fixture("m48h.retrieval.json")).unwrap();
     let PyJson::Object(members) = python_json::loads(&text).unwrap() else {
         panic!("not an object")
