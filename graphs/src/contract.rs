@@ -22,9 +22,13 @@ pub mod names {
     pub const POSITION_IDS: &str = "position_ids";
     /// `float32 [batch, sequence, vocab]`.
     pub const LOGITS: &str = "logits";
-    /// `float32 [batch]`, Needle 3 with a confidence head: the head's logit over this
+    /// `float32 [batch]`, a model with a confidence head: the head's logit over this
     /// call's real tokens (a sequence's confidence when it is fed whole, empty cache).
     pub const CONFIDENCE_LOGIT: &str = "confidence_logit";
+    /// `float32 [batch, contrastive_dim]`, Needle 2 with a contrastive head: the unit-norm
+    /// embedding of this call's real tokens (a sequence's when it is fed whole, empty
+    /// cache); cosine similarity is the dot product of two.
+    pub const CONTRASTIVE_EMBEDDING: &str = "contrastive_embedding";
     const PAST_KV_PREFIX: &str = "past_key_values.";
     const PRESENT_KV_PREFIX: &str = "present.";
 
@@ -680,6 +684,35 @@ impl ExportDescription {
                 " The KV inputs may be buffers longer than past_sequence (attention_mask gives \
                  the length): bind the same buffer as present.* and attention writes only the \
                  new positions, as onnxruntime-genai's past_present_share_buffer does.",
+            );
+        }
+        doc
+    }
+
+    /// The doc string's sentence on the probe-head outputs a graph has (empty without
+    /// any): `confidence` when it has `confidence_logit`, the embedding width when it has
+    /// `contrastive_embedding`.
+    pub fn heads_doc(confidence: bool, contrastive_dim: Option<usize>) -> String {
+        let mut doc = String::new();
+        if let Some(width) = contrastive_dim {
+            doc.push_str(&format!(
+                " Also {} float32 [{b}, {width}]: the contrastive head's unit-norm embedding of \
+                 this call's real tokens (cosine similarity is the dot product).",
+                names::CONTRASTIVE_EMBEDDING,
+                b = dims::BATCH,
+            ));
+        }
+        if confidence {
+            doc.push_str(&format!(
+                " Also {} float32 [{b}]: the confidence head's logit over this call's real tokens.",
+                names::CONFIDENCE_LOGIT,
+                b = dims::BATCH,
+            ));
+        }
+        if !doc.is_empty() {
+            doc.push_str(
+                " The heads pool over the call's positions: a sequence's values come from feeding \
+                 it whole with an empty cache.",
             );
         }
         doc

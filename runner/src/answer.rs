@@ -1,5 +1,6 @@
 //! Queries to answers, the embeddable API:
-//! `Runner::new(source, options)?.complete(&tools, query, None, 256)?`.
+//! `Runner::new(source, options)?.complete(&tools, query, None, 256)?`, and tool
+//! retrieval with Needle 2's contrastive head: `runner.rank_tools(&tools, query)?`.
 
 use crate::batch::generate_batch;
 use crate::constrain::{ConstraintFactory, ToolConstraint};
@@ -7,9 +8,11 @@ use crate::generate::{generate_filtered, GenerateOptions, Generation, Sampling, 
 use crate::load::{load, LoadOptions, LoadedModel, ModelSource};
 use crate::prompt::{parse_answer, render_prompt, IM_END};
 use crate::provider::{Provider, Unavailable};
+use crate::python_json::PyJson;
+use crate::session::StepInputs;
 use crate::stream::{Both, TextStream};
-use anyhow::{anyhow, Result};
-use graphs::contract::names::CONFIDENCE_LOGIT;
+use anyhow::{anyhow, bail, Result};
+use graphs::contract::names::{CONFIDENCE_LOGIT, CONTRASTIVE_EMBEDDING};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -236,6 +239,89 @@ impl Runner {
         Ok(Some(1.0 / (1.0 + (-f64::from(logit)).exp())))
     }
 
+    /// The tools ranked for `query` by the cosine similarity of the contrastive head's
+    /// embeddings of the query and of each tool's [`tool_text`], best first, as
+    /// `(index into tools, similarity)`; equal scores keep the catalogue's order. Fails
+    /// when the model has no contrastive head.
+    pub fn rank_tools(&mut self, tools: &[PyJson], query: &str) -> Result<Vec<(usize, f32)>> {
+        if !self.model.session.has_contrastive_head() {
+            bail!(
+                "the model has no contrastive head (its heads.manifest lists none), so it \
+                 cannot rank tools"
+            );
+        }
+        let tok = &self.model.tokenizer;
+        let limit = self.model.session.config().max_seq_len();
+        let mut query_ids = tok.encode(query);
+        if query_ids.is_empty() {
+            bail!("the query has no tokens to embed");
+        }
+        query_ids.truncate(limit);
+        let mut texts = vec![query_ids];
+        texts.extend(tools.iter().map(|tool| {
+            let mut ids = tok.encode(&tool_text(tool));
+            ids.truncate(MAX_TOOL_TOKENS.min(limit));
+            ids
+        }));
+        let embeddings = self.embed(&texts)?;
+        let (query, tools) = embeddings.split_first().expect("the query's row");
+        let mut ranked: Vec<(usize, f32)> = tools
+            .iter()
+            .map(|t| query.iter().zip(t).map(|(a, b)| a * b).sum())
+            .enumerate()
+            .collect();
+        ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+        Ok(ranked)
+    }
+
+    /// The `k` tools of [`Self::rank_tools`] that rank best for `query`, best first.
+    pub fn top_tools(&mut self, tools: &[PyJson], query: &str, k: usize) -> Result<Vec<PyJson>> {
+        let ranked = self.rank_tools(tools, query)?;
+        Ok(ranked
+            .iter()
+            .take(k)
+            .map(|&(i, _)| tools[i].clone())
+            .collect())
+    }
+
+    /// The contrastive head's embedding of each token sequence, each fed whole with an
+    /// empty cache, in right-padded batches (exact per row).
+    fn embed(&mut self, texts: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+        let session = &mut self.model.session;
+        // Sequences of similar length share a batch, so little of it is padding.
+        let mut order: Vec<usize> = (0..texts.len()).collect();
+        order.sort_by_key(|&i| texts[i].len());
+        let mut out = vec![Vec::new(); texts.len()];
+        for chunk in order.chunks(EMBED_BATCH) {
+            let width = chunk.iter().map(|&i| texts[i].len()).max().unwrap_or(0);
+            let mut step = StepInputs {
+                input_ids: Vec::with_capacity(chunk.len() * width),
+                attention_mask: Vec::with_capacity(chunk.len() * width),
+                position_ids: Vec::with_capacity(chunk.len() * width),
+                batch: chunk.len(),
+            };
+            for &i in chunk {
+                for p in 0..width {
+                    let id = texts[i].get(p);
+                    step.input_ids.push(id.map_or(0, |&id| i64::from(id)));
+                    step.attention_mask.push(i64::from(id.is_some()));
+                    step.position_ids
+                        .push(if id.is_some() { p as i64 } else { 0 });
+                }
+            }
+            let cache = session.empty_cache(chunk.len())?;
+            let flat = session
+                .step(step, cache)?
+                .contrastive_embedding
+                .ok_or_else(|| anyhow!("the graph returned no {CONTRASTIVE_EMBEDDING}"))?;
+            let dim = flat.len() / chunk.len();
+            for (row, &i) in chunk.iter().enumerate() {
+                out[i] = flat[row * dim..(row + 1) * dim].to_vec();
+            }
+        }
+        Ok(out)
+    }
+
     /// Continues `[BOS] + tokenize(text)` with no chat template; stops only at EOS.
     pub fn continue_raw(&mut self, text: &str, max_new_tokens: usize) -> Result<RawResponse> {
         let tok = &self.model.tokenizer;
@@ -283,6 +369,22 @@ impl Runner {
         }
         Ok(generation)
     }
+}
+
+/// Tool texts are cut at this many tokens before they are embedded, as upstream's
+/// contrastive training data cuts them (`max_tool_len`).
+pub const MAX_TOOL_TOKENS: usize = 256;
+
+/// Rows per onnxruntime call when embedding: the logits of a batch are
+/// `rows × tokens × vocab` floats.
+const EMBED_BATCH: usize = 16;
+
+/// The text of `tool` that the contrastive head embeds: `json.dumps(tool,
+/// separators=(",", ":"))`, as upstream's contrastive data writes each tool
+/// (`cactus-compute/needle` `dataset.py`, `_build_contrastive_arrays`), tokenized
+/// without BOS like the query.
+pub fn tool_text(tool: &PyJson) -> String {
+    tool.dumps_compact_ascii()
 }
 
 /// Peak resident memory of this process (Linux `VmHWM`), in MB.

@@ -71,6 +71,10 @@ struct Args {
     /// of declared tools whose arguments satisfy their JSON schemas.
     #[arg(long, conflicts_with = "raw")]
     constrain: bool,
+    /// Rank the tools by the model's contrastive head (Needle 2 with the head) against the
+    /// query and render only the best K in the prompt, best first (tool mode).
+    #[arg(long, conflicts_with_all = ["raw", "batch"], value_parser = clap::value_parser!(u32).range(1..))]
+    top_tools: Option<u32>,
     /// Continue this text with no chat template (raw mode).
     #[arg(long)]
     raw: Option<String>,
@@ -119,7 +123,10 @@ fn run(args: Args) -> Result<()> {
     }
     let tools = match &args.tools {
         Some(path) => read_tools(path)?,
-        None => serde_json::from_str(DEMO_TOOLS).context("built-in tools.json")?,
+        None => match python_json::loads(DEMO_TOOLS) {
+            Ok(PyJson::Array(list)) => list,
+            _ => bail!("the built-in tools.json is not a JSON array"),
+        },
     };
     if let (Some(model), Some(_)) = (&args.model, args.weights) {
         if is_onnx(model) {
@@ -172,7 +179,8 @@ fn run(args: Args) -> Result<()> {
     }
     let max_new = args.max_new_tokens as usize;
     if let Some(path) = &args.batch {
-        let queries = read_batch(path, &tools)?;
+        let default_tools = Value::String(PyJson::Array(tools).dumps_compact());
+        let queries = read_batch(path, &default_tools)?;
         let mut out = stdout().lock();
         for group in queries.chunks(args.batch_size as usize) {
             for answer in runner.complete_batch(group, max_new)? {
@@ -188,6 +196,13 @@ fn run(args: Args) -> Result<()> {
         }
     } else {
         let query = args.query.as_deref().unwrap_or_default();
+        let tools = match args.top_tools {
+            Some(k) => runner.top_tools(&tools, query, k as usize)?,
+            None => tools,
+        };
+        // The text upstream writes into the prompt (a JSON string is used verbatim), so
+        // that integers beyond 64 bits and `Infinity` survive.
+        let tools = Value::String(PyJson::Array(tools).dumps_compact());
         let r = runner.complete(&tools, query, args.system.as_deref(), max_new)?;
         writeln!(stdout(), "{}", serde_json::to_string(&r)?)?;
     }
@@ -234,14 +249,13 @@ fn read_batch(path: &PathBuf, default_tools: &Value) -> Result<Vec<ToolQuery>> {
 }
 
 /// Reads a tool list: a JSON array of objects, each with a string `name`, as Python's
-/// `json.loads` reads it. Returned as the text upstream writes into the prompt (a JSON
-/// string is used verbatim), so that integers beyond 64 bits and `Infinity` survive.
-fn read_tools(path: &PathBuf) -> Result<Value> {
+/// `json.loads` reads it.
+fn read_tools(path: &PathBuf) -> Result<Vec<PyJson>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("{}: cannot read", path.display()))?;
     let tools = python_json::loads(&text)
         .map_err(|e| anyhow::anyhow!("{}: not valid JSON: {e}", path.display()))?;
-    let PyJson::Array(list) = &tools else {
+    let PyJson::Array(list) = tools else {
         bail!("{}: the tool list must be a JSON array", path.display());
     };
     for (i, t) in list.iter().enumerate() {
@@ -255,5 +269,5 @@ fn read_tools(path: &PathBuf) -> Result<Value> {
             bail!("{}: tool {i} has no string \"name\"", path.display());
         }
     }
-    Ok(Value::String(tools.dumps_compact()))
+    Ok(list)
 }

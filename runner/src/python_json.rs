@@ -72,24 +72,33 @@ impl PyJson {
     /// `json.dumps(self, separators=(",", ":"), ensure_ascii=False)`.
     pub fn dumps_compact(&self) -> String {
         let mut out = String::new();
-        self.write(&mut out);
+        self.write(&mut out, false);
         out
     }
 
-    fn write(&self, out: &mut String) {
+    /// `json.dumps(self, separators=(",", ":"))`: Python's default `ensure_ascii=True`
+    /// writes every character outside `' '..='~'` as `\uXXXX` (UTF-16 surrogate pairs
+    /// beyond the BMP).
+    pub fn dumps_compact_ascii(&self) -> String {
+        let mut out = String::new();
+        self.write(&mut out, true);
+        out
+    }
+
+    fn write(&self, out: &mut String, ascii: bool) {
         match self {
             PyJson::Null => out.push_str("null"),
             PyJson::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
             PyJson::Int(digits) => out.push_str(digits),
             PyJson::Float(f) => out.push_str(&python_float_json(*f)),
-            PyJson::Str(s) => write_string(out, s),
+            PyJson::Str(s) => write_string(out, s, ascii),
             PyJson::Array(items) => {
                 out.push('[');
                 for (i, item) in items.iter().enumerate() {
                     if i > 0 {
                         out.push(',');
                     }
-                    item.write(out);
+                    item.write(out, ascii);
                 }
                 out.push(']');
             }
@@ -99,9 +108,9 @@ impl PyJson {
                     if i > 0 {
                         out.push(',');
                     }
-                    write_string(out, key);
+                    write_string(out, key, ascii);
                     out.push(':');
-                    item.write(out);
+                    item.write(out, ascii);
                 }
                 out.push('}');
             }
@@ -163,7 +172,7 @@ fn python_float_repr(value: f64) -> String {
 
 /// A string as Python's `encode_basestring` (ensure_ascii=False) writes it: only `"`,
 /// `\` and the C0 controls are escaped.
-fn write_string(out: &mut String, s: &str) {
+fn write_string(out: &mut String, s: &str, ascii: bool) {
     out.push('"');
     for c in s.chars() {
         match c {
@@ -174,7 +183,12 @@ fn write_string(out: &mut String, s: &str) {
             '\t' => out.push_str("\\t"),
             '\u{8}' => out.push_str("\\b"),
             '\u{c}' => out.push_str("\\f"),
-            c if c < ' ' => write!(out, "\\u{:04x}", c as u32).expect("writing to a String"),
+            c if c < ' ' || (ascii && c > '~') => {
+                let mut units = [0; 2];
+                for unit in c.encode_utf16(&mut units) {
+                    write!(out, "\\u{unit:04x}").expect("writing to a String");
+                }
+            }
             c => out.push(c),
         }
     }

@@ -98,6 +98,9 @@ pub struct StepOutput {
     /// `[batch]`: the confidence head's logit over this step's tokens, when the graph has
     /// the head (see `names::CONFIDENCE_LOGIT`).
     pub confidence_logit: Option<Vec<f32>>,
+    /// `[batch, contrastive_dim]`, row-major: the contrastive head's unit-norm embedding of
+    /// this step's tokens, when the graph has the head (see `names::CONTRASTIVE_EMBEDDING`).
+    pub contrastive_embedding: Option<Vec<f32>>,
     pub cache: Cache,
 }
 
@@ -159,10 +162,16 @@ impl NeedleSession {
 
     /// Whether the graph computes the confidence head (`names::CONFIDENCE_LOGIT`).
     pub fn has_confidence_head(&self) -> bool {
-        self.session
-            .outputs()
-            .iter()
-            .any(|o| o.name() == names::CONFIDENCE_LOGIT)
+        self.has_output(names::CONFIDENCE_LOGIT)
+    }
+
+    /// Whether the graph computes the contrastive head (`names::CONTRASTIVE_EMBEDDING`).
+    pub fn has_contrastive_head(&self) -> bool {
+        self.has_output(names::CONTRASTIVE_EMBEDDING)
+    }
+
+    fn has_output(&self, name: &str) -> bool {
+        self.session.outputs().iter().any(|o| o.name() == name)
     }
 
     /// The provider that runs the graph (never `Auto`).
@@ -334,7 +343,8 @@ impl NeedleSession {
         ));
         let mut outputs = self.session.run(inputs).context("onnxruntime run failed")?;
         let logits = logits(&outputs)?;
-        let confidence_logit = confidence_logit(&outputs)?;
+        let confidence_logit = head_output(&outputs, names::CONFIDENCE_LOGIT)?;
+        let contrastive_embedding = head_output(&outputs, names::CONTRASTIVE_EMBEDDING)?;
         let layers = self
             .layer_names
             .iter()
@@ -355,6 +365,7 @@ impl NeedleSession {
         Ok(StepOutput {
             logits,
             confidence_logit,
+            contrastive_embedding,
             cache: Cache {
                 layers,
                 history,
@@ -395,8 +406,10 @@ impl NeedleSession {
             binding.bind_output_to_device(present.as_str(), host)?;
         }
         binding.bind_output_to_device(names::LOGITS, host)?;
-        if self.has_confidence_head() {
-            binding.bind_output_to_device(names::CONFIDENCE_LOGIT, host)?;
+        for head in [names::CONFIDENCE_LOGIT, names::CONTRASTIVE_EMBEDDING] {
+            if self.has_output(head) {
+                binding.bind_output_to_device(head, host)?;
+            }
         }
         binding.bind_output_to_device(e.present_ids.as_str(), host)?;
         binding.bind_output_to_device(e.present_placeholder.as_str(), host)?;
@@ -405,7 +418,8 @@ impl NeedleSession {
             .run_binding(&binding)
             .context("onnxruntime run failed")?;
         let logits = logits(&outputs)?;
-        let confidence_logit = confidence_logit(&outputs)?;
+        let confidence_logit = head_output(&outputs, names::CONFIDENCE_LOGIT)?;
+        let contrastive_embedding = head_output(&outputs, names::CONTRASTIVE_EMBEDDING)?;
         let history = take(&mut outputs, &e.present_ids)?;
         let placeholder = take(&mut outputs, &e.present_placeholder)?;
         cache.qkv_conv = self
@@ -420,6 +434,7 @@ impl NeedleSession {
         Ok(StepOutput {
             logits,
             confidence_logit,
+            contrastive_embedding,
             cache,
         })
     }
@@ -430,8 +445,9 @@ fn logits(outputs: &SessionOutputs<'_>) -> Result<Vec<f32>> {
     Ok(logits.to_vec())
 }
 
-fn confidence_logit(outputs: &SessionOutputs<'_>) -> Result<Option<Vec<f32>>> {
-    match outputs.get(names::CONFIDENCE_LOGIT) {
+/// A probe head's output, when the graph has the head.
+fn head_output(outputs: &SessionOutputs<'_>, name: &str) -> Result<Option<Vec<f32>>> {
+    match outputs.get(name) {
         Some(v) => Ok(Some(v.try_extract_tensor::<f32>()?.1.to_vec())),
         None => Ok(None),
     }

@@ -20,10 +20,10 @@ use graphs::needle::Tensor;
 use directory::{check_overlaps, DirectoryWalk, Slot, NEEDLE2_CQ};
 pub use directory::{Encoding, Entry};
 pub use error::CactError;
+pub use graphs::needle::{HeadKind, ProbeHead};
 pub use header::{Codebooks, Header};
 use layout::{directory_start, header_offset, RECORD_BYTES};
 pub use tokenizer_blob::{Piece, PieceKind, TokenizerSpec};
-pub use weights::{HeadKind, ProbeHead};
 
 /// The first u32 of a `.cact` file, which names its generation; `r` is at its start.
 pub(crate) fn read_tag(r: &mut bytes::Reader<'_>) -> Result<u32, CactError> {
@@ -196,8 +196,13 @@ impl Parsed {
                 let p =
                     walk.next(|r| Slot::float(format!("{name}.probes"), &[r.dims[0].into(), d]))?;
                 let probes = walk.entries[p].shape[0] as u64;
+                // The confidence head is one logit (upstream `Dense(1)`).
                 let j = walk.next(|r| {
-                    Slot::float(format!("{name}.proj"), &[r.dims[0].into(), probes * d])
+                    let out = match kind {
+                        HeadKind::Confidence => 1,
+                        HeadKind::Contrastive => r.dims[0].into(),
+                    };
+                    Slot::float(format!("{name}.proj"), &[out, probes * d])
                 })?;
                 let out = walk.entries[j].shape[0] as u64;
                 walk.next(|_| Slot::float(format!("{name}.bias"), &[out]))?;

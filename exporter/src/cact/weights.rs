@@ -1,43 +1,12 @@
 //! From a validated file to the graph crate's typed, dequantized weights.
 
 use graphs::needle::{
-    Config, EngramTables, EngramWeights, LayerWeights, MhcWeights, Tensor, Weights,
+    Config, EngramTables, EngramWeights, HeadKind, LayerWeights, MhcWeights, ProbeHead, Tensor,
+    Weights,
 };
 
 use super::layout::{ENGRAM, LAYER};
 use super::{CactError, CactFile, Encoding, Entry};
-
-/// A probe head named by a code in `heads.manifest`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HeadKind {
-    /// Code 1: `contrastive_head`.
-    Contrastive,
-    /// Code 2: `confidence_head`.
-    Confidence,
-}
-
-impl HeadKind {
-    /// The upstream parameter name, the prefix of the head's tensors.
-    pub fn name(self) -> &'static str {
-        match self {
-            HeadKind::Contrastive => "contrastive_head",
-            HeadKind::Confidence => "confidence_head",
-        }
-    }
-}
-
-/// One probe head: attention-pooling probes and a linear projection.
-/// Not part of the logits graph.
-#[derive(Clone, Debug)]
-pub struct ProbeHead {
-    pub kind: HeadKind,
-    /// `[P, d_model]`.
-    pub probes: Tensor,
-    /// `[out, P * d_model]`.
-    pub proj: Tensor,
-    /// `[out]`.
-    pub bias: Tensor,
-}
 
 /// Maps the manifest's decoded codes to head kinds; codes must be 1 or 2, each at most once.
 pub(crate) fn head_kinds(manifest: &Entry, codes: &[f32]) -> Result<Vec<HeadKind>, CactError> {
@@ -114,12 +83,18 @@ impl CactFile {
             })
             .collect::<Result<_, CactError>>()?;
         let mhc = mhc_weights(|name| self.tensor(name))?;
+        let heads = self.probe_heads()?;
         Ok(Weights {
             embedding: self.tensor("embedding")?,
             layers,
             mhc,
             engrams,
             final_norm: self.tensor("final_norm")?,
+            contrastive: heads
+                .iter()
+                .find(|h| h.kind == HeadKind::Contrastive)
+                .cloned(),
+            confidence: heads.into_iter().find(|h| h.kind == HeadKind::Confidence),
         })
     }
 

@@ -11,9 +11,13 @@ pub mod hadamard_mlp;
 pub mod hyper_connections;
 pub mod model;
 pub mod norms;
+pub mod probe_heads;
 pub mod weights;
 
 pub use config::Config;
 pub use context::BuildContext;
 pub use model::build;
-pub use weights::{CqRows, EngramTables, EngramWeights, LayerWeights, MhcWeights, Tensor, Weights};
+pub use weights::{
+    CqRows, EngramTables, EngramWeights, HeadKind, LayerWeights, MhcWeights, ProbeHead, Tensor,
+    Weights,
+};

@@ -3,12 +3,14 @@
 //! ```text
 //! input_ids ─Gather(embedding)·√d─ Expand(n lanes) ─┬─ layer 0 … layer L−1 ─ mean(lanes) ─ final_norm ─ ·embeddingᵀ ─▶ logits
 //!                                                    │   hc_pre → [engram] → block → hc_post
+//!             [probe heads] x0 and each layer's lane mean ─ probe_pool ─▶ contrastive_embedding, confidence_logit
 //! engram history ++ input_ids ─ engram hash ─────────┘ (engram sites only)
 //! position_ids, attention_mask ─ RoPE, attention masks, engram validity (per row)
 //! ```
 //!
 //! One function per stage: [`inputs`], [`embed_tokens`], [`layer`] (and its [`block`]),
-//! [`lm_head`], [`outputs`]; the names they read and write are the contract's.
+//! [`lm_head`], [`outputs`]; the probe heads are in [`crate::needle::probe_heads`]. The
+//! names they read and write are the contract's.
 
 use crate::builder::{Dim, GraphBuilder, Value};
 use crate::contract::dims::{BATCH, PAST_SEQUENCE, SEQUENCE, TOTAL_SEQUENCE};
@@ -21,6 +23,7 @@ use crate::needle::engram::{self, EngramKv};
 use crate::needle::hadamard_mlp::hadamard_mlp;
 use crate::needle::hyper_connections::{hc_post, hc_pre};
 use crate::needle::norms::zc_rms_norm;
+use crate::needle::probe_heads::{confidence_logit, contrastive_embedding};
 use crate::needle::{BuildContext, Config, LayerWeights, Tensor, Weights};
 use crate::onnx::{data_type, ModelProto};
 
@@ -63,6 +66,14 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
     let (embedding, mut x) = b.scope("embed_tokens", |b| {
         embed_tokens(b, &ctx, &w.embedding, &inputs.input_ids)
     });
+    // The probe heads' cells (upstream `hidden_cells`): the scaled embedding (one lane of
+    // the stream, exactly), then each layer's lane mean.
+    let has_heads = w.contrastive.is_some() || w.confidence.is_some();
+    let mut cells = Vec::new();
+    if has_heads {
+        let x0 = b.slice(&x, 2, 0, 1);
+        cells.push(b.squeeze(&x0, &[2]));
+    }
     let shared = LayerInputs {
         attn,
         engram_kv,
@@ -72,8 +83,23 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
     for i in 0..w.layers.len() {
         let (next, present) = b.scope(format!("layers.{i}"), |b| layer(b, &ctx, &shared, &x, w, i));
         x = next;
+        if has_heads {
+            let mean = b.reduce_mean(&x, &[2]);
+            cells.push(b.squeeze(&mean, &[2]));
+        }
         presents.push(present);
     }
+    let contrastive = w.contrastive.as_ref().map(|head| {
+        let embedding = b.scope("contrastive_head", |b| {
+            contrastive_embedding(b, &cells, &new_mask, head)
+        });
+        (embedding, head.proj.shape[0])
+    });
+    let confidence = w.confidence.as_ref().map(|head| {
+        b.scope("confidence_head", |b| {
+            confidence_logit(b, &cells, &new_mask, head)
+        })
+    });
     let logits = b.scope("lm_head", |b| {
         let rows = cfg.vocab;
         lm_head(
@@ -93,7 +119,28 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
         &presents,
         [&next_history, &inputs.placeholder],
     );
-    b.finish("needle", desc.doc_string(), desc.to_metadata())
+    if let Some((embedding, width)) = &contrastive {
+        b.output(
+            embedding,
+            names::CONTRASTIVE_EMBEDDING,
+            data_type::FLOAT,
+            &[Dim::Named(BATCH), Dim::Fixed(*width)],
+        );
+    }
+    if let Some(logit) = &confidence {
+        b.output(
+            logit,
+            names::CONFIDENCE_LOGIT,
+            data_type::FLOAT,
+            &[Dim::Named(BATCH)],
+        );
+    }
+    let doc = desc.doc_string()
+        + &ExportDescription::heads_doc(
+            confidence.is_some(),
+            contrastive.as_ref().map(|(_, width)| *width),
+        );
+    b.finish("needle", doc, desc.to_metadata())
 }
 
 /// The graph inputs, in the contract's order.

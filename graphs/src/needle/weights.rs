@@ -147,7 +147,7 @@ pub struct EngramWeights {
     pub taps: Tensor,
 }
 
-/// Every weight the graph needs. Probe heads are not part of the logits graph.
+/// Every weight the graph needs.
 #[derive(Clone, Debug)]
 pub struct Weights {
     /// `[vocab, d_model]`, tied with the output projection.
@@ -157,4 +157,40 @@ pub struct Weights {
     pub engrams: Vec<EngramWeights>,
     /// `[d_model]`.
     pub final_norm: Tensor,
+    /// The contrastive head, when the file has one (the `contrastive_embedding` output).
+    pub contrastive: Option<ProbeHead>,
+    /// The confidence head, when the file has one (the `confidence_logit` output).
+    pub confidence: Option<ProbeHead>,
+}
+
+/// A probe head named by a code in `heads.manifest`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadKind {
+    /// Code 1: `contrastive_head`.
+    Contrastive,
+    /// Code 2: `confidence_head`.
+    Confidence,
+}
+
+impl HeadKind {
+    /// The upstream parameter name, the prefix of the head's tensors.
+    pub fn name(self) -> &'static str {
+        match self {
+            HeadKind::Contrastive => "contrastive_head",
+            HeadKind::Confidence => "confidence_head",
+        }
+    }
+}
+
+/// One probe head (upstream `ContrastiveHead` / `ConfidenceHead`): attention-pooling
+/// probes and a linear projection of the pooled cells.
+#[derive(Clone, Debug)]
+pub struct ProbeHead {
+    pub kind: HeadKind,
+    /// `[P, d_model]`.
+    pub probes: Tensor,
+    /// `[out, P * d_model]`.
+    pub proj: Tensor,
+    /// `[out]`.
+    pub bias: Tensor,
 }

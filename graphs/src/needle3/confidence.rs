@@ -3,7 +3,7 @@
 //! the scaled embedding and every layer's lane mean, `[batch, sequence, L+1, d]`:
 //!
 //! ```text
-//! scores[l,k,t] = cells[t,l]·probes[l,k] / √d   (padding: −∞)   a = softmax_t(scores)
+//! scores[l,k,t] = cells[t,l]·probes[l,k] / √d   (padding: −∞)   a = softmax_t(scores)   (Needle 2's probe attention, per layer)
 //! r[l,k] = rms_unit(Σ_t a·cells[t,l]) · gain[l,k]
 //! u[q,(l,k)] = r[l,k]·query[q] / √d + row_bias[q,l,k]            w = softmax_(l,k)(u)
 //! logit = proj · concat_q(Σ_(l,k) w·r) + bias
@@ -15,6 +15,7 @@
 use crate::builder::{GraphBuilder, Value};
 use crate::contract::Precision;
 use crate::needle::norms::rms_unit;
+use crate::needle::probe_heads::probe_attention;
 use crate::needle::BuildContext;
 use crate::needle3::{Config, ProbeHead};
 use crate::onnx::data_type;
@@ -38,15 +39,8 @@ pub fn confidence_logit(
 
     let probes_t = transpose_last(&head.probes.data, rows, k, d);
     let probes_t = b.weight("probes_t", &[rows, d, k], &probes_t);
-    let scores = b.matmul(&cells, &probes_t); // [B, rows, S, k]
-    let scores = b.div(&scores, &root_d);
-    let keep = b.cast(keep, data_type::BOOL);
-    let keep = b.unsqueeze(&keep, &[1, 3]); // [B, 1, S, 1]
-    let lowest = b.scalar_float(f32::NEG_INFINITY);
-    let scores = b.where_(&keep, &scores, &lowest);
-    let attend = b.softmax(&scores, 2);
-    let attend = b.transpose(&attend, &[0, 1, 3, 2]); // [B, rows, k, S]
-    let pooled = b.matmul(&attend, &cells); // [B, rows, k, d]
+    let keep = b.unsqueeze(keep, &[1, 3]); // [B, 1, S, 1]
+    let pooled = probe_attention(b, &cells, &probes_t, &keep, d); // [B, rows, k, d]
     let pooled = rms_unit(b, ctx, &pooled, d);
     let gain = b.weight("gain", &[rows, k, 1], &head.gain.data);
     let pooled = b.mul(&pooled, &gain);

@@ -147,7 +147,8 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
             &[Dim::Named(BATCH)],
         );
     }
-    b.finish("needle", desc.doc_string(), desc.to_metadata())
+    let doc = desc.doc_string() + &ExportDescription::heads_doc(confidence.is_some(), None);
+    b.finish("needle", doc, desc.to_metadata())
 }
 
 /// The graph inputs, in the contract's order.
