@@ -6,6 +6,7 @@
 //! needle-bench --quick      smoke run on tests/fixtures/m64.cact: small sizes, one iteration, no JAX
 //! needle-bench --peer-only  only the whole-process comparison with needle-rs
 //! needle-bench --profile    onnxruntime profile of decode steps of the fused fp32 graph
+//! needle-bench --mask       what --constrain's mask costs a token, against a decode step
 //! ```
 //!
 //! Every configuration (attention variant × thread count) runs in a child process of this
@@ -14,6 +15,7 @@
 //! (`peer.rs`): needle-rs and needle-run as whole processes (needle-run and needle-export
 //! are taken from beside this binary: build them with it).
 
+mod mask;
 mod measure;
 mod peer;
 mod profile;
@@ -66,6 +68,9 @@ struct Args {
     /// weights and `@1.20` for the graph written for onnxruntime 1.20–1.23.
     #[arg(long, value_delimiter = ',', default_value = "fused,reference")]
     variants: Vec<String>,
+    /// Measure what --constrain's mask costs a token against a decode step instead.
+    #[arg(long)]
+    mask: bool,
     /// Profile decode steps of the fused fp32 graph instead (for each --threads value).
     #[arg(long)]
     profile: bool,
@@ -213,6 +218,12 @@ fn run(args: Args) -> Result<()> {
     );
     if args.peer_only {
         print!("{}", peer::run(&root, &model, &peer_plan)?);
+        return Ok(());
+    }
+    if args.mask {
+        for &threads in &args.threads {
+            print!("{}", mask::run(&model, threads)?);
+        }
         return Ok(());
     }
     if args.profile {
