@@ -1,7 +1,9 @@
 //! `needle-bench --mask`: what `--constrain` costs a token. The constraint's mask over the
-//! model's whole vocabulary, computed before each token of a typical tool answer (free
-//! reasoning, then the JSON calls) under the demo tools, against a one-token decode step
-//! of the same model (fused fp32) after a 64-token prefill, in one run.
+//! model's whole vocabulary under the demo tools, computed before each token of answers
+//! that a seeded random walk over the allowed tokens writes (free reasoning, then JSON
+//! calls, closed within a 96-token budget: no tokenizer-specific text needed), against a
+//! one-token decode step of the same model (fused fp32) after a 64-token prefill, in one
+//! run.
 
 use crate::measure::{step, tokens};
 use anyhow::{Context, Result};
@@ -16,11 +18,9 @@ use runner::session::NeedleSession;
 use std::path::Path;
 use std::time::Instant;
 
-/// The answer whose tokens are masked: what the demo model answers to "turn on the
-/// kitchen lights and set the thermostat to 21".
-const ANSWER: &str = "<think>\n'kitchen' -> room; 'on' -> on true; '21' -> temperature\n</think>\n\
-<tool_call>[{\"name\":\"set_lights\",\"arguments\":{\"room\":\"kitchen\",\"on\":true}},\
-{\"name\":\"set_thermostat\",\"arguments\":{\"temperature\":21}}]</tool_call>";
+/// Tokens each walked answer may take, and answers walked.
+const BUDGET: usize = 96;
+const ANSWERS: u64 = 4;
 
 /// Timed decode steps.
 const STEPS: usize = 16;
@@ -37,16 +37,32 @@ pub fn run(model: &Path, threads: usize) -> Result<String> {
     let factory = ConstraintFactory::new(&tokenizer)?;
     let factory_secs = factory_start.elapsed().as_secs_f64();
     let vocab = parsed.config.output_vocab();
-    let answer = tokenizer.encode(ANSWER);
+    let eos = tokenizer
+        .token_id(exporter::tokenizer::IM_END)
+        .context("the tokenizer has no <|im_end|>")?;
     let mut masks = Vec::new();
-    for _ in 0..3 {
-        let mut constraint = factory.for_tools(&tools, 256)?;
-        let mut logits = vec![0.0f32; vocab];
-        for &token in &answer {
+    let mut walked = 0;
+    for seed in 0..ANSWERS {
+        let mut constraint = factory.for_tools(&tools, BUDGET)?;
+        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        for _ in 0..BUDGET {
+            let mut logits: Vec<f32> = (0..vocab)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    (state % 1000) as f32
+                })
+                .collect();
             let start = Instant::now();
             constraint.mask(&mut logits)?;
             masks.push(start.elapsed().as_secs_f64());
+            let token = runner::generate::argmax(&logits);
+            if token == eos {
+                break;
+            }
             constraint.accept(token)?;
+            walked += 1;
         }
     }
     masks.sort_by(f64::total_cmp);
@@ -76,7 +92,7 @@ pub fn run(model: &Path, threads: usize) -> Result<String> {
         "### `--constrain` per token: {}, {} pieces, {threads} thread(s)\n\n\
          | metric | value |\n|---|---:|\n\
          | grammar compiler setup (once per process), ms | {:.1} |\n\
-         | mask per token, median of {} (3 × {} answer tokens), ms | {:.3} |\n\
+         | mask per token, median of {} ({} walked answers, {} tokens), ms | {:.3} |\n\
          | mask per token, worst, ms | {:.3} |\n\
          | decode step after 64 tokens, ms | {:.2} |\n\
          | median mask ÷ decode step | {:.1}% |\n",
@@ -84,7 +100,8 @@ pub fn run(model: &Path, threads: usize) -> Result<String> {
         tokenizer.vocab_size(),
         factory_secs * 1e3,
         masks.len(),
-        answer.len(),
+        ANSWERS,
+        walked,
         median * 1e3,
         worst * 1e3,
         decode * 1e3,
