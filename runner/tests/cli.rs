@@ -336,3 +336,52 @@ fn batch_answers_each_line_as_query_would() {
         "{err}"
     );
 }
+
+/// `--top-tools K` through the binary: a 120-tool catalogue too long for the context runs
+/// when only the best 3 are rendered (their ranking against upstream's is tested in
+/// tests/tests/needle2_heads.rs); a model without the contrastive head is one error line.
+#[test]
+fn top_tools_renders_only_the_best_k() {
+    let dir = scratch("top-tools");
+    let text = std::fs::read_to_string(fixture("m48h.retrieval.json")).unwrap();
+    let catalogue: Value = serde_json::from_str(&text).unwrap();
+    let tools = dir.join("tools.json");
+    std::fs::write(&tools, catalogue["tools"].to_string()).unwrap();
+    let query = catalogue["cases"][0]["query"].as_str().unwrap();
+    let m48h = fixture("m48h.cact");
+    let args = |extra: &[&'static str]| {
+        let mut a = vec![
+            "--provider".to_string(),
+            "cpu".to_string(),
+            "--model".to_string(),
+            m48h.to_str().unwrap().to_string(),
+            "--tools".to_string(),
+            tools.to_str().unwrap().to_string(),
+            "--query".to_string(),
+            query.to_string(),
+            "--max-new-tokens".to_string(),
+            "4".to_string(),
+        ];
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let run_owned = |a: Vec<String>| run(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let whole = run_owned(args(&[]));
+    assert_eq!(whole.status.code(), Some(1));
+    let answer = json_out(&run_owned(args(&["--top-tools", "3"])));
+    assert!(answer["prompt_tokens"].as_u64().unwrap() < 512, "{answer}");
+    let m48 = fixture("m48.cact");
+    let o = run(&[
+        "--provider",
+        "cpu",
+        "--model",
+        m48.to_str().unwrap(),
+        "--query",
+        "hi",
+        "--top-tools",
+        "2",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}
