@@ -1,12 +1,13 @@
 //! Many prompts generated together through one batch (`needle-run --batch`): rows padded
 //! on the right, which the graphs are exact for (each row's logits are its single run's,
 //! `tests/tests/batch.rs`), prefilled in the same pieces as a single run, then one step for
-//! every row still generating; a finished row is padding from then on. Each row stops,
-//! samples and is constrained exactly as [`crate::generate::generate_filtered`] would.
+//! every row still generating; a finished row is padding from then on. One prompt is
+//! [`crate::generate::generate_filtered`]'s single run; each row of a batch stops, samples
+//! and is constrained exactly as its single run.
 
-use crate::generate::{GenerateOptions, Generation, Sampler, TokenFilter};
+use crate::generate::{check_prompt, GenerateOptions, Generation, Sampler, TokenFilter};
 use crate::session::{NeedleSession, StepInputs};
-use anyhow::{bail, Result};
+use anyhow::{Context, Result};
 use std::time::Instant;
 
 /// Generates after each of `prompts` (each with BOS if the caller wants it); `filters[r]`
@@ -20,11 +21,10 @@ pub fn generate_batch(
     let batch = prompts.len();
     let max_len = session.config().max_seq_len();
     for (r, p) in prompts.iter().enumerate() {
-        if p.is_empty() || p.len() > max_len {
-            bail!(
-                "prompt {r} has {} tokens; it must have 1 to the model's max_seq_len {max_len}",
-                p.len()
-            );
+        let checked = check_prompt(p, max_len);
+        match batch {
+            1 => checked?,
+            _ => checked.with_context(|| format!("prompt {r} of the batch"))?,
         }
     }
     if batch == 0 {

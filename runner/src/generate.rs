@@ -1,9 +1,9 @@
 //! Prefill once, then one token per step through the KV cache; greedy or
 //! temperature sampling; stop tokens; throughput of both phases.
 
+use crate::batch::generate_batch;
 use crate::session::{NeedleSession, StepOutput};
 use anyhow::{bail, Result};
-use std::time::Instant;
 
 /// How the next token is chosen from the last position's logits.
 #[derive(Clone, Copy, Debug)]
@@ -75,14 +75,21 @@ pub fn generate(
     generate_filtered(session, prompt_ids, opts, None)
 }
 
-/// [`generate`] choosing each token among those `filter` allows.
+/// [`generate`] choosing each token among those `filter` allows: the one-row case of
+/// [`crate::batch::generate_batch`].
 pub fn generate_filtered(
     session: &mut NeedleSession,
     prompt_ids: &[u32],
     opts: &GenerateOptions,
-    mut filter: Option<&mut dyn TokenFilter>,
+    filter: Option<&mut dyn TokenFilter>,
 ) -> Result<Generation> {
-    let max_len = session.config().max_seq_len();
+    let mut runs = generate_batch(session, &[prompt_ids.to_vec()], opts, vec![filter])?;
+    Ok(runs.remove(0))
+}
+
+/// Refuses a prompt that generation cannot start from: an empty one or one longer than
+/// the model's `max_seq_len`.
+pub fn check_prompt(prompt_ids: &[u32], max_len: usize) -> Result<()> {
     if prompt_ids.is_empty() {
         bail!("the prompt is empty");
     }
@@ -92,49 +99,7 @@ pub fn generate_filtered(
             prompt_ids.len()
         );
     }
-    let mut sampler = Sampler::new(opts.sampling);
-    let ids: Vec<i64> = prompt_ids.iter().map(|&t| t as i64).collect();
-    let start = Instant::now();
-    let mut step = prefill(session, &ids, prompt_ids.len() + opts.max_new_tokens)?;
-    let prefill_secs = start.elapsed().as_secs_f64();
-
-    let vocab = session.config().output_vocab();
-    let mut generated = Vec::new();
-    let mut stopped_on = None;
-    let mut decode_tokens = 0;
-    let start = Instant::now();
-    loop {
-        let from = step.logits.len() - vocab;
-        let last = &mut step.logits[from..];
-        if let Some(filter) = filter.as_mut() {
-            filter.mask(last)?;
-        }
-        let next = sampler.pick(last);
-        if opts.stop_ids.contains(&next) {
-            stopped_on = Some(next);
-            break;
-        }
-        if step.cache.len() >= max_len {
-            break;
-        }
-        if let Some(filter) = filter.as_mut() {
-            filter.accept(next)?;
-        }
-        generated.push(next);
-        if generated.len() >= opts.max_new_tokens {
-            break;
-        }
-        step = session.forward(&[next as i64], 1, step.cache)?;
-        decode_tokens += 1;
-    }
-    Ok(Generation {
-        generated_ids: generated,
-        stopped_on,
-        prefill_tokens: prompt_ids.len(),
-        prefill_secs,
-        decode_tokens,
-        decode_secs: start.elapsed().as_secs_f64(),
-    })
+    Ok(())
 }
 
 /// Runs the prompt `ids` (batch 1) from an empty cache with room for `capacity` tokens,
