@@ -11,7 +11,7 @@ use exporter::export::ExportOptions;
 use exporter::model::{sha256_hex, NeedleModel};
 use exporter::output::ExportFiles;
 use exporter::tokenizer::{NeedleTokenizer, SpecialIds};
-use graphs::contract::{keys, AttentionKind, MatMulWeights, Precision, RuntimeTarget};
+use graphs::contract::{keys, AttentionKind, MatMulWeights, Precision, RuntimeTarget, Variant};
 use std::path::{Path, PathBuf};
 
 /// The demo model shipped in the binary (`runner/demo/needle-demo.cact`).
@@ -116,12 +116,7 @@ fn through_cache(
     opts: &LoadOptions,
 ) -> Result<(NeedleSession, NeedleTokenizer)> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let variant = variant_for(
-        registered.provider,
-        opts.attention,
-        opts.precision,
-        opts.matmul_weights,
-    );
+    let variant = plan_variant(&registered, opts);
     let graph = graph_cache::graph_path(
         dir,
         &sha256_hex(&bytes),
@@ -142,12 +137,7 @@ fn through_cache(
             }
         }
     }
-    let model = NeedleModel::from_file_bytes(path, &bytes)?;
-    let model = match opts.layers {
-        Some(depth) => model.rung(depth).map_err(anyhow::Error::msg)?,
-        None => model,
-    };
-    let tokenizer = NeedleTokenizer::from_spec(&model.tokenizer, opts.remove_extra_whitespaces)?;
+    let (model, tokenizer) = prepared(NeedleModel::from_file_bytes(path, &bytes)?, opts)?;
     let written = std::fs::create_dir_all(dir)
         .map_err(anyhow::Error::from)
         .and_then(|()| {
@@ -166,11 +156,7 @@ fn through_cache(
                 "needle-run: cannot cache the exported graph in {} ({e:#}); exporting in memory",
                 dir.display()
             );
-            let in_memory = LoadOptions {
-                layers: None,
-                ..opts.clone()
-            };
-            from_cact(model, registered, &in_memory)
+            in_memory(&model, tokenizer, variant, registered, opts)
         }
     }
     .with_context(|| path.display().to_string())
@@ -182,22 +168,44 @@ fn from_cact(
     registered: provider::Registered,
     opts: &LoadOptions,
 ) -> Result<(NeedleSession, NeedleTokenizer)> {
+    let variant = plan_variant(&registered, opts);
+    let (model, tokenizer) = prepared(model, opts)?;
+    in_memory(&model, tokenizer, variant, registered, opts)
+}
+
+/// The variant the plan picks for the registered provider and the options.
+fn plan_variant(registered: &provider::Registered, opts: &LoadOptions) -> Variant {
+    variant_for(
+        registered.provider,
+        opts.attention,
+        opts.precision,
+        opts.matmul_weights,
+    )
+}
+
+/// The rung `opts` asks for (the whole model without `--layers`) and its tokenizer.
+fn prepared(model: NeedleModel, opts: &LoadOptions) -> Result<(NeedleModel, NeedleTokenizer)> {
     let model = match opts.layers {
         Some(depth) => model.rung(depth).map_err(anyhow::Error::msg)?,
         None => model,
     };
     let tokenizer = NeedleTokenizer::from_spec(&model.tokenizer, opts.remove_extra_whitespaces)?;
-    let export_opts = ExportOptions {
-        variant: variant_for(
-            registered.provider,
-            opts.attention,
-            opts.precision,
-            opts.matmul_weights,
-        ),
+    Ok((model, tokenizer))
+}
+
+/// A session of `model` exported in memory as `variant`.
+fn in_memory(
+    model: &NeedleModel,
+    tokenizer: NeedleTokenizer,
+    variant: Variant,
+    registered: provider::Registered,
+    opts: &LoadOptions,
+) -> Result<(NeedleSession, NeedleTokenizer)> {
+    let onnx = model.export(&ExportOptions {
+        variant,
         tokenizer_file: None,
         remove_extra_whitespaces: opts.remove_extra_whitespaces,
-    };
-    let onnx = model.export(&export_opts);
+    });
     Ok((NeedleSession::from_memory(&onnx, registered)?, tokenizer))
 }
 
