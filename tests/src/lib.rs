@@ -135,6 +135,26 @@ pub fn row_error(got: &[f32], reference: &[f32], len: usize, vocab: usize) -> f3
     diff / scale
 }
 
+/// The logits of `case` run whole through `s` from an empty cache: `[batch, seq, vocab]`.
+pub fn case_logits(s: &mut NeedleSession, case: &Case) -> Vec<f32> {
+    let cache = s.empty_cache(case.batch).unwrap();
+    s.forward(&case.input_ids, case.batch, cache)
+        .unwrap()
+        .logits
+}
+
+/// [`row_error`] of each row of `got` against `reference`, both `[batch, seq, vocab]` of
+/// `case`, over the row's real positions.
+pub fn case_row_errors(got: &[f32], reference: &[f32], case: &Case, vocab: usize) -> Vec<f32> {
+    let row = case.seq * vocab;
+    (0..case.batch)
+        .map(|b| {
+            let rows = b * row..(b + 1) * row;
+            row_error(&got[rows.clone()], &reference[rows], case.lengths[b], vocab)
+        })
+        .collect()
+}
+
 /// The contract's tolerance on that error.
 pub const TOLERANCE: f32 = 1e-4;
 

@@ -2,7 +2,7 @@
 //! path against the full forward, and fused against reference.
 
 use graphs::contract::AttentionKind::{self, Reference};
-use needle_tests::{cases, row_error, session, MODELS, TOLERANCE};
+use needle_tests::{case_logits, case_row_errors, cases, row_error, session, MODELS, TOLERANCE};
 
 const FUSED: AttentionKind = AttentionKind::FUSED;
 
@@ -20,20 +20,9 @@ fn every_case_of_every_model_matches_upstream_in_both_variants() {
             let mut s = session(model, kind);
             let vocab = s.config().output_vocab();
             for case in cases(model) {
-                let cache = s.empty_cache(case.batch).unwrap();
-                let got = s
-                    .forward(&case.input_ids, case.batch, cache)
-                    .unwrap()
-                    .logits;
-                let row = case.seq * vocab;
-                for b in 0..case.batch {
-                    let rows = b * row..(b + 1) * row;
-                    let err = row_error(
-                        &got[rows.clone()],
-                        &case.logits[rows],
-                        case.lengths[b],
-                        vocab,
-                    );
+                let got = case_logits(&mut s, &case);
+                let errors = case_row_errors(&got, &case.logits, &case, vocab);
+                for (b, err) in errors.into_iter().enumerate() {
                     report.push(format!("{model} {kind:?} {}[{b}]: {err:.2e}", case.name));
                     assert!(
                         err <= TOLERANCE,
@@ -186,20 +175,9 @@ fn the_fused_graph_for_onnxruntime_1_20_matches_upstream_here_too() {
         let mut s = session_of(&bytes, &opts, Provider::Cpu);
         let vocab = s.config().output_vocab();
         for case in cases(model) {
-            let cache = s.empty_cache(case.batch).unwrap();
-            let got = s
-                .forward(&case.input_ids, case.batch, cache)
-                .unwrap()
-                .logits;
-            let row = case.seq * vocab;
-            for b in 0..case.batch {
-                let rows = b * row..(b + 1) * row;
-                let err = row_error(
-                    &got[rows.clone()],
-                    &case.logits[rows],
-                    case.lengths[b],
-                    vocab,
-                );
+            let got = case_logits(&mut s, &case);
+            let errors = case_row_errors(&got, &case.logits, &case, vocab);
+            for (b, err) in errors.into_iter().enumerate() {
                 assert!(
                     err <= TOLERANCE,
                     "{model} case {} row {b}: {err}",

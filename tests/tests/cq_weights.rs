@@ -4,7 +4,9 @@
 //! on every fixture (Needle 3's n3q carries CQ1, CQ2, CQ3, CQ4 and ternary matrices).
 
 use graphs::contract::{AttentionKind, MatMulWeights, Precision};
-use needle_tests::{cases, fixture, options, row_error, session_of, MODELS, TOLERANCE};
+use needle_tests::{
+    case_logits, case_row_errors, cases, fixture, options, session_of, MODELS, TOLERANCE,
+};
 use runner::provider::Provider;
 
 #[test]
@@ -23,20 +25,10 @@ fn cq_weights_are_the_exact_model_on_every_fixture() {
             let (mut float, mut cq) = (session(MatMulWeights::Float), session(MatMulWeights::Cq));
             let vocab = cq.config().output_vocab();
             for case in cases(model) {
-                let logits = |s: &mut runner::session::NeedleSession| {
-                    let cache = s.empty_cache(case.batch).unwrap();
-                    s.forward(&case.input_ids, case.batch, cache)
-                        .unwrap()
-                        .logits
-                };
-                let (want, got) = (logits(&mut float), logits(&mut cq));
-                let row = case.seq * vocab;
-                for b in 0..case.batch {
-                    let rows = b * row..(b + 1) * row;
-                    let len = case.lengths[b];
-                    let upstream =
-                        row_error(&got[rows.clone()], &case.logits[rows.clone()], len, vocab);
-                    let float = row_error(&got[rows.clone()], &want[rows], len, vocab);
+                let (want, got) = (case_logits(&mut float, &case), case_logits(&mut cq, &case));
+                let upstream = case_row_errors(&got, &case.logits, &case, vocab);
+                let exported = case_row_errors(&got, &want, &case, vocab);
+                for (b, (upstream, float)) in upstream.into_iter().zip(exported).enumerate() {
                     report.push(format!(
                         "{model} {kind:?} {}[{b}]: upstream {upstream:.2e}, float export {float:.2e}",
                         case.name
