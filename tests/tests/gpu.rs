@@ -13,7 +13,8 @@
 use graphs::contract::AttentionKind;
 use graphs::contract::{MatMulWeights, Precision};
 use needle_tests::{
-    cases, fixture, fixture_generate_options, generations, options, row_error, session_of,
+    case_logits, case_row_errors, cases, fixture, fixture_generate_options, generations, options,
+    session_of,
 };
 use runner::generate::generate;
 use runner::provider::Provider;
@@ -28,19 +29,10 @@ fn check(provider: Provider, attention: AttentionKind, precision: Precision, bou
         );
         assert_eq!(s.provider(), provider);
         for case in cases(model) {
-            let got = s
-                .forward(
-                    &case.input_ids,
-                    case.batch,
-                    s.empty_cache(case.batch).unwrap(),
-                )
-                .unwrap()
-                .logits;
+            let got = case_logits(&mut s, &case);
             let vocab = s.config().output_vocab();
-            let row = case.seq * vocab;
-            for b in 0..case.batch {
-                let r = b * row..(b + 1) * row;
-                let err = row_error(&got[r.clone()], &case.logits[r], case.lengths[b], vocab);
+            let errors = case_row_errors(&got, &case.logits, &case, vocab);
+            for (b, err) in errors.into_iter().enumerate() {
                 println!(
                     "{model} {provider} {attention:?} {precision:?} {}[{b}]: {err:.2e}",
                     case.name
