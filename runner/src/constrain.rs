@@ -56,14 +56,11 @@ impl ConstraintFactory {
             tool_call: id(TOOL_CALL_START)?,
             tool_call_end: id(TOOL_CALL_END)?,
         };
-        let env: TokEnv = Arc::new(PieceTrie::new(tokenizer, eos));
+        let pieces = tokenizer.text_bytes();
+        let env: TokEnv = Arc::new(PieceTrie::new(tokenizer, &pieces, eos));
         let mut factory = ParserFactory::new_simple(&env)?;
         factory.quiet();
-        let texts = tokenizer
-            .text_bytes()
-            .into_iter()
-            .map(Option::unwrap_or_default)
-            .collect();
+        let texts = pieces.into_iter().map(Option::unwrap_or_default).collect();
         Ok(ConstraintFactory {
             factory,
             texts,
@@ -346,13 +343,13 @@ struct PieceTrie {
 }
 
 impl PieceTrie {
-    fn new(tokenizer: &NeedleTokenizer, eos: u32) -> Self {
-        let words: Vec<Vec<u8>> = tokenizer
-            .text_bytes()
-            .into_iter()
+    /// `pieces`: the tokenizer's [`NeedleTokenizer::text_bytes`].
+    fn new(tokenizer: &NeedleTokenizer, pieces: &[Option<Vec<u8>>], eos: u32) -> Self {
+        let words: Vec<Vec<u8>> = pieces
+            .iter()
             .enumerate()
             .map(|(id, bytes)| match bytes {
-                Some(text) if !tokenizer.is_marker(id as u32) && id as u32 != eos => text,
+                Some(text) if !tokenizer.is_marker(id as u32) && id as u32 != eos => text.clone(),
                 _ => special(id),
             })
             .collect();
