@@ -60,6 +60,22 @@ fn the_first_readme_command_answers_with_the_right_call() {
     assert!(r["confidence"].is_null());
 }
 
+/// Exports the fixture `model` as a fused fp32 graph for `runtime` to `onnx`, beside its
+/// tokenizer, as needle-export does.
+fn export_fused(model: &str, onnx: &std::path::Path, runtime: RuntimeTarget) {
+    let exported = NeedleModel::read(&fixture(&format!("{model}.cact"))).unwrap();
+    let tokenizer = NeedleTokenizer::from_spec(&exported.tokenizer, true).unwrap();
+    ExportFiles::beside(onnx, &[AttentionKind::FUSED])
+        .write(
+            &exported,
+            &tokenizer,
+            Precision::Fp32,
+            MatMulWeights::Float,
+            runtime,
+        )
+        .unwrap();
+}
+
 fn generate_refs(model: &str) -> Vec<Value> {
     let text = std::fs::read_to_string(fixture(&format!("{model}.generate.json"))).unwrap();
     serde_json::from_str(&text).unwrap()
@@ -71,17 +87,7 @@ fn raw_mode_reproduces_upstream_generations_from_cact_and_from_exported_onnx() {
     for model in ["m48", "m64", "m96"] {
         let cact = fixture(&format!("{model}.cact"));
         let onnx = dir.join(format!("{model}.onnx"));
-        let exported = NeedleModel::read(&cact).unwrap();
-        let tokenizer = NeedleTokenizer::from_spec(&exported.tokenizer, true).unwrap();
-        ExportFiles::beside(&onnx, &[AttentionKind::FUSED])
-            .write(
-                &exported,
-                &tokenizer,
-                Precision::Fp32,
-                MatMulWeights::Float,
-                RuntimeTarget::Since1_24,
-            )
-            .unwrap();
+        export_fused(model, &onnx, RuntimeTarget::Since1_24);
         for m in [cact.display().to_string(), onnx.display().to_string()] {
             for r in generate_refs(model) {
                 let prompt = r["prompt"].as_str().unwrap();
@@ -115,17 +121,7 @@ fn an_onnxruntime_1_20_graph_runs_unless_its_window_would_narrow() {
     let dir = scratch("run-onnxruntime-1.20");
     let export = |model: &str| {
         let onnx = dir.join(format!("{model}.onnx"));
-        let exported = NeedleModel::read(&fixture(&format!("{model}.cact"))).unwrap();
-        let tokenizer = NeedleTokenizer::from_spec(&exported.tokenizer, true).unwrap();
-        ExportFiles::beside(&onnx, &[AttentionKind::FUSED])
-            .write(
-                &exported,
-                &tokenizer,
-                Precision::Fp32,
-                MatMulWeights::Float,
-                RuntimeTarget::From1_20To1_23,
-            )
-            .unwrap();
+        export_fused(model, &onnx, RuntimeTarget::From1_20To1_23);
         onnx.display().to_string()
     };
     let m64 = export("m64");
@@ -251,17 +247,7 @@ fn sampling_options_that_do_nothing_are_errors() {
 #[test]
 fn weights_with_an_exported_graph_is_an_error() {
     let onnx = scratch("weights-onnx").join("m64.onnx");
-    let model = NeedleModel::read(&fixture("m64.cact")).unwrap();
-    let tokenizer = NeedleTokenizer::from_spec(&model.tokenizer, true).unwrap();
-    ExportFiles::beside(&onnx, &[AttentionKind::FUSED])
-        .write(
-            &model,
-            &tokenizer,
-            Precision::Fp32,
-            MatMulWeights::Float,
-            RuntimeTarget::Since1_24,
-        )
-        .unwrap();
+    export_fused("m64", &onnx, RuntimeTarget::Since1_24);
     let path = onnx.to_str().unwrap();
     let o = run(&["--model", path, "--raw", "hi", "--weights", "int4"]);
     let err = String::from_utf8_lossy(&o.stderr);
