@@ -63,6 +63,26 @@ pub trait TokenFilter {
     fn accept(&mut self, token: u32) -> Result<()>;
 }
 
+impl<T: TokenFilter + ?Sized> TokenFilter for &mut T {
+    fn mask(&mut self, logits: &mut [f32]) -> Result<()> {
+        (**self).mask(logits)
+    }
+
+    fn accept(&mut self, token: u32) -> Result<()> {
+        (**self).accept(token)
+    }
+}
+
+impl<T: TokenFilter + ?Sized> TokenFilter for Box<T> {
+    fn mask(&mut self, logits: &mut [f32]) -> Result<()> {
+        (**self).mask(logits)
+    }
+
+    fn accept(&mut self, token: u32) -> Result<()> {
+        (**self).accept(token)
+    }
+}
+
 /// Generates after `prompt_ids` (batch 1; the prompt includes BOS if the caller wants it).
 /// Stops at a stop token, after `max_new_tokens`, or when the model's `max_seq_len` is full:
 /// like upstream `generate_cached`, a token is kept only if it still fits the context

@@ -2,7 +2,9 @@
 //! startup, the tokenizer, KV-cached generation and tool calling (`needle-run`).
 pub mod answer;
 pub mod batch;
+pub mod cache_rows;
 pub mod constrain;
+pub mod engine;
 pub mod generate;
 pub mod graph_cache;
 pub mod load;

@@ -50,6 +50,31 @@ impl Cache {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// Each layer's key, then its value.
+    pub(crate) fn key_values(&self) -> impl Iterator<Item = &DynValue> {
+        self.layers.iter().flat_map(|kv| [&kv.key, &kv.value])
+    }
+
+    pub(crate) fn key_values_mut(&mut self) -> impl Iterator<Item = &mut DynValue> {
+        self.layers
+            .iter_mut()
+            .flat_map(|kv| [&mut kv.key, &mut kv.value])
+    }
+
+    /// The state carried beside the keys and values, `[batch, …]` each: the engram
+    /// history, its placeholder and each layer's QKV-conv state.
+    pub(crate) fn states(&self) -> impl Iterator<Item = &DynValue> {
+        [&self.history, &self.placeholder]
+            .into_iter()
+            .chain(&self.qkv_conv)
+    }
+
+    pub(crate) fn states_mut(&mut self) -> impl Iterator<Item = &mut DynValue> {
+        [&mut self.history, &mut self.placeholder]
+            .into_iter()
+            .chain(&mut self.qkv_conv)
+    }
 }
 
 /// A loaded Needle graph, what its metadata says about it, and how it runs.
@@ -208,6 +233,23 @@ impl NeedleSession {
     /// The empty state for `batch` rows (`past_sequence = 0`).
     pub fn empty_cache(&self, batch: usize) -> Result<Cache> {
         self.new_cache(batch, None)
+    }
+
+    /// A state of zeros for `batch` rows that have seen `len` tokens, with key/value
+    /// tensors of `positions` (a buffer updated in place where the plan says so, else
+    /// exactly `len`, which `positions` must then be).
+    pub(crate) fn zeroed_cache(&self, batch: usize, positions: usize, len: usize) -> Result<Cache> {
+        let capacity = self.plan.in_place_cache.then_some(positions);
+        if capacity.is_none() && positions != len {
+            bail!("an exact-length cache of {len} tokens cannot have {positions} positions");
+        }
+        let mut cache = self.new_cache(batch, Some(positions))?;
+        for tensor in cache.key_values_mut() {
+            crate::cache_rows::zero(tensor)?;
+        }
+        cache.len = len;
+        cache.capacity = capacity;
+        Ok(cache)
     }
 
     /// An empty state for `batch` rows and up to `capacity` tokens: preallocated buffers

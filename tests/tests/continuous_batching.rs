@@ -1,0 +1,126 @@
+//! Continuous batching (`runner::engine`, what `needle-run serve` decodes with): rows that
+//! join a running batch at step boundaries and leave it when done see, at every step, the
+//! logits of their single run (which matches upstream, `conformance.rs`), and generate its
+//! tokens; every conformance model, both attention variants (the fused one with its
+//! in-place cache), rows of different lengths and budgets.
+
+use graphs::contract::AttentionKind;
+use needle_tests::{row_error, session, MODELS};
+use runner::engine::{Admission, Engine, RowId};
+use runner::generate::{generate_filtered, GenerateOptions, Sampling, TokenFilter};
+use std::cell::RefCell;
+use std::rc::Rc;
+
+const BOUND: f32 = 1e-5;
+
+/// Keeps a copy of the logits of every step it is asked to mask.
+#[derive(Clone, Default)]
+struct Recorder(Rc<RefCell<Vec<Vec<f32>>>>);
+
+impl TokenFilter for Recorder {
+    fn mask(&mut self, logits: &mut [f32]) -> anyhow::Result<()> {
+        self.0.borrow_mut().push(logits.to_vec());
+        Ok(())
+    }
+
+    fn accept(&mut self, _token: u32) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
+/// Deterministic prompt `r` of `len` tokens (ids above the special ones).
+fn prompt(r: usize, len: usize, vocab: usize) -> Vec<u32> {
+    (0..len)
+        .map(|i| (4 + (i * 37 + r * 101 + 7) % (vocab - 4)) as u32)
+        .collect()
+}
+
+/// Row `r`: prompt length, tokens to generate, and the step before which it joins.
+const ROWS: [(usize, usize, usize); 6] = [
+    (9, 7, 0),
+    (23, 12, 0),
+    (4, 5, 2),
+    (15, 9, 2),
+    (2, 3, 5),
+    (11, 6, 9),
+];
+
+fn options(max_new_tokens: usize) -> GenerateOptions {
+    // No stop tokens: every row generates its whole budget, so rows leave at known steps.
+    GenerateOptions {
+        max_new_tokens,
+        stop_ids: Vec::new(),
+        sampling: Sampling::Greedy,
+    }
+}
+
+#[test]
+fn rows_joining_and_leaving_a_running_batch_match_their_single_runs() {
+    for model in MODELS {
+        for attention in [AttentionKind::FUSED, AttentionKind::Reference] {
+            let mut s = session(model, attention);
+            let vocab = s.config().output_vocab();
+            let prompts: Vec<Vec<u32>> = ROWS
+                .iter()
+                .enumerate()
+                .map(|(r, &(len, _, _))| prompt(r, len, vocab))
+                .collect();
+            let recorders: Vec<Recorder> = ROWS.iter().map(|_| Recorder::default()).collect();
+            let mut engine = Engine::default();
+            let mut ids: Vec<Option<RowId>> = vec![None; ROWS.len()];
+            let mut generated = vec![Vec::new(); ROWS.len()];
+            let mut widest = 0;
+            for step in 0.. {
+                let joining: Vec<usize> = (0..ROWS.len()).filter(|&r| ROWS[r].2 == step).collect();
+                let admissions = joining
+                    .iter()
+                    .map(|&r| Admission {
+                        prompt: prompts[r].clone(),
+                        opts: options(ROWS[r].1),
+                        filter: Some(recorders[r].clone()),
+                    })
+                    .collect();
+                for (&r, id) in joining
+                    .iter()
+                    .zip(engine.admit(&mut s, admissions).unwrap())
+                {
+                    ids[r] = Some(id);
+                }
+                widest = widest.max(engine.len());
+                if engine.is_empty() && ids.iter().all(Option::is_some) {
+                    break;
+                }
+                for done in engine.step(&mut s).unwrap() {
+                    let r = ids.iter().position(|&id| id == Some(done.id)).unwrap();
+                    generated[r] = done.generation.unwrap().generated_ids;
+                }
+            }
+            assert!(widest >= 4, "{model}: the schedule should overlap rows");
+            let mut worst = 0f32;
+            for (r, &(len, budget, _)) in ROWS.iter().enumerate() {
+                let mut alone = Recorder::default();
+                let single =
+                    generate_filtered(&mut s, &prompts[r], &options(budget), Some(&mut alone))
+                        .unwrap();
+                assert_eq!(
+                    generated[r], single.generated_ids,
+                    "{model} {attention} row {r}: tokens"
+                );
+                let (got, want) = (recorders[r].0.borrow(), alone.0.borrow());
+                assert_eq!(got.len(), want.len(), "{model} {attention} row {r}: steps");
+                for (step, (g, w)) in got.iter().zip(want.iter()).enumerate() {
+                    let err = row_error(g, w, 1, vocab);
+                    assert!(
+                        err <= BOUND,
+                        "{model} {attention} row {r} (prompt {len}) step {step}: relative error {err:.2e}"
+                    );
+                    worst = worst.max(err);
+                }
+            }
+            println!(
+                "{model} {attention}: {} rows, up to {widest} at once, worst step {worst:.2e}",
+                ROWS.len()
+            );
+        }
+    }
+}
