@@ -9,9 +9,10 @@ use crate::load::{load, LoadOptions, LoadedModel, ModelSource};
 use crate::prompt::{parse_answer, render_prompt, IM_END};
 use crate::provider::{Provider, Unavailable};
 use crate::python_json::PyJson;
-use crate::session::StepInputs;
+use crate::session::{NeedleSession, StepInputs};
 use crate::stream::{Both, TextStream};
 use anyhow::{anyhow, bail, Result};
+use exporter::tokenizer::NeedleTokenizer;
 use graphs::contract::names::{CONFIDENCE_LOGIT, CONTRASTIVE_EMBEDDING};
 use serde::Serialize;
 use serde_json::Value;
@@ -165,20 +166,12 @@ impl Runner {
             .collect()
     }
 
-    /// `[BOS] + tokenize(render_prompt(..))`.
     fn tool_prompt(&self, tools: &Value, query: &str, system: Option<&str>) -> Vec<u32> {
-        let tok = &self.model.tokenizer;
-        let prompt = render_prompt(tools, query, system);
-        [vec![tok.bos_id()], tok.encode(&prompt)].concat()
+        tool_prompt_ids(&self.model.tokenizer, tools, query, system)
     }
 
-    /// A tool answer ends at EOS or `<|im_end|>`.
     fn tool_stop_ids(&self) -> Result<Vec<u32>> {
-        let tok = &self.model.tokenizer;
-        let im_end = tok
-            .token_id(IM_END)
-            .ok_or_else(|| anyhow!("the tokenizer has no {IM_END} marker"))?;
-        Ok(vec![tok.eos_id(), im_end])
+        tool_stop_ids(&self.model.tokenizer)
     }
 
     /// The `--constrain` state of one answer after prompt `ids`, when constraining.
@@ -194,13 +187,13 @@ impl Runner {
         // The answer has to close before the context is full, too.
         let max_len = self.model.session.config().max_seq_len();
         let budget = max_new_tokens.min(max_len.saturating_sub(ids.len()));
-        factory.for_tools(tools, budget).map(Some)
+        factory.for_tools(tools, 0, budget).map(Some)
     }
 
     /// Tool mode's answer of the generation `run` after prompt `ids`.
     fn tool_response(&mut self, ids: &[u32], run: &Generation) -> Result<ToolResponse> {
         let answer = parse_answer(&self.model.tokenizer.decode(&run.generated_ids));
-        let confidence = self.confidence(&[ids, &run.generated_ids].concat())?;
+        let confidence = confidence(&mut self.model.session, &[ids, &run.generated_ids].concat())?;
         let (success, error) = match &answer.calls {
             Ok(_) => (true, None),
             Err(e) => (false, Some(e.clone())),
@@ -220,23 +213,6 @@ impl Runner {
             peak_ram_mb: peak_ram_mb(),
             confidence,
         })
-    }
-
-    /// `sigmoid` of the confidence head's logit over `ids` fed whole with an empty cache
-    /// (the head pools over every position at once); `None` without the head.
-    fn confidence(&mut self, ids: &[u32]) -> Result<Option<f64>> {
-        let session = &mut self.model.session;
-        if !session.has_confidence_head() {
-            return Ok(None);
-        }
-        let ids: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
-        let cache = session.empty_cache(1)?;
-        let out = session.forward(&ids, 1, cache)?;
-        let logit = out
-            .confidence_logit
-            .and_then(|l| l.first().copied())
-            .ok_or_else(|| anyhow!("the graph returned no {}", CONFIDENCE_LOGIT))?;
-        Ok(Some(1.0 / (1.0 + (-f64::from(logit)).exp())))
     }
 
     /// The tools ranked for `query` by the cosine similarity of the contrastive head's
@@ -369,6 +345,41 @@ impl Runner {
         }
         Ok(generation)
     }
+}
+
+/// `[BOS] + tokenize(render_prompt(..))`: tool mode's prompt.
+pub fn tool_prompt_ids(
+    tok: &NeedleTokenizer,
+    tools: &Value,
+    query: &str,
+    system: Option<&str>,
+) -> Vec<u32> {
+    let prompt = render_prompt(tools, query, system);
+    [vec![tok.bos_id()], tok.encode(&prompt)].concat()
+}
+
+/// A tool answer ends at EOS or `<|im_end|>`.
+pub fn tool_stop_ids(tok: &NeedleTokenizer) -> Result<Vec<u32>> {
+    let im_end = tok
+        .token_id(IM_END)
+        .ok_or_else(|| anyhow!("the tokenizer has no {IM_END} marker"))?;
+    Ok(vec![tok.eos_id(), im_end])
+}
+
+/// `sigmoid` of the confidence head's logit over `ids` fed whole with an empty cache
+/// (the head pools over every position at once); `None` without the head.
+pub fn confidence(session: &mut NeedleSession, ids: &[u32]) -> Result<Option<f64>> {
+    if !session.has_confidence_head() {
+        return Ok(None);
+    }
+    let ids: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
+    let cache = session.empty_cache(1)?;
+    let out = session.forward(&ids, 1, cache)?;
+    let logit = out
+        .confidence_logit
+        .and_then(|l| l.first().copied())
+        .ok_or_else(|| anyhow!("the graph returned no {}", CONFIDENCE_LOGIT))?;
+    Ok(Some(1.0 / (1.0 + (-f64::from(logit)).exp())))
 }
 
 /// Tool texts are cut at this many tokens before they are embedded, as upstream's

@@ -68,10 +68,15 @@ impl ConstraintFactory {
         })
     }
 
-    /// The constraint of one answer with the tools of `tools` (a JSON list) that must end
-    /// within `max_new_tokens`.
-    pub fn for_tools(&self, tools: &Value, max_new_tokens: usize) -> Result<ToolConstraint> {
-        let grammar = TopLevelGrammar::from_lark(answer_grammar(tools, self.markers)?);
+    /// The constraint of one answer with at least `min_calls` calls of the tools of `tools`
+    /// (a JSON list) that must end within `max_new_tokens`.
+    pub fn for_tools(
+        &self,
+        tools: &Value,
+        min_calls: usize,
+        max_new_tokens: usize,
+    ) -> Result<ToolConstraint> {
+        let grammar = TopLevelGrammar::from_lark(answer_grammar(tools, min_calls, self.markers)?);
         let parser = self
             .factory
             .create_parser(grammar)
@@ -216,8 +221,8 @@ fn grammar_error(e: anyhow::Error) -> anyhow::Error {
 }
 
 /// The Lark grammar of an answer (see the module docs).
-fn answer_grammar(tools: &Value, markers: Markers) -> Result<String> {
-    let calls = serde_json::to_string(&calls_schema(tools)?)?;
+fn answer_grammar(tools: &Value, min_calls: usize, markers: Markers) -> Result<String> {
+    let calls = serde_json::to_string(&calls_schema(tools, min_calls)?)?;
     let Markers {
         think_start,
         think_end,
@@ -234,9 +239,9 @@ calls: %json {calls}
     ))
 }
 
-/// The schema of the `<tool_call>` list: any number of calls of the declared tools, in
-/// the compact separators of the training data.
-pub fn calls_schema(tools: &Value) -> Result<Value> {
+/// The schema of the `<tool_call>` list: `min_calls` or more calls of the declared tools,
+/// in the compact separators of the training data.
+pub fn calls_schema(tools: &Value, min_calls: usize) -> Result<Value> {
     // A tool list given as the text to render verbatim (needle-run --tools) is read here
     // as JSON: the schema needs its structure, not Python's spelling of its numbers.
     let parsed;
@@ -256,9 +261,12 @@ pub fn calls_schema(tools: &Value) -> Result<Value> {
         .enumerate()
         .map(|(i, tool)| call_schema(tool).map_err(|e| anyhow!("--constrain: tool {i}: {e}")))
         .collect::<Result<Vec<_>>>()?;
+    if calls.is_empty() && min_calls > 0 {
+        bail!("--constrain: a call is required but no tools are declared");
+    }
     let items = match calls.is_empty() {
         true => json!({"type": "array", "maxItems": 0}),
-        false => json!({"type": "array", "items": {"anyOf": calls}}),
+        false => json!({"type": "array", "items": {"anyOf": calls}, "minItems": min_calls}),
     };
     let mut schema = items;
     schema["x-guidance"] = json!({

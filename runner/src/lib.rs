@@ -13,6 +13,7 @@ pub mod plan;
 pub mod prompt;
 pub mod provider;
 pub mod python_json;
+pub mod serve;
 pub mod session;
 pub mod stream;
 pub use exporter::tokenizer;

@@ -2,25 +2,46 @@
 //! model through onnxruntime, on the execution provider chosen at startup.
 
 use anyhow::{bail, Context, Result};
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use exporter::cli::spelled;
 use graphs::contract::{AttentionKind, MatMulWeights, Precision};
 use runner::answer::{Runner, ToolQuery};
 use runner::generate::Sampling;
 use runner::graph_cache;
-use runner::load::{is_onnx, LoadOptions, ModelSource, DEMO_TOOLS};
-use runner::provider::Provider;
+use runner::load::{is_onnx, load, LoadOptions, ModelSource, DEMO_TOOLS};
+use runner::provider::{Provider, Unavailable};
 use runner::python_json::{self, PyJson};
+use runner::serve::ServeOptions;
 use serde_json::Value;
 use std::io::{stdout, Write};
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 /// Runs a Needle 2 or 3 tool-calling model through onnxruntime. Without --model, the
 /// built-in demo model (smart-home tools) answers.
 #[derive(Parser)]
-#[command(version)]
-struct Args {
+#[command(version, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    query: Args,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the model as an OpenAI-compatible chat-completions endpoint with tools
+    /// (POST /v1/chat/completions, GET /v1/models, GET /health); requests are decoded
+    /// together by continuous batching. SIGTERM or Ctrl-C finishes the requests in flight,
+    /// then exits.
+    Serve(ServeArgs),
+}
+
+/// Which model, and how to load it.
+#[derive(clap::Args)]
+struct ModelArgs {
     /// A Needle 2 or 3 `.cact` (exported in memory for the provider) or an `.onnx` from needle-export.
     #[arg(long)]
     model: Option<PathBuf>,
@@ -43,6 +64,47 @@ struct Args {
     /// onnxruntime intra-op threads (0: onnxruntime decides).
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// Export a `.cact` in memory every time instead of caching the exported graph
+    /// (in $NEEDLE_ONNX_CACHE, else $XDG_CACHE_HOME/needle-onnx, else ~/.cache/needle-onnx).
+    #[arg(long)]
+    no_cache: bool,
+    /// Run the N-layer ladder rung of a Needle 3 `.cact` (2 to its depth).
+    #[arg(long)]
+    layers: Option<usize>,
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Address to listen on (loopback by default; 0.0.0.0 serves every interface).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: IpAddr,
+    /// Port to listen on (0: any free port, printed on stderr).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Requests decoded together.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    max_batch: u32,
+    /// Requests that may wait for a place in the batch; more are answered 429.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    queue: u32,
+    /// Largest request body in bytes; larger ones are answered 413.
+    #[arg(long, default_value_t = 1 << 20)]
+    max_body: usize,
+    /// Seconds a request may take; one that is not done by then is answered 504.
+    #[arg(long, default_value_t = 120.0, value_parser = positive_seconds)]
+    request_timeout: f64,
+    /// max_tokens of a request that does not say.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    max_tokens: u32,
+}
+
+/// A tool-calling query (or raw text) to answer.
+#[derive(clap::Args)]
+struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
     /// Tool list (a JSON array); default: the demo model's tools.json.
     #[arg(long)]
     tools: Option<PathBuf>,
@@ -60,10 +122,6 @@ struct Args {
     /// Rows decoded together with --batch.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..), requires = "batch")]
     batch_size: u32,
-    /// Export a `.cact` in memory every time instead of caching the exported graph
-    /// (in $NEEDLE_ONNX_CACHE, else $XDG_CACHE_HOME/needle-onnx, else ~/.cache/needle-onnx).
-    #[arg(long)]
-    no_cache: bool,
     /// Write the answer's text to stderr as it is generated; the result still goes to stdout.
     #[arg(long)]
     stream: bool,
@@ -90,9 +148,6 @@ struct Args {
     /// Seed of the sampler (needs --temperature; default 0).
     #[arg(long, requires = "temperature")]
     seed: Option<u64>,
-    /// Run the N-layer ladder rung of a Needle 3 `.cact` (2 to its depth).
-    #[arg(long)]
-    layers: Option<usize>,
 }
 
 /// A temperature that sampling can use: finite and above zero (0 would be greedy, which
@@ -104,8 +159,21 @@ fn positive_temperature(s: &str) -> Result<f32, String> {
     }
 }
 
+/// Seconds of a timeout: finite and above zero.
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(t) if t.is_finite() && t > 0.0 => Ok(t),
+        _ => Err(format!("{s:?} is not a positive number of seconds")),
+    }
+}
+
 fn main() -> ExitCode {
-    match run(Args::parse()) {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Some(Command::Serve(args)) => serve(args),
+        None => run(cli.query),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("needle-run: error: {e:#}");
@@ -114,12 +182,79 @@ fn main() -> ExitCode {
     }
 }
 
+impl ModelArgs {
+    /// The model to load and how.
+    fn load(&self) -> Result<(ModelSource, LoadOptions)> {
+        if let (Some(model), Some(_)) = (&self.model, self.weights) {
+            if is_onnx(model) {
+                bail!(
+                    "{}: --weights picks how a .cact is exported; an exported graph keeps the \
+                     weights it was exported with (needle-export --weights)",
+                    model.display()
+                );
+            }
+        }
+        let source = self
+            .model
+            .clone()
+            .map_or(ModelSource::Demo, ModelSource::Path);
+        let options = LoadOptions {
+            provider: self.provider,
+            fallback: self.fallback,
+            attention: self.attention,
+            precision: self.precision,
+            matmul_weights: self.weights.unwrap_or(MatMulWeights::Float),
+            threads: self.threads,
+            remove_extra_whitespaces: true,
+            layers: self.layers,
+            cache: (!self.no_cache).then(graph_cache::default_dir).flatten(),
+        };
+        Ok((source, options))
+    }
+}
+
+/// Says on stderr which provider runs the model when others were tried first.
+fn report_skipped(provider: Provider, skipped: &[Unavailable]) {
+    if !skipped.is_empty() {
+        let skipped: Vec<String> = skipped
+            .iter()
+            .map(|s| format!("{} ({})", s.provider, s.reason))
+            .collect();
+        eprintln!(
+            "needle-run: using {provider}; unavailable: {}",
+            skipped.join("; ")
+        );
+    }
+}
+
+fn serve(args: ServeArgs) -> Result<()> {
+    let (source, options) = args.model.load()?;
+    let name = match &args.model.model {
+        Some(path) => path
+            .file_stem()
+            .map_or("needle".into(), |s| s.to_string_lossy().into_owned()),
+        None => "needle-demo".to_string(),
+    };
+    let model = load(&source, &options)?;
+    report_skipped(model.session.provider(), &model.skipped);
+    let opts = ServeOptions {
+        addr: SocketAddr::new(args.host, args.port),
+        model_name: name,
+        max_batch: args.max_batch as usize,
+        queue: args.queue as usize,
+        max_body: args.max_body,
+        timeout: Duration::from_secs_f64(args.request_timeout),
+        default_max_tokens: args.max_tokens as usize,
+    };
+    runner::serve::serve(model, &opts)
+}
+
 fn run(args: Args) -> Result<()> {
     if args.raw.is_none()
         && args.batch.is_none()
         && args.query.as_deref().is_none_or(|q| q.trim().is_empty())
     {
-        bail!("give --query \"...\" (tool mode), --batch FILE or --raw \"...\" (raw mode); the query must not be empty");
+        bail!("give --query \"...\" (tool mode), --batch FILE or --raw \"...\" (raw mode), or use needle-run serve; the query must not be empty");
     }
     let tools = match &args.tools {
         Some(path) => read_tools(path)?,
@@ -128,30 +263,7 @@ fn run(args: Args) -> Result<()> {
             _ => bail!("the built-in tools.json is not a JSON array"),
         },
     };
-    if let (Some(model), Some(_)) = (&args.model, args.weights) {
-        if is_onnx(model) {
-            bail!(
-                "{}: --weights picks how a .cact is exported; an exported graph keeps the \
-                 weights it was exported with (needle-export --weights)",
-                model.display()
-            );
-        }
-    }
-    let source = args
-        .model
-        .clone()
-        .map_or(ModelSource::Demo, ModelSource::Path);
-    let options = LoadOptions {
-        provider: args.provider,
-        fallback: args.fallback,
-        attention: args.attention,
-        precision: args.precision,
-        matmul_weights: args.weights.unwrap_or(MatMulWeights::Float),
-        threads: args.threads,
-        remove_extra_whitespaces: true,
-        layers: args.layers,
-        cache: (!args.no_cache).then(graph_cache::default_dir).flatten(),
-    };
+    let (source, options) = args.model.load()?;
     let mut runner = Runner::new(&source, &options)?;
     if args.constrain {
         runner = runner.constrained()?;
@@ -165,18 +277,7 @@ fn run(args: Args) -> Result<()> {
             seed: args.seed.unwrap_or(0),
         });
     }
-    if !runner.skipped().is_empty() {
-        let skipped: Vec<String> = runner
-            .skipped()
-            .iter()
-            .map(|s| format!("{} ({})", s.provider, s.reason))
-            .collect();
-        eprintln!(
-            "needle-run: using {}; unavailable: {}",
-            runner.provider(),
-            skipped.join("; ")
-        );
-    }
+    report_skipped(runner.provider(), runner.skipped());
     let max_new = args.max_new_tokens as usize;
     if let Some(path) = &args.batch {
         let default_tools = Value::String(PyJson::Array(tools).dumps_compact());

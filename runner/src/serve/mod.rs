@@ -1,0 +1,109 @@
+//! `needle-run serve`: an OpenAI-compatible chat-completions endpoint with tools, so the
+//! OpenAI SDKs and agent frameworks can use a Needle model unchanged. Requests are decoded
+//! together by continuous batching on one thread that owns the session
+//! ([`scheduler`]); the HTTP side ([`http`]) runs on tokio with axum. SIGTERM or Ctrl-C
+//! stops accepting connections, lets the requests in flight finish, then exits.
+
+pub mod http;
+pub mod request;
+pub mod response;
+pub mod scheduler;
+
+use crate::answer::tool_stop_ids;
+use crate::constrain::ConstraintFactory;
+use crate::load::LoadedModel;
+use crate::prompt::TOOL_CALL_START;
+use anyhow::{anyhow, Context, Result};
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How to serve.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub addr: SocketAddr,
+    /// The name `/v1/models` lists and answers carry.
+    pub model_name: String,
+    /// Rows decoded together.
+    pub max_batch: usize,
+    /// Requests waiting for a row; more are answered 429.
+    pub queue: usize,
+    /// Largest request body in bytes; larger ones are answered 413.
+    pub max_body: usize,
+    /// A request not done by then is answered 504 (and its row leaves the batch).
+    pub timeout: Duration,
+    /// `max_tokens` when a request does not say.
+    pub default_max_tokens: usize,
+}
+
+/// Serves `model` until SIGTERM or Ctrl-C. Says where on stderr once it listens.
+pub fn serve(model: LoadedModel, opts: &ServeOptions) -> Result<()> {
+    let LoadedModel {
+        session, tokenizer, ..
+    } = model;
+    let tool_call_id = tokenizer
+        .token_id(TOOL_CALL_START)
+        .ok_or_else(|| anyhow!("the tokenizer has no {TOOL_CALL_START} marker"))?;
+    let (jobs, queue) = std::sync::mpsc::sync_channel(opts.queue);
+    let shared = Arc::new(http::Shared {
+        jobs,
+        constraints: ConstraintFactory::new(&tokenizer)?,
+        stop_ids: tool_stop_ids(&tokenizer)?,
+        tokenizer: Arc::new(tokenizer),
+        tool_call_id,
+        model: opts.model_name.clone(),
+        provider: session.provider(),
+        max_seq_len: session.config().max_seq_len(),
+        default_max_tokens: opts.default_max_tokens,
+        queue: opts.queue,
+        timeout: opts.timeout,
+        completions: AtomicU64::new(0),
+    });
+    let provider = session.provider();
+    let max_batch = opts.max_batch;
+    let decoder = std::thread::Builder::new()
+        .name("needle-decode".into())
+        .spawn(move || scheduler::run(session, queue, max_batch))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(opts.addr)
+            .await
+            .with_context(|| format!("cannot listen on {}", opts.addr))?;
+        let addr = listener.local_addr()?;
+        eprintln!(
+            "needle-run: serving {} on http://{addr}/v1 ({provider}); SIGTERM or Ctrl-C stops it",
+            opts.model_name
+        );
+        let app = http::router(shared, opts.max_body);
+        axum::serve(listener, app)
+            .with_graceful_shutdown(stop_signal())
+            .await
+            .context("the server failed")
+    })?;
+    // Every handler (and its job sender) is gone: the decoder finishes and returns.
+    decoder
+        .join()
+        .map_err(|_| anyhow!("the decoding thread panicked"))?;
+    eprintln!("needle-run: stopped");
+    Ok(())
+}
+
+async fn stop_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate => {}
+    }
+    eprintln!("needle-run: stopping: finishing the requests in flight");
+}

@@ -1,0 +1,434 @@
+//! An OpenAI chat-completions request read into what Needle's prompt can express:
+//! system text, one user query, the tools, and how to decode. Anything it cannot honour is
+//! refused with a message naming the field, never silently dropped.
+
+use serde_json::{Map, Value};
+
+/// A request refused: the message and the field it is about (OpenAI's `param`).
+#[derive(Debug, PartialEq)]
+pub struct Invalid {
+    pub message: String,
+    pub param: Option<&'static str>,
+}
+
+fn invalid(param: &'static str, message: impl Into<String>) -> Invalid {
+    Invalid {
+        message: message.into(),
+        param: Some(param),
+    }
+}
+
+/// How the answer may use the tools (`tool_choice`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum ToolChoice {
+    /// The model decides (the default).
+    Auto,
+    /// No call: the `<tool_call>` marker is never generated.
+    None,
+    /// At least one call of the declared tools (decoded under their grammar).
+    Required,
+    /// At least one call, of this tool only (decoded under its grammar).
+    Function(String),
+}
+
+/// What a chat-completions request asks for.
+#[derive(Clone, Debug)]
+pub struct ChatRequest {
+    /// The tools in Needle's flat form (`{name, description, parameters}`), as declared.
+    pub tools: Vec<Value>,
+    pub query: String,
+    pub system: Option<String>,
+    pub tool_choice: ToolChoice,
+    pub max_tokens: Option<usize>,
+    /// 0 (the default) is greedy, as `needle-run` decodes.
+    pub temperature: f32,
+    pub seed: u64,
+    pub stream: bool,
+    /// `stream_options.include_usage`: a last chunk with the token counts.
+    pub include_usage: bool,
+    /// `needle.constrain`: decode under the tools' grammar even with `tool_choice: auto`.
+    pub constrain: bool,
+}
+
+impl ChatRequest {
+    /// Whether the answer is decoded under the tools' grammar.
+    pub fn constrained(&self) -> bool {
+        self.constrain
+            || matches!(
+                self.tool_choice,
+                ToolChoice::Required | ToolChoice::Function(_)
+            )
+    }
+
+    /// The tools the grammar allows calls of.
+    pub fn callable_tools(&self) -> Vec<Value> {
+        match &self.tool_choice {
+            ToolChoice::Function(name) => self
+                .tools
+                .iter()
+                .filter(|t| tool_name(t) == Some(name))
+                .cloned()
+                .collect(),
+            _ => self.tools.clone(),
+        }
+    }
+}
+
+fn tool_name(tool: &Value) -> Option<&str> {
+    tool.get("name").and_then(Value::as_str)
+}
+
+/// Reads the request body (already parsed as JSON).
+pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
+    let Value::Object(body) = body else {
+        return Err(Invalid {
+            message: "the request body must be a JSON object".into(),
+            param: None,
+        });
+    };
+    refuse_unsupported(body)?;
+    let (system, query) = messages(body.get("messages"))?;
+    let tools = tools(body.get("tools"))?;
+    let tool_choice = tool_choice(body.get("tool_choice"), &tools)?;
+    let max_tokens = match (body.get("max_completion_tokens"), body.get("max_tokens")) {
+        (Some(v), _) if !v.is_null() => Some(positive(v, "max_completion_tokens")?),
+        (_, Some(v)) if !v.is_null() => Some(positive(v, "max_tokens")?),
+        _ => None,
+    };
+    let temperature = match body.get("temperature") {
+        None | Some(Value::Null) => 0.0,
+        Some(v) => match v.as_f64() {
+            Some(t) if t.is_finite() && (0.0..=2.0).contains(&t) => t as f32,
+            _ => {
+                return Err(invalid(
+                    "temperature",
+                    "temperature must be a number from 0 to 2",
+                ))
+            }
+        },
+    };
+    let seed = match body.get("seed") {
+        None | Some(Value::Null) => 0,
+        Some(v) => v
+            .as_i64()
+            .map(|s| s as u64)
+            .or_else(|| v.as_u64())
+            .ok_or_else(|| invalid("seed", "seed must be an integer"))?,
+    };
+    let stream = flag(body.get("stream"), "stream")?;
+    let include_usage = match body.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => flag(o.get("include_usage"), "stream_options")?,
+        Some(_) => {
+            return Err(invalid(
+                "stream_options",
+                "stream_options must be an object",
+            ))
+        }
+    };
+    let constrain = match body.get("needle") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => {
+            if let Some(key) = o.keys().find(|k| *k != "constrain") {
+                return Err(invalid(
+                    "needle",
+                    format!("needle.{key} is not a needle option (only needle.constrain)"),
+                ));
+            }
+            flag(o.get("constrain"), "needle")?
+        }
+        Some(_) => {
+            return Err(invalid(
+                "needle",
+                "needle must be an object, e.g. {\"constrain\": true}",
+            ))
+        }
+    };
+    if constrain && tools.is_empty() && tool_choice != ToolChoice::None {
+        return Err(invalid(
+            "needle",
+            "needle.constrain needs at least one tool",
+        ));
+    }
+    Ok(ChatRequest {
+        tools,
+        query,
+        system,
+        tool_choice,
+        max_tokens,
+        temperature,
+        seed,
+        stream,
+        include_usage,
+        constrain,
+    })
+}
+
+/// Fields whose meaning this server cannot honour.
+fn refuse_unsupported(body: &Map<String, Value>) -> Result<(), Invalid> {
+    if let Some(n) = body.get("n").filter(|n| !n.is_null()) {
+        if n.as_u64() != Some(1) {
+            return Err(invalid("n", "only n = 1 is supported"));
+        }
+    }
+    if body.get("logprobs").and_then(Value::as_bool) == Some(true) {
+        return Err(invalid("logprobs", "logprobs are not supported"));
+    }
+    match body.get("stop") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(a)) if a.is_empty() => {}
+        Some(_) => {
+            return Err(invalid(
+                "stop",
+                "stop sequences are not supported (answers end at <|im_end|>)",
+            ))
+        }
+    }
+    match body.get("response_format").and_then(|f| f.get("type")).and_then(Value::as_str) {
+        None | Some("text") => {}
+        Some(other) => {
+            return Err(invalid(
+                "response_format",
+                format!("response_format {other:?} is not supported; use tools with needle.constrain for structured answers"),
+            ))
+        }
+    }
+    if body.contains_key("functions") || body.contains_key("function_call") {
+        return Err(invalid("functions", "the deprecated functions/function_call fields are not supported; use tools/tool_choice"));
+    }
+    Ok(())
+}
+
+/// Needle's prompt (upstream `render_example`) has an optional system turn and one user
+/// turn: system and developer messages become the system text, and the last message must
+/// be the one user message.
+fn messages(messages: Option<&Value>) -> Result<(Option<String>, String), Invalid> {
+    let Some(Value::Array(messages)) = messages else {
+        return Err(invalid("messages", "messages must be a list of messages"));
+    };
+    let mut system = Vec::new();
+    let mut query = None;
+    for (i, m) in messages.iter().enumerate() {
+        let role = m
+            .get("role")
+            .and_then(Value::as_str)
+            .ok_or_else(|| invalid("messages", format!("messages[{i}] has no role string")))?;
+        let text = || content_text(m.get("content"), i);
+        match role {
+            "system" | "developer" if query.is_none() => system.push(text()?),
+            "system" | "developer" => {
+                return Err(invalid("messages", format!("messages[{i}]: a {role} message must come before the user message")))
+            }
+            "user" if query.is_none() => query = Some(text()?),
+            "user" => {
+                return Err(invalid("messages", format!(
+                    "messages[{i}]: Needle's prompt has one user turn; send the conversation's last user message alone"
+                )))
+            }
+            "assistant" | "tool" | "function" => {
+                return Err(invalid("messages", format!(
+                    "messages[{i}]: Needle's prompt has no {role} turns (one system and one user turn, as upstream \
+                     render_example); send the last user message alone"
+                )))
+            }
+            other => return Err(invalid("messages", format!("messages[{i}]: unknown role {other:?}"))),
+        }
+    }
+    let query = query.ok_or_else(|| invalid("messages", "messages need a user message"))?;
+    if query.trim().is_empty() {
+        return Err(invalid("messages", "the user message is empty"));
+    }
+    let system = Some(system.join("\n\n")).filter(|s| !s.is_empty());
+    Ok((system, query))
+}
+
+/// A message's text: a string, or a list of `{"type": "text", "text": …}` parts.
+fn content_text(content: Option<&Value>, i: usize) -> Result<String, Invalid> {
+    match content {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .map(
+                |p| match (p.get("type").and_then(Value::as_str), p.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => Ok(t.as_str()),
+                    (kind, _) => Err(invalid(
+                        "messages",
+                        format!(
+                            "messages[{i}]: only text content parts are supported, not {}",
+                            kind.unwrap_or("an untyped part")
+                        ),
+                    )),
+                },
+            )
+            .collect::<Result<Vec<_>, _>>()
+            .map(|parts| parts.concat()),
+        _ => Err(invalid(
+            "messages",
+            format!("messages[{i}] has no text content"),
+        )),
+    }
+}
+
+/// OpenAI's `[{"type": "function", "function": {name, description, parameters}}]`, each
+/// tool rendered in the prompt as its `function` object, the form Needle was trained on.
+fn tools(tools: Option<&Value>) -> Result<Vec<Value>, Invalid> {
+    let list = match tools {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(list)) => list,
+        Some(_) => return Err(invalid("tools", "tools must be a list")),
+    };
+    let mut names = Vec::new();
+    list.iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let function = match (t.get("type").and_then(Value::as_str), t.get("function")) {
+                (Some("function"), Some(f @ Value::Object(_))) => f,
+                _ => {
+                    return Err(invalid(
+                        "tools",
+                        format!(
+                            "tools[{i}] is not {{\"type\": \"function\", \"function\": {{…}}}}"
+                        ),
+                    ))
+                }
+            };
+            let name = tool_name(function)
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| invalid("tools", format!("tools[{i}].function has no name")))?;
+            if names.contains(&name) {
+                return Err(invalid(
+                    "tools",
+                    format!("tools[{i}]: {name:?} is declared twice"),
+                ));
+            }
+            names.push(name);
+            match function.get("parameters") {
+                None | Some(Value::Null | Value::Object(_)) => Ok(function.clone()),
+                Some(_) => Err(invalid(
+                    "tools",
+                    format!("tools[{i}].function.parameters must be a JSON schema object"),
+                )),
+            }
+        })
+        .collect()
+}
+
+fn tool_choice(choice: Option<&Value>, tools: &[Value]) -> Result<ToolChoice, Invalid> {
+    let choice = match choice {
+        None | Some(Value::Null) => return Ok(ToolChoice::Auto),
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            other => return Err(invalid("tool_choice", format!("tool_choice {other:?} is not auto, none, required or a function"))),
+        },
+        Some(v) => match (v.get("type").and_then(Value::as_str), v.pointer("/function/name").and_then(Value::as_str)) {
+            (Some("function"), Some(name)) => ToolChoice::Function(name.to_string()),
+            _ => return Err(invalid("tool_choice", "tool_choice must be auto, none, required or {\"type\": \"function\", \"function\": {\"name\": …}}")),
+        },
+    };
+    match &choice {
+        ToolChoice::Required if tools.is_empty() => Err(invalid(
+            "tool_choice",
+            "tool_choice required needs at least one tool",
+        )),
+        ToolChoice::Function(name) if !tools.iter().any(|t| tool_name(t) == Some(name)) => {
+            Err(invalid(
+                "tool_choice",
+                format!("tool_choice names {name:?}, which is not one of the tools"),
+            ))
+        }
+        _ => Ok(choice),
+    }
+}
+
+fn positive(v: &Value, param: &'static str) -> Result<usize, Invalid> {
+    match v.as_u64() {
+        Some(n) if n > 0 => Ok(n as usize),
+        _ => Err(invalid(
+            param,
+            format!("{param} must be a positive integer"),
+        )),
+    }
+}
+
+fn flag(v: Option<&Value>, param: &'static str) -> Result<bool, Invalid> {
+    match v {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(invalid(param, format!("{param} must be true or false"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn weather() -> Value {
+        json!({"type": "function", "function": {"name": "get_weather", "description": "d", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}})
+    }
+
+    #[test]
+    fn a_tool_request_becomes_the_query_the_system_text_and_flat_tools() {
+        let r = parse(&json!({
+            "model": "m",
+            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]}],
+            "tools": [weather()],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "max_tokens": 64,
+        }))
+        .unwrap();
+        assert_eq!(r.query, "Weather in Paris?");
+        assert_eq!(r.system.as_deref(), Some("Be brief."));
+        assert_eq!(r.tools, vec![weather()["function"].clone()]);
+        assert_eq!(r.tool_choice, ToolChoice::Function("get_weather".into()));
+        assert_eq!(
+            (r.max_tokens, r.temperature, r.constrained()),
+            (Some(64), 0.0, true)
+        );
+    }
+
+    #[test]
+    fn what_the_prompt_cannot_express_is_refused_naming_the_field() {
+        let user = json!({"role": "user", "content": "hi"});
+        let cases = [
+            (
+                json!({"messages": [user, {"role": "assistant", "content": "x"}]}),
+                "messages",
+            ),
+            (json!({"messages": []}), "messages"),
+            (json!({"messages": [user], "n": 2}), "n"),
+            (json!({"messages": [user], "stop": ["\n"]}), "stop"),
+            (
+                json!({"messages": [user], "tool_choice": "required"}),
+                "tool_choice",
+            ),
+            (
+                json!({"messages": [user], "tools": [weather()], "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+                "tool_choice",
+            ),
+            (
+                json!({"messages": [user], "tools": [weather(), weather()]}),
+                "tools",
+            ),
+            (json!({"messages": [user], "max_tokens": 0}), "max_tokens"),
+            (
+                json!({"messages": [user], "temperature": "hot"}),
+                "temperature",
+            ),
+            (
+                json!({"messages": [user], "needle": {"constrian": true}}),
+                "needle",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+                "messages",
+            ),
+        ];
+        for (body, param) in cases {
+            let e = parse(&body).unwrap_err();
+            assert_eq!(e.param, Some(param), "{body}: {}", e.message);
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! The thread that owns the session and decodes every request: continuous batching
+//! ([`Engine`]). A request waits in a bounded queue, joins the running batch at the next
+//! step boundary while there is room, sends each token it generates back to its handler,
+//! and leaves the batch when done. A request whose handler is gone (client disconnected,
+//! timed out) fails its next token and leaves too.
+
+use crate::answer::confidence;
+use crate::engine::{Admission, Engine, RowId};
+use crate::generate::{GenerateOptions, Generation, TokenFilter};
+use crate::session::NeedleSession;
+use anyhow::{anyhow, Result};
+use std::collections::HashMap;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// The filter a row decodes under, owned by the decoding thread.
+pub type RowFilter = Box<dyn TokenFilter + Send>;
+
+/// A request to decode.
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub opts: GenerateOptions,
+    /// The constraint the answer is decoded under, if any.
+    pub filter: Option<RowFilter>,
+    pub events: UnboundedSender<Event>,
+    pub queued_at: Instant,
+}
+
+/// What a request hears back.
+#[derive(Debug)]
+pub enum Event {
+    /// A token it generated, in order.
+    Token(u32),
+    /// It is done.
+    Done(Box<Done>),
+    /// It failed: why.
+    Failed(String),
+}
+
+#[derive(Debug)]
+pub struct Done {
+    pub generation: Generation,
+    /// Seconds it waited in the queue before its prefill.
+    pub queue_secs: f64,
+    /// See [`crate::answer::ToolResponse::confidence`].
+    pub confidence: Option<f64>,
+}
+
+/// Sends each accepted token to the request's handler; fails (so the row leaves the
+/// batch) once the handler is gone.
+struct Notify {
+    inner: Option<RowFilter>,
+    events: UnboundedSender<Event>,
+}
+
+impl TokenFilter for Notify {
+    fn mask(&mut self, logits: &mut [f32]) -> Result<()> {
+        match self.inner.as_mut() {
+            Some(inner) => inner.mask(logits),
+            None => Ok(()),
+        }
+    }
+
+    fn accept(&mut self, token: u32) -> Result<()> {
+        if let Some(inner) = self.inner.as_mut() {
+            inner.accept(token)?;
+        }
+        self.events
+            .send(Event::Token(token))
+            .map_err(|_| anyhow!("the request was abandoned"))
+    }
+}
+
+struct Running {
+    events: UnboundedSender<Event>,
+    prompt: Vec<u32>,
+    queue_secs: f64,
+}
+
+/// Decodes the jobs of `jobs` until every sender is gone and the last one is done, at
+/// most `max_batch` at once.
+pub fn run(mut session: NeedleSession, jobs: Receiver<Job>, max_batch: usize) {
+    let mut engine: Engine<Notify> = Engine::default();
+    let mut running: HashMap<RowId, Running> = HashMap::new();
+    let mut open = true;
+    loop {
+        let mut joining = Vec::new();
+        if engine.is_empty() {
+            match jobs.recv() {
+                Ok(job) => joining.push(job),
+                Err(_) => return,
+            }
+        }
+        while open && engine.len() + joining.len() < max_batch {
+            match jobs.try_recv() {
+                Ok(job) => joining.push(job),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => open = false,
+            }
+        }
+        joining.retain(|job| !job.events.is_closed());
+        if !joining.is_empty() {
+            admit(&mut session, &mut engine, &mut running, joining);
+        }
+        if engine.is_empty() {
+            if !open {
+                return;
+            }
+            continue;
+        }
+        match engine.step(&mut session) {
+            Ok(finished) => {
+                for f in finished {
+                    let Some(row) = running.remove(&f.id) else {
+                        continue;
+                    };
+                    let event = match f.generation {
+                        Ok(generation) => done(&mut session, &row, generation),
+                        Err(e) => Event::Failed(format!("{e:#}")),
+                    };
+                    let _ = row.events.send(event);
+                }
+            }
+            Err(e) => {
+                // onnxruntime failed: every running request fails with it, the server goes on.
+                for (_, row) in running.drain() {
+                    let _ = row
+                        .events
+                        .send(Event::Failed(format!("decoding failed: {e:#}")));
+                }
+                engine = Engine::default();
+            }
+        }
+    }
+}
+
+fn admit(
+    session: &mut NeedleSession,
+    engine: &mut Engine<Notify>,
+    running: &mut HashMap<RowId, Running>,
+    joining: Vec<Job>,
+) {
+    let mut rows = Vec::with_capacity(joining.len());
+    let admissions = joining
+        .into_iter()
+        .map(|job| {
+            rows.push(Running {
+                events: job.events.clone(),
+                prompt: job.prompt.clone(),
+                queue_secs: job.queued_at.elapsed().as_secs_f64(),
+            });
+            Admission {
+                prompt: job.prompt,
+                opts: job.opts,
+                filter: Some(Notify {
+                    inner: job.filter,
+                    events: job.events,
+                }),
+            }
+        })
+        .collect();
+    match engine.admit(session, admissions) {
+        Ok(ids) => running.extend(ids.into_iter().zip(rows)),
+        Err(e) => {
+            // Prompts are checked before they are queued, so this is onnxruntime failing;
+            // the batch may be half rebuilt, so every request fails and decoding restarts.
+            let failed = rows.into_iter().chain(running.drain().map(|(_, row)| row));
+            for row in failed {
+                let _ = row
+                    .events
+                    .send(Event::Failed(format!("prefill failed: {e:#}")));
+            }
+            *engine = Engine::default();
+        }
+    }
+}
+
+fn done(session: &mut NeedleSession, row: &Running, generation: Generation) -> Event {
+    let ids = [&row.prompt[..], &generation.generated_ids].concat();
+    match confidence(session, &ids) {
+        Ok(confidence) => Event::Done(Box::new(Done {
+            generation,
+            queue_secs: row.queue_secs,
+            confidence,
+        })),
+        Err(e) => Event::Failed(format!("the confidence head failed: {e:#}")),
+    }
+}
