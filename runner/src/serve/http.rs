@@ -6,10 +6,10 @@
 
 use crate::answer::tool_prompt_ids;
 use crate::constrain::ConstraintFactory;
-use crate::generate::{GenerateOptions, Sampling, TokenFilter};
+use crate::generate::{GenerateOptions, Sampling};
 use crate::prompt::{parse_answer, Answer};
 use crate::provider::Provider;
-use crate::serve::request::{self, ChatRequest, ToolChoice};
+use crate::serve::request::{self, ChatRequest};
 use crate::serve::response::{self, Meta};
 use crate::serve::scheduler::{Event, Job, RowFilter};
 use axum::body::Bytes;
@@ -36,8 +36,6 @@ pub struct Shared {
     pub tokenizer: Arc<NeedleTokenizer>,
     pub constraints: ConstraintFactory,
     pub stop_ids: Vec<u32>,
-    /// The `<tool_call>` marker, never generated under `tool_choice: none`.
-    pub tool_call_id: u32,
     pub model: String,
     pub provider: Provider,
     pub max_seq_len: usize,
@@ -142,22 +140,6 @@ async fn chat_completions(State(s): AppState, body: Result<Bytes, BytesRejection
     }
 }
 
-/// Never lets `token` be generated.
-struct Ban(u32);
-
-impl TokenFilter for Ban {
-    fn mask(&mut self, logits: &mut [f32]) -> anyhow::Result<()> {
-        if let Some(l) = logits.get_mut(self.0 as usize) {
-            *l = f32::NEG_INFINITY;
-        }
-        Ok(())
-    }
-
-    fn accept(&mut self, _token: u32) -> anyhow::Result<()> {
-        Ok(())
-    }
-}
-
 /// The job of `request` and the channel its events come back on; or why it cannot run.
 fn prepare(s: &Shared, request: &ChatRequest) -> Result<(Job, UnboundedReceiver<Event>), String> {
     let tools = Value::Array(request.tools.clone());
@@ -175,19 +157,17 @@ fn prepare(s: &Shared, request: &ChatRequest) -> Result<(Job, UnboundedReceiver<
         ));
     }
     let max_new_tokens = request.max_tokens.unwrap_or(s.default_max_tokens);
-    let filter: Option<RowFilter> = match &request.tool_choice {
-        ToolChoice::None => Some(Box::new(Ban(s.tool_call_id))),
-        _ if request.constrained() => {
-            let min_calls = usize::from(request.tool_choice != ToolChoice::Auto);
+    let filter: Option<RowFilter> = match request.constrained() {
+        true => {
             let budget = max_new_tokens.min(s.max_seq_len - prompt.len());
             let callable = Value::Array(request.callable_tools());
             let constraint = s
                 .constraints
-                .for_tools(&callable, min_calls, budget)
+                .for_tools(&callable, request.min_calls(), budget)
                 .map_err(|e| format!("{e:#}"))?;
             Some(Box::new(constraint))
         }
-        _ => None,
+        false => None,
     };
     let sampling = match request.temperature {
         t if t > 0.0 => Sampling::Temperature {

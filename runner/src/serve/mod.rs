@@ -12,7 +12,6 @@ pub mod scheduler;
 use crate::answer::tool_stop_ids;
 use crate::constrain::ConstraintFactory;
 use crate::load::LoadedModel;
-use crate::prompt::TOOL_CALL_START;
 use anyhow::{anyhow, Context, Result};
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
@@ -42,16 +41,12 @@ pub fn serve(model: LoadedModel, opts: &ServeOptions) -> Result<()> {
     let LoadedModel {
         session, tokenizer, ..
     } = model;
-    let tool_call_id = tokenizer
-        .token_id(TOOL_CALL_START)
-        .ok_or_else(|| anyhow!("the tokenizer has no {TOOL_CALL_START} marker"))?;
     let (jobs, queue) = std::sync::mpsc::sync_channel(opts.queue);
     let shared = Arc::new(http::Shared {
         jobs,
         constraints: ConstraintFactory::new(&tokenizer)?,
         stop_ids: tool_stop_ids(&tokenizer)?,
         tokenizer: Arc::new(tokenizer),
-        tool_call_id,
         model: opts.model_name.clone(),
         provider: session.provider(),
         max_seq_len: session.config().max_seq_len(),

@@ -23,7 +23,8 @@ fn invalid(param: &'static str, message: impl Into<String>) -> Invalid {
 pub enum ToolChoice {
     /// The model decides (the default).
     Auto,
-    /// No call: the `<tool_call>` marker is never generated.
+    /// No call: Needle's "respond" answer, an empty `<tool_call>` list (decoded under
+    /// that grammar; Needle answers in calls, never in free text).
     None,
     /// At least one call of the declared tools (decoded under their grammar).
     Required,
@@ -51,18 +52,23 @@ pub struct ChatRequest {
 }
 
 impl ChatRequest {
-    /// Whether the answer is decoded under the tools' grammar.
+    /// Whether the answer is decoded under a grammar of its calls.
     pub fn constrained(&self) -> bool {
-        self.constrain
-            || matches!(
-                self.tool_choice,
-                ToolChoice::Required | ToolChoice::Function(_)
-            )
+        self.constrain || self.tool_choice != ToolChoice::Auto
+    }
+
+    /// The fewest calls the grammar allows.
+    pub fn min_calls(&self) -> usize {
+        usize::from(matches!(
+            self.tool_choice,
+            ToolChoice::Required | ToolChoice::Function(_)
+        ))
     }
 
     /// The tools the grammar allows calls of.
     pub fn callable_tools(&self) -> Vec<Value> {
         match &self.tool_choice {
+            ToolChoice::None => Vec::new(),
             ToolChoice::Function(name) => self
                 .tools
                 .iter()
@@ -144,12 +150,6 @@ pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
             ))
         }
     };
-    if constrain && tools.is_empty() && tool_choice != ToolChoice::None {
-        return Err(invalid(
-            "needle",
-            "needle.constrain needs at least one tool",
-        ));
-    }
     Ok(ChatRequest {
         tools,
         query,

@@ -43,7 +43,8 @@ pub fn tool_calls(answer: &Answer, completion_id: &str) -> Vec<Value> {
         .collect()
 }
 
-/// The answer's text as `content`: `null` when it only calls tools.
+/// The answer's text as `content` (empty for Needle's "respond" answer, which has no
+/// text), `null` when it only calls tools.
 fn content(answer: &Answer) -> Value {
     match (answer.text.is_empty(), answer.function_calls().is_empty()) {
         (true, false) => Value::Null,

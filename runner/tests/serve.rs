@@ -1,0 +1,304 @@
+//! `needle-run serve` through the official `openai` Python client
+//! (`tests/python/openai_client.py`): tool calls, plain answers, streaming, `tool_choice`,
+//! 32 concurrent requests, refusals, limits and SIGTERM, each judged against `needle-run`'s
+//! one-at-a-time answers (the in-process `Runner`, which the CLI tests check against
+//! upstream) or against what the OpenAI API specifies.
+
+use runner::answer::Runner;
+use runner::load::{LoadOptions, ModelSource};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use test_support::{python, repo_root};
+
+/// A running server; killed if the test ends without stopping it.
+struct Server {
+    child: Child,
+    base_url: String,
+    stderr: Arc<Mutex<String>>,
+    /// Reads the server's stderr until it exits.
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_needle-run"))
+            .args(["serve", "--provider", "cpu", "--port", "0"])
+            .args(extra)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let lines = BufReader::new(child.stderr.take().unwrap());
+        let log = stderr.clone();
+        let reader = std::thread::spawn(move || {
+            for line in lines.lines().map_while(Result::ok) {
+                if let Some(url) = line.split(" on ").nth(1).and_then(|s| s.split(' ').next()) {
+                    let _ = tx.send(url.to_string());
+                }
+                log.lock().unwrap().push_str(&format!("{line}\n"));
+            }
+        });
+        let base_url = rx
+            .recv_timeout(std::time::Duration::from_secs(120))
+            .unwrap_or_else(|_| panic!("the server did not start: {}", stderr.lock().unwrap()));
+        Server {
+            child,
+            base_url,
+            stderr,
+            reader: Some(reader),
+        }
+    }
+
+    /// Runs `scenario` of the client with `spec`'s extra fields.
+    fn client(&self, scenario: &str, mut spec: Value) -> Value {
+        spec["base_url"] = json!(self.base_url);
+        spec["scenario"] = json!(scenario);
+        spec["pid"] = json!(self.child.id());
+        let mut py = python()
+            .arg(repo_root().join("tests/python/openai_client.py"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        py.stdin
+            .take()
+            .unwrap()
+            .write_all(spec.to_string().as_bytes())
+            .unwrap();
+        let out = py.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "client {scenario}: {}\nserver: {}",
+            String::from_utf8_lossy(&out.stderr),
+            self.stderr.lock().unwrap()
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The demo model's held-out queries (tools in Needle's flat form).
+fn held_out(n: usize) -> Vec<Value> {
+    let text = std::fs::read_to_string(repo_root().join("runner/demo/eval.jsonl")).unwrap();
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .take(n)
+        .map(|l| {
+            let ex: Value = serde_json::from_str(l).unwrap();
+            json!({"query": ex["query"], "tools": ex["tools"]})
+        })
+        .collect()
+}
+
+/// `needle-run`'s calls for `query`, as the client reports calls (`arguments` parsed).
+fn one_at_a_time(runner: &mut Runner, q: &Value, system: Option<&str>) -> Vec<Value> {
+    let query = q["query"].as_str().unwrap();
+    let r = runner.complete(&q["tools"], query, system, 256).unwrap();
+    r.function_calls
+        .iter()
+        .map(|c| json!({"name": c["name"], "arguments": c["arguments"]}))
+        .collect()
+}
+
+/// The client's calls without their ids (checked separately).
+fn calls(message: &Value) -> Vec<Value> {
+    message["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| json!({"name": c["name"], "arguments": c["arguments"]}))
+        .collect()
+}
+
+fn refused(r: &Value, status: u64, param: Option<&str>, says: &str) {
+    assert_eq!(r["status"], status, "{r}");
+    assert_eq!(r["param"].as_str(), param, "{r}");
+    assert!(
+        r["message"].as_str().unwrap_or_default().contains(says),
+        "{r}"
+    );
+}
+
+#[test]
+fn the_openai_client_gets_needle_runs_answers() {
+    let queries = held_out(32);
+    let system = "You control a smart home.";
+    let server = Server::start(&[]);
+    let got = server.client("answers", json!({"queries": queries, "system": system}));
+    let mut runner = Runner::new(&ModelSource::Demo, &LoadOptions::default()).unwrap();
+    let want = one_at_a_time(&mut runner, &queries[0], None);
+    assert!(!want.is_empty(), "the first held-out query calls tools");
+
+    assert_eq!(got["models"], json!(["needle-demo"]));
+    let call = &got["tool_call"];
+    assert_eq!(calls(call), want);
+    assert_eq!(call["finish_reason"], "tool_calls");
+    assert!(call["content"].is_null(), "{call}");
+    let ids: Vec<&str> = call["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap())
+        .collect();
+    assert!(ids.iter().all(|id| id.starts_with("call_")), "{ids:?}");
+    assert!(ids.windows(2).all(|w| w[0] != w[1]), "{ids:?}");
+    let usage = &call["usage"];
+    assert_eq!(
+        usage["total_tokens"].as_u64(),
+        Some(
+            usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap()
+        )
+    );
+    assert_eq!(call["needle"]["success"], true);
+    assert_eq!(call["needle"]["provider"], "cpu");
+    assert!(call["needle"]["reasoning"]
+        .as_str()
+        .is_some_and(|r| !r.is_empty()));
+
+    let mut constrained = Runner::new(&ModelSource::Demo, &LoadOptions::default())
+        .unwrap()
+        .constrained()
+        .unwrap();
+    assert_eq!(
+        calls(&got["constrained"]),
+        one_at_a_time(&mut constrained, &queries[0], None)
+    );
+
+    // Streamed: the same calls, reasoning and usage, in more than a handful of chunks.
+    let stream = &got["stream"];
+    assert_eq!(calls(stream), want);
+    assert_eq!(stream["finish_reason"], "tool_calls");
+    assert_eq!(stream["reasoning"], call["needle"]["reasoning"]);
+    assert_eq!(stream["content"], "");
+    assert_eq!(stream["usage"], call["usage"]);
+    assert!(stream["chunks"].as_u64().unwrap() > 5, "{stream}");
+
+    // tool_choice: none gives Needle's "respond" answer (an empty call list, no text);
+    // required and a named function call.
+    let none = &got["none"];
+    assert_eq!(none["tool_calls"], json!([]));
+    assert_eq!(none["content"], "", "{none}");
+    assert_eq!(none["finish_reason"], "stop");
+    assert_eq!(none["needle"]["success"], true);
+    let required = &got["required"];
+    assert!(!calls(required).is_empty());
+    assert_eq!(required["finish_reason"], "tool_calls");
+    let declared: Vec<&Value> = queries[0]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| &t["name"])
+        .collect();
+    assert!(calls(required)
+        .iter()
+        .all(|c| declared.contains(&&c["name"])));
+    let named = calls(&got["named"]);
+    assert!(!named.is_empty());
+    assert!(
+        named.iter().all(|c| c["name"] == got["named_tool"]),
+        "{named:?}"
+    );
+
+    assert_eq!(
+        calls(&got["system"]),
+        one_at_a_time(&mut runner, &queries[0], Some(system))
+    );
+
+    // 32 requests at once: each gets its one-at-a-time answer.
+    let concurrent = got["concurrent"].as_array().unwrap();
+    assert_eq!(concurrent.len(), 32);
+    for (q, answer) in queries.iter().zip(concurrent) {
+        assert_eq!(
+            calls(answer),
+            one_at_a_time(&mut runner, q, None),
+            "{}",
+            q["query"]
+        );
+    }
+
+    let bad = &got["bad"];
+    assert_eq!(bad["not_json"]["status"], 400);
+    assert!(bad["not_json"]["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("not JSON"));
+    refused(&bad["no_messages"], 400, Some("messages"), "user message");
+    refused(&bad["assistant_turn"], 400, Some("messages"), "assistant");
+    refused(
+        &bad["unknown_function"],
+        400,
+        Some("tool_choice"),
+        "no_such_tool",
+    );
+    refused(&bad["n2"], 400, Some("n"), "n = 1");
+    refused(&bad["bad_temperature"], 400, Some("temperature"), "0 to 2");
+    refused(&bad["too_long"], 400, None, "context is 512 tokens");
+    assert_eq!(got["health_after"]["status"], "ok");
+}
+
+#[test]
+fn a_busy_server_refuses_with_429_times_out_with_504_and_limits_bodies_with_413() {
+    let server = Server::start(&[
+        "--max-batch",
+        "1",
+        "--queue",
+        "1",
+        "--request-timeout",
+        "0.05",
+        "--max-body",
+        "4096",
+    ]);
+    let got = server.client("limits", json!({"queries": held_out(1)}));
+    let statuses: Vec<u64> = got["burst"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["status"].as_u64().unwrap())
+        .collect();
+    assert!(
+        statuses.iter().all(|s| [200, 429, 504].contains(s)),
+        "{statuses:?}"
+    );
+    let busy = got["burst"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["status"] == 429)
+        .unwrap_or_else(|| {
+            panic!("12 requests at once on a batch of 1 and a queue of 1: {statuses:?}")
+        });
+    refused(busy, 429, None, "busy");
+    refused(&got["timeout"], 504, None, "--request-timeout");
+    assert_eq!(got["too_large"]["status"], 413, "{}", got["too_large"]);
+    assert_eq!(got["quick_after"]["finish_reason"], "length");
+}
+
+#[test]
+fn sigterm_lets_the_request_in_flight_finish_then_stops() {
+    let mut server = Server::start(&[]);
+    let got = server.client("drain", json!({"queries": held_out(1)}));
+    assert!(got["chunks"].as_u64().unwrap() > 2, "{got}");
+    assert!(
+        ["stop", "length"].contains(&got["finish_reason"].as_str().unwrap()),
+        "{got}"
+    );
+    assert_eq!(got["after"], "refused");
+    let status = server.child.wait().unwrap();
+    server.reader.take().unwrap().join().unwrap();
+    assert!(status.success(), "{}", server.stderr.lock().unwrap());
+    assert!(server
+        .stderr
+        .lock()
+        .unwrap()
+        .contains("needle-run: stopped"));
+}

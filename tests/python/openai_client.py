@@ -1,0 +1,196 @@
+"""The official `openai` client against `needle-run serve` (runner/tests/serve.rs runs it).
+
+Reads {"base_url", "scenario", ...} as JSON on stdin and prints what the client got as JSON
+on stdout: the judging is the Rust test's, against one-at-a-time `needle-run` answers.
+The client is used as an application would (max_retries=0 so that refusals are seen);
+raw HTTP only where the client cannot send the request (a body that is not JSON).
+"""
+
+import concurrent.futures
+import json
+import os
+import signal
+import sys
+import threading
+import urllib.error
+import urllib.request
+
+import openai
+from openai import OpenAI
+
+
+def openai_tools(tools):
+    return [{"type": "function", "function": t} for t in tools]
+
+
+def message_of(completion):
+    choice = completion.choices[0]
+    calls = [
+        {"id": c.id, "name": c.function.name, "arguments": json.loads(c.function.arguments)}
+        for c in (choice.message.tool_calls or [])
+    ]
+    return {
+        "content": choice.message.content,
+        "tool_calls": calls,
+        "finish_reason": choice.finish_reason,
+        "usage": completion.usage.model_dump() if completion.usage else None,
+        "needle": (completion.model_extra or {}).get("needle"),
+    }
+
+
+def ask(client, q, **kw):
+    return client.chat.completions.create(
+        model="needle-demo",
+        messages=[{"role": "user", "content": q["query"]}],
+        tools=openai_tools(q["tools"]),
+        **kw,
+    )
+
+
+def streamed(client, q, **kw):
+    content, reasoning, calls, finish, usage, needle, chunks = "", "", {}, None, None, None, 0
+    for chunk in ask(client, q, stream=True, stream_options={"include_usage": True}, **kw):
+        chunks += 1
+        extra = chunk.model_extra or {}
+        needle = extra.get("needle", needle)
+        if chunk.usage:
+            usage = chunk.usage.model_dump()
+        for choice in chunk.choices:
+            delta = choice.delta
+            content += delta.content or ""
+            reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+            for c in delta.tool_calls or []:
+                call = calls.setdefault(c.index, {"id": None, "name": "", "arguments": ""})
+                call["id"] = c.id or call["id"]
+                call["name"] += c.function.name or ""
+                call["arguments"] += c.function.arguments or ""
+            finish = choice.finish_reason or finish
+    tool_calls = [
+        {"id": c["id"], "name": c["name"], "arguments": json.loads(c["arguments"])}
+        for _, c in sorted(calls.items())
+    ]
+    return {
+        "content": content,
+        "reasoning": reasoning,
+        "tool_calls": tool_calls,
+        "finish_reason": finish,
+        "usage": usage,
+        "needle": needle,
+        "chunks": chunks,
+    }
+
+
+def refusal(call):
+    """The status and error object of a request the server must refuse."""
+    try:
+        call()
+    except openai.APIStatusError as e:
+        body = e.body if isinstance(e.body, dict) else {}
+        return {"status": e.status_code, "message": body.get("message"), "param": body.get("param")}
+    return {"status": 200}
+
+
+def raw_post(base_url, data, content_type="application/json"):
+    req = urllib.request.Request(base_url + "/chat/completions", data=data, headers={"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return {"status": r.status, "error": None}
+    except urllib.error.HTTPError as e:
+        return {"status": e.code, "error": json.loads(e.read() or b"{}").get("error")}
+
+
+def answers(spec):
+    client = OpenAI(base_url=spec["base_url"], api_key="not-needed", max_retries=0)
+    queries = spec["queries"]
+    q = queries[0]
+    first_tool = q["tools"][0]["name"]
+    out = {
+        "models": [m.id for m in client.models.list()],
+        "tool_call": message_of(ask(client, q)),
+        "constrained": message_of(ask(client, q, extra_body={"needle": {"constrain": True}})),
+        "stream": streamed(client, q),
+        "none": message_of(ask(client, q, tool_choice="none")),
+        "required": message_of(ask(client, q, tool_choice="required")),
+        "named": message_of(ask(client, q, tool_choice={"type": "function", "function": {"name": first_tool}})),
+        "named_tool": first_tool,
+        "system": message_of(
+            client.chat.completions.create(
+                model="needle-demo",
+                messages=[{"role": "system", "content": spec["system"]}, {"role": "user", "content": q["query"]}],
+                tools=openai_tools(q["tools"]),
+            )
+        ),
+    }
+    with concurrent.futures.ThreadPoolExecutor(len(queries)) as pool:
+        out["concurrent"] = list(pool.map(lambda q: message_of(ask(client, q)), queries))
+    user = [{"role": "user", "content": q["query"]}]
+    out["bad"] = {
+        "not_json": raw_post(client.base_url.__str__().rstrip("/"), b"{not json"),
+        "no_messages": refusal(lambda: client.chat.completions.create(model="m", messages=[])),
+        "assistant_turn": refusal(
+            lambda: client.chat.completions.create(
+                model="m", messages=user + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "again"}]
+            )
+        ),
+        "unknown_function": refusal(
+            lambda: ask(client, q, tool_choice={"type": "function", "function": {"name": "no_such_tool"}})
+        ),
+        "n2": refusal(lambda: ask(client, q, n=2)),
+        "bad_temperature": refusal(lambda: ask(client, q, temperature=7)),
+        "too_long": refusal(
+            lambda: client.chat.completions.create(model="m", messages=[{"role": "user", "content": "lights " * 900}])
+        ),
+    }
+    out["health_after"] = json.loads(urllib.request.urlopen(spec["base_url"].removesuffix("/v1") + "/health").read())
+    return out
+
+
+def limits(spec):
+    """A server run with --max-batch 1 --queue 1 --request-timeout 0.05 --max-body 4096."""
+    client = OpenAI(base_url=spec["base_url"], api_key="not-needed", max_retries=0)
+    q = {"query": spec["queries"][0]["query"], "tools": spec["queries"][0]["tools"][:1]}
+    long_answer = dict(temperature=2.0, seed=7, max_tokens=260)
+    burst = [None] * 12
+    barrier = threading.Barrier(len(burst))
+
+    def one(i):
+        barrier.wait()
+        burst[i] = refusal(lambda: ask(client, q, **long_answer))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(burst))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {
+        "burst": burst,
+        "timeout": refusal(lambda: ask(client, q, **long_answer)),
+        "too_large": raw_post(spec["base_url"], json.dumps({"messages": [{"role": "user", "content": "x" * 5000}]}).encode()),
+        "quick_after": message_of(ask(client, q, max_tokens=4)),
+    }
+
+
+def drain(spec):
+    """SIGTERM while a streamed answer is being generated: it must still finish."""
+    client = OpenAI(base_url=spec["base_url"], api_key="not-needed", max_retries=0)
+    q = spec["queries"][0]
+    stream = ask(client, q, stream=True, temperature=2.0, seed=3, max_tokens=200)
+    chunks, finish = 0, None
+    for chunk in stream:
+        chunks += 1
+        if chunks == 2:
+            os.kill(spec["pid"], signal.SIGTERM)
+        for choice in chunk.choices:
+            finish = choice.finish_reason or finish
+    try:
+        urllib.request.urlopen(spec["base_url"].removesuffix("/v1") + "/health", timeout=5)
+        after = "answered"
+    except (urllib.error.URLError, ConnectionError):
+        after = "refused"
+    return {"chunks": chunks, "finish_reason": finish, "after": after}
+
+
+if __name__ == "__main__":
+    spec = json.load(sys.stdin)
+    scenario = {"answers": answers, "limits": limits, "drain": drain}[spec["scenario"]]
+    json.dump(scenario(spec), sys.stdout)
