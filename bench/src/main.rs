@@ -7,6 +7,7 @@
 //! needle-bench --peer-only  only the whole-process comparison with needle-rs
 //! needle-bench --profile    onnxruntime profile of decode steps of the fused fp32 graph
 //! needle-bench --mask       what --constrain's mask costs a token, against a decode step
+//! needle-bench --serve      load test of needle-run serve (the demo model unless --model)
 //! ```
 //!
 //! Every configuration (attention variant × thread count) runs in a child process of this
@@ -19,6 +20,7 @@ mod mask;
 mod measure;
 mod peer;
 mod profile;
+mod serve_load;
 mod table;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -74,6 +76,10 @@ struct Args {
     /// Profile decode steps of the fused fp32 graph instead (for each --threads value).
     #[arg(long)]
     profile: bool,
+    /// Load-test needle-run serve instead: 1, 8 and 32 concurrent clients (and 32 against
+    /// --max-batch 1) sending the demo's held-out queries; the demo model unless --model.
+    #[arg(long, conflicts_with_all = ["needle3", "peer_only", "mask", "profile"])]
+    serve: bool,
     /// Child mode: measure one configuration and print it as JSON.
     #[arg(long, num_args = 2, value_names = ["VARIANT", "THREADS"], hide = true)]
     one: Option<Vec<String>>,
@@ -202,6 +208,30 @@ fn run(args: Args) -> Result<()> {
             .with_context(|| format!("thread count {:?}", one[1]))?;
         let m = measure::one_config(&model, variant, threads, &plan)?;
         println!("{}", serde_json::to_string(&m)?);
+        return Ok(());
+    }
+    if args.serve {
+        let text = std::fs::read_to_string(root.join("runner/demo/eval.jsonl"))?;
+        let queries = text
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(serde_json::from_str)
+            .collect::<Result<Vec<serde_json::Value>, _>>()?;
+        let plan = serve_load::LoadPlan {
+            clients: vec![1, 8, 32],
+            requests: if args.quick { 16 } else { 64 },
+            time_cap: std::time::Duration::from_secs(if args.quick { 20 } else { 180 }),
+            max_tokens: if args.quick { 16 } else { 64 },
+            threads: args.threads.first().copied().unwrap_or(1),
+        };
+        let bin = std::env::current_exe()?
+            .parent()
+            .context("needle-bench has no folder")?
+            .to_path_buf();
+        print!(
+            "{}",
+            serve_load::run(&bin, args.model.as_deref(), &queries, &plan)?
+        );
         return Ok(());
     }
     if !model.exists() {

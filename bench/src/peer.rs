@@ -503,7 +503,7 @@ fn timed(cmd: &Command) -> Result<(String, String, f64, u64, ExitStatus)> {
 }
 
 /// A binary built beside needle-bench (`cargo build --release -p runner -p exporter`).
-fn sibling(bin: &Path, name: &str) -> Result<PathBuf> {
+pub(crate) fn sibling(bin: &Path, name: &str) -> Result<PathBuf> {
     let exe = bin.join(name);
     if !exe.exists() {
         bail!(

@@ -1,5 +1,6 @@
-//! A batch's cache taken apart into rows and put together again, so that rows can join and
-//! leave a running batch ([`crate::engine`]). A row keeps only its real tokens' keys and
+//! A batch's cache taken apart into rows and put together again, or a row put into a
+//! free row of a running batch's cache, so that rows can join and leave a running batch
+//! ([`crate::engine`]). A row keeps only its real tokens' keys and
 //! values, in order, and its own carried state (engram history, QKV-conv state). Put
 //! together, each row's tokens start at column 0 and the rest of its row is padding (mask 0,
 //! zeros): the right-padded layout a batched prefill leaves, which both attention variants
@@ -111,32 +112,46 @@ impl NeedleSession {
             false => width,
         };
         let mut cache = self.zeroed_cache(rows.len(), positions, width)?;
+        let masks = rows
+            .iter()
+            .enumerate()
+            .map(|(slot, row)| self.put_row(&mut cache, slot, row))
+            .collect::<Result<_>>()?;
+        Ok((cache, masks))
+    }
+
+    /// Writes `row` into row `slot` of `cache`, its tokens from column 0 (what was there
+    /// after them stays, as padding); the other rows are left as they are. Returns the
+    /// slot's attention-mask row, as wide as the cache.
+    pub fn put_row(&self, cache: &mut Cache, slot: usize, row: &RowCache) -> Result<Vec<i64>> {
+        let width = cache.len();
+        if row.len > width {
+            bail!(
+                "a row of {} tokens does not fit a cache of {width} columns",
+                row.len
+            );
+        }
         for (index, tensor) in cache.key_values_mut().enumerate() {
             let t = host_bytes_mut(tensor)?;
-            let [_, heads, positions, item] = t.shape[..] else {
+            let [batch, heads, positions, item] = t.shape[..] else {
                 bail!("a key/value tensor of shape {:?}", t.shape);
             };
+            if slot >= batch {
+                bail!("row {slot} of a batch of {batch}");
+            }
             let item = item * t.element;
-            for (r, row) in rows.iter().enumerate() {
-                let run = row.len * item;
-                for h in 0..heads {
-                    let at = (r * heads + h) * positions * item;
-                    t.bytes[at..at + run].copy_from_slice(&row.kv[index][h * run..(h + 1) * run]);
-                }
+            let run = row.len * item;
+            for h in 0..heads {
+                let at = (slot * heads + h) * positions * item;
+                t.bytes[at..at + run].copy_from_slice(&row.kv[index][h * run..(h + 1) * run]);
             }
         }
         for (index, tensor) in cache.states_mut().enumerate() {
             let t = host_bytes_mut(tensor)?;
-            let per_row = t.bytes.len() / rows.len().max(1);
-            for (r, row) in rows.iter().enumerate() {
-                t.bytes[r * per_row..(r + 1) * per_row].copy_from_slice(&row.states[index]);
-            }
+            let per_row = t.bytes.len() / t.shape[0].max(1);
+            t.bytes[slot * per_row..(slot + 1) * per_row].copy_from_slice(&row.states[index]);
         }
-        let masks = rows
-            .iter()
-            .map(|row| (0..width).map(|c| i64::from(c < row.len)).collect())
-            .collect();
-        Ok((cache, masks))
+        Ok((0..width).map(|c| i64::from(c < row.len)).collect())
     }
 }
 

@@ -2,14 +2,19 @@
 //! they are done. Newcomers are prefilled together (onnxruntime's GroupQueryAttention
 //! takes several tokens per row only with an empty cache), then put into the running
 //! batch's cache beside the rows already decoding ([`crate::cache_rows`]); every step
-//! decodes one token for every row. Each row stops, samples and is constrained exactly as
+//! decodes one token for every row. A row that is done leaves its slot behind as padding
+//! (a pad token, mask 0), so leaving copies nothing, and a newcomer takes a free slot,
+//! copying only its own part of the cache. The cache is laid out anew (every live row
+//! copied) only when the batch must grow, when as many slots are free as taken, or when
+//! its columns would outgrow it. Each row stops, samples and is constrained exactly as
 //! its single run, and its logits are its single run's (the graphs are batch-exact), so
 //! its answer is the one it gets alone. `needle-run --batch` and single runs are the case
 //! where every row is admitted at once; `needle-run serve` admits requests as they come.
 
+use crate::cache_rows::RowCache;
 use crate::generate::{self, check_prompt, GenerateOptions, Generation, Sampler, TokenFilter};
 use crate::session::{Cache, NeedleSession, StepInputs};
-use anyhow::Result;
+use anyhow::{Context, Result};
 use std::time::Instant;
 
 /// A row's handle, unique within its engine.
@@ -32,10 +37,17 @@ pub struct Finished {
 
 /// The running batch.
 pub struct Engine<F> {
-    rows: Vec<Row<F>>,
-    /// The rows' cache; its column count is every row's mask width.
+    slots: Vec<Slot<F>>,
+    /// The slots' cache; its column count is every slot's mask width.
     cache: Option<Cache>,
     next_id: RowId,
+}
+
+/// One row of the batch's cache: a row generating, or a free one (padding).
+struct Slot<F> {
+    row: Option<Row<F>>,
+    /// The slot's attention-mask columns.
+    mask: Vec<i64>,
 }
 
 struct Row<F> {
@@ -48,8 +60,6 @@ struct Row<F> {
     stopped_on: Option<u32>,
     /// The logits the next token is picked from.
     logits: Vec<f32>,
-    /// This row's attention-mask columns.
-    mask: Vec<i64>,
     prefill_secs: f64,
     decode_secs: f64,
     decode_tokens: usize,
@@ -66,6 +76,11 @@ impl<F> Row<F> {
         self.opts
             .max_new_tokens
             .saturating_sub(self.generated.len())
+    }
+
+    /// The token picked last (which the next step feeds).
+    fn last_generated(&self) -> Option<u32> {
+        self.generated.last().copied()
     }
 
     fn finished(self) -> Generation {
@@ -110,7 +125,7 @@ impl<F: TokenFilter> Row<F> {
 impl<F: TokenFilter> Default for Engine<F> {
     fn default() -> Self {
         Engine {
-            rows: Vec::new(),
+            slots: Vec::new(),
             cache: None,
             next_id: 0,
         }
@@ -118,13 +133,13 @@ impl<F: TokenFilter> Default for Engine<F> {
 }
 
 impl<F: TokenFilter> Engine<F> {
-    /// Rows in the batch.
+    /// Rows generating.
     pub fn len(&self) -> usize {
-        self.rows.len()
+        self.slots.iter().filter(|s| s.row.is_some()).count()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
+        self.len() == 0
     }
 
     /// Prefills `admissions` together and adds them to the batch; their ids, in order.
@@ -139,7 +154,7 @@ impl<F: TokenFilter> Engine<F> {
             let checked = check_prompt(&a.prompt, max_len);
             match admissions.len() {
                 1 => checked?,
-                _ => anyhow::Context::with_context(checked, || format!("prompt {i} of the batch"))?,
+                _ => checked.with_context(|| format!("prompt {i} of the batch"))?,
             }
         }
         if admissions.is_empty() {
@@ -153,170 +168,201 @@ impl<F: TokenFilter> Engine<F> {
         let width = cache.len();
         let ids: Vec<RowId> = (self.next_id..).take(admissions.len()).collect();
         self.next_id += admissions.len() as RowId;
-        let newcomers: Vec<Row<F>> = admissions
+        let newcomers: Vec<Slot<F>> = admissions
             .into_iter()
             .zip(logits)
             .zip(&ids)
-            .map(|((a, logits), &id)| Row {
-                id,
-                prompt_len: a.prompt.len(),
-                sampler: Sampler::new(a.opts.sampling),
-                opts: a.opts,
-                filter: a.filter,
-                generated: Vec::new(),
-                stopped_on: None,
-                logits,
+            .map(|((a, logits), &id)| Slot {
                 mask: (0..width).map(|c| i64::from(c < a.prompt.len())).collect(),
-                prefill_secs,
-                decode_secs: 0.0,
-                decode_tokens: 0,
+                row: Some(Row {
+                    id,
+                    prompt_len: a.prompt.len(),
+                    sampler: Sampler::new(a.opts.sampling),
+                    opts: a.opts,
+                    filter: a.filter,
+                    generated: Vec::new(),
+                    stopped_on: None,
+                    logits,
+                    prefill_secs,
+                    decode_secs: 0.0,
+                    decode_tokens: 0,
+                }),
             })
             .collect();
-        match self.cache.take() {
-            None => {
-                self.rows = newcomers;
-                self.cache = Some(cache);
-            }
-            Some(running) => {
-                let old = std::mem::take(&mut self.rows);
-                let keep_old: Vec<usize> = (0..old.len()).collect();
-                let keep_new: Vec<usize> = (0..newcomers.len()).collect();
-                let mut parts = session.split_rows(&running, &masks(&old), &keep_old)?;
-                drop(running);
-                parts.extend(session.split_rows(&cache, &masks(&newcomers), &keep_new)?);
-                drop(cache);
-                self.rows = old.into_iter().chain(newcomers).collect();
-                self.rejoin(session, parts)?;
+        if self.is_empty() {
+            self.slots = newcomers;
+            self.cache = Some(cache);
+            return Ok(ids);
+        }
+        let rows = session.split_rows(
+            &cache,
+            &masks(&newcomers),
+            &(0..newcomers.len()).collect::<Vec<_>>(),
+        )?;
+        drop(cache);
+        if !self.put_in_free_slots(session, &rows)? {
+            let running = self.cache.take().expect("a running batch has a cache");
+            let live = self.live();
+            let mut parts = session.split_rows(&running, &masks(&self.slots), &live)?;
+            drop(running);
+            parts.extend(rows);
+            let mut slots = std::mem::take(&mut self.slots);
+            self.slots = live.iter().map(|&i| take_slot(&mut slots[i])).collect();
+            self.slots.extend(newcomers);
+            self.rejoin(session, parts)?;
+            return Ok(ids);
+        }
+        let mut newcomers = newcomers.into_iter();
+        for slot in self.slots.iter_mut().filter(|s| s.row.is_none()) {
+            match newcomers.next() {
+                Some(newcomer) => slot.row = newcomer.row,
+                None => break,
             }
         }
         Ok(ids)
     }
 
-    /// Takes the rows `ids` out of the batch without finishing them (cancelled requests).
-    pub fn cancel(&mut self, session: &mut NeedleSession, ids: &[RowId]) -> Result<()> {
-        let keep: Vec<bool> = self.rows.iter().map(|r| !ids.contains(&r.id)).collect();
-        self.retain(session, &keep).map(drop)
+    /// Puts the newcomers' `rows` into free slots of the running cache (setting their
+    /// masks), when there are enough free slots and each fits there without moving the
+    /// rows generating; false if not (and nothing changed).
+    fn put_in_free_slots(&mut self, session: &NeedleSession, rows: &[RowCache]) -> Result<bool> {
+        let cache = self.cache.as_mut().expect("a running batch has a cache");
+        let width = cache.len();
+        let free: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| self.slots[i].row.is_none())
+            .collect();
+        // The columns' growth past the cache is checked before each step.
+        let fits = rows.iter().all(|row| row.len() <= width);
+        if free.len() < rows.len() || !fits {
+            return Ok(false);
+        }
+        for (&i, row) in free.iter().zip(rows) {
+            self.slots[i].mask = session.put_row(cache, i, row)?;
+        }
+        Ok(true)
     }
 
-    /// Picks every row's next token, takes the rows that are done out of the batch, and
+    /// Picks every row's next token, frees the slots of the rows that are done, and
     /// decodes one step for the others. Returns the rows that finished.
     pub fn step(&mut self, session: &mut NeedleSession) -> Result<Vec<Finished>> {
         let max_len = session.config().max_seq_len();
-        let mut fed = Vec::with_capacity(self.rows.len());
-        let mut failed = Vec::new();
-        let keep: Vec<bool> = self
-            .rows
-            .iter_mut()
-            .map(|row| match row.advance(max_len) {
-                Ok(Some(token)) => {
-                    fed.push(token);
-                    true
+        let mut finished = Vec::new();
+        let mut fed = vec![None; self.slots.len()];
+        for (slot, fed) in self.slots.iter_mut().zip(fed.iter_mut()) {
+            let Some(row) = slot.row.as_mut() else {
+                continue;
+            };
+            match row.advance(max_len) {
+                Ok(Some(token)) => *fed = Some(token),
+                outcome => {
+                    let row = slot.row.take().expect("a row");
+                    finished.push(Finished {
+                        id: row.id,
+                        generation: outcome.map(|_| row.finished()),
+                    });
                 }
-                Ok(None) => false,
-                Err(e) => {
-                    failed.push((row.id, e));
-                    false
-                }
-            })
-            .collect();
-        let finished: Vec<Finished> = self
-            .retain(session, &keep)?
-            .into_iter()
-            .map(|row| {
-                let at = failed.iter().position(|(id, _)| *id == row.id);
-                Finished {
-                    id: row.id,
-                    generation: match at {
-                        Some(at) => Err(failed.swap_remove(at).1),
-                        None => Ok(row.finished()),
-                    },
-                }
-            })
-            .collect();
-        if self.rows.is_empty() {
+            }
+        }
+        if self.is_empty() {
+            self.slots.clear();
+            self.cache = None;
             return Ok(finished);
         }
-        let cache = self.cache.take().expect("a running batch has a cache");
+        let cache = self.cache.as_ref().expect("a running batch has a cache");
+        let limit = cache.capacity().unwrap_or(max_len);
+        let live = self.live();
+        if live.len() * 2 <= self.slots.len() || cache.len() + 1 > limit {
+            self.compact(session)?;
+            fed = self
+                .slots
+                .iter()
+                .map(|s| s.row.as_ref().and_then(Row::last_generated))
+                .collect();
+        }
+        let pad = i64::from(session.description.tokenizer.pad_id);
         let inputs = StepInputs {
-            input_ids: fed.iter().map(|&t| i64::from(t)).collect(),
+            input_ids: fed.iter().map(|t| t.map_or(pad, i64::from)).collect(),
             attention_mask: self
-                .rows
+                .slots
                 .iter_mut()
-                .flat_map(|row| {
-                    row.mask.push(1);
-                    row.mask.iter().copied()
+                .zip(&fed)
+                .flat_map(|(slot, token)| {
+                    slot.mask.push(i64::from(token.is_some()));
+                    slot.mask.iter().copied()
                 })
                 .collect(),
-            position_ids: self.rows.iter().map(|r| r.cached() as i64).collect(),
-            batch: self.rows.len(),
+            position_ids: self
+                .slots
+                .iter()
+                .map(|s| s.row.as_ref().map_or(0, |r| r.cached() as i64))
+                .collect(),
+            batch: self.slots.len(),
         };
+        let cache = self.cache.take().expect("a running batch has a cache");
         let start = Instant::now();
         let step = session.step(inputs, cache)?;
         let secs = start.elapsed().as_secs_f64();
         let vocab = session.config().output_vocab();
-        for (r, row) in self.rows.iter_mut().enumerate() {
-            row.logits.clear();
-            row.logits
-                .extend_from_slice(&step.logits[r * vocab..(r + 1) * vocab]);
-            row.decode_tokens += 1;
-            row.decode_secs += secs;
+        for (r, slot) in self.slots.iter_mut().enumerate() {
+            if let Some(row) = slot.row.as_mut() {
+                row.logits.clear();
+                row.logits
+                    .extend_from_slice(&step.logits[r * vocab..(r + 1) * vocab]);
+                row.decode_tokens += 1;
+                row.decode_secs += secs;
+            }
         }
         self.cache = Some(step.cache);
         Ok(finished)
     }
 
-    /// Keeps the rows `keep` marks; returns the others, taken out of the batch.
-    fn retain(&mut self, session: &mut NeedleSession, keep: &[bool]) -> Result<Vec<Row<F>>> {
-        if keep.iter().all(|&k| k) {
-            return Ok(Vec::new());
-        }
-        let kept: Vec<usize> = (0..keep.len()).filter(|&r| keep[r]).collect();
-        let running = self.cache.take();
-        let parts = match (&running, kept.is_empty()) {
-            (Some(cache), false) => session.split_rows(cache, &masks(&self.rows), &kept)?,
-            _ => Vec::new(),
-        };
-        drop(running);
-        let mut left = Vec::new();
-        let mut rows = Vec::with_capacity(kept.len());
-        for (row, keep) in std::mem::take(&mut self.rows).into_iter().zip(keep) {
-            match keep {
-                true => rows.push(row),
-                false => left.push(row),
-            }
-        }
-        self.rows = rows;
-        if !self.rows.is_empty() {
-            self.rejoin(session, parts)?;
-        }
-        Ok(left)
+    /// The slots with a row generating.
+    fn live(&self) -> Vec<usize> {
+        (0..self.slots.len())
+            .filter(|&i| self.slots[i].row.is_some())
+            .collect()
     }
 
-    /// Puts `parts` (the rows of `self.rows`, in order) into one cache, with room for every
-    /// row to finish: between two rejoins all rows grow together, so the batch never gets
-    /// wider than its widest row's prompt and budget.
-    fn rejoin(
-        &mut self,
-        session: &mut NeedleSession,
-        parts: Vec<crate::cache_rows::RowCache>,
-    ) -> Result<()> {
+    /// Lays the cache out anew with only the rows generating.
+    fn compact(&mut self, session: &mut NeedleSession) -> Result<()> {
+        let running = self.cache.take().expect("a running batch has a cache");
+        let live = self.live();
+        let parts = session.split_rows(&running, &masks(&self.slots), &live)?;
+        drop(running);
+        let mut slots = std::mem::take(&mut self.slots);
+        self.slots = live.iter().map(|&i| take_slot(&mut slots[i])).collect();
+        self.rejoin(session, parts)
+    }
+
+    /// Puts `parts` (the rows of `self.slots`, in order) into one cache, with room for
+    /// every row to finish: between two layouts all rows grow together, so the batch
+    /// never gets wider than its widest row's prompt and budget.
+    fn rejoin(&mut self, session: &mut NeedleSession, parts: Vec<RowCache>) -> Result<()> {
         let capacity = self
-            .rows
+            .slots
             .iter()
+            .filter_map(|s| s.row.as_ref())
             .map(|r| r.cached() + r.remaining())
             .max()
             .unwrap_or(0);
         let (cache, masks) = session.join_rows(&parts, capacity)?;
-        for (row, mask) in self.rows.iter_mut().zip(masks) {
-            row.mask = mask;
+        for (slot, mask) in self.slots.iter_mut().zip(masks) {
+            slot.mask = mask;
         }
         self.cache = Some(cache);
         Ok(())
     }
 }
 
-fn masks<F>(rows: &[Row<F>]) -> Vec<&[i64]> {
-    rows.iter().map(|r| &r.mask[..]).collect()
+fn take_slot<F>(slot: &mut Slot<F>) -> Slot<F> {
+    Slot {
+        row: slot.row.take(),
+        mask: std::mem::take(&mut slot.mask),
+    }
+}
+
+fn masks<F>(slots: &[Slot<F>]) -> Vec<&[i64]> {
+    slots.iter().map(|s| &s.mask[..]).collect()
 }
 
 /// Runs `prompts` from an empty cache (with room for `most_new` more tokens each): one

@@ -214,17 +214,45 @@ fn the_openai_client_gets_needle_runs_answers() {
         one_at_a_time(&mut runner, &queries[0], Some(system))
     );
 
-    // 32 requests at once: each gets its one-at-a-time answer.
+    // 32 requests at once: each gets its one-at-a-time answer, calls and reasoning and
+    // length; the plain ("respond") answers among them have no calls and empty content.
     let concurrent = got["concurrent"].as_array().unwrap();
     assert_eq!(concurrent.len(), 32);
+    let mut plain = 0;
     for (q, answer) in queries.iter().zip(concurrent) {
+        let query = q["query"].as_str().unwrap();
+        let alone = runner.complete(&q["tools"], query, None, 256).unwrap();
         assert_eq!(
             calls(answer),
             one_at_a_time(&mut runner, q, None),
-            "{}",
-            q["query"]
+            "{query}"
         );
+        assert_eq!(
+            answer["needle"]["reasoning"],
+            alone.reasoning.as_str(),
+            "{query}"
+        );
+        assert_eq!(
+            answer["usage"]["completion_tokens"], alone.generated_tokens,
+            "{query}"
+        );
+        let ran_out =
+            alone.generated_tokens == 256 || alone.prompt_tokens + alone.generated_tokens == 512;
+        let finish = match (alone.function_calls.is_empty(), ran_out) {
+            (false, _) => "tool_calls",
+            (true, false) => "stop",
+            (true, true) => "length",
+        };
+        assert_eq!(answer["finish_reason"], finish, "{query}");
+        if alone.function_calls.is_empty() {
+            assert_eq!(answer["content"], alone.text.as_str(), "{query}");
+            plain += usize::from(alone.success);
+        }
     }
+    assert!(
+        plain > 0,
+        "the first 32 held-out queries include plain answers"
+    );
 
     let bad = &got["bad"];
     assert_eq!(bad["not_json"]["status"], 400);

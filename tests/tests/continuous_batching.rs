@@ -35,13 +35,19 @@ fn prompt(r: usize, len: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-/// Row `r`: prompt length, tokens to generate, and the step before which it joins.
-const ROWS: [(usize, usize, usize); 6] = [
+/// Row `r`: prompt length, tokens to generate, and the step before which it joins. The
+/// schedule takes every path of the engine: rows admitted together into an empty batch,
+/// joining a full batch (laid out anew), joining with a prompt longer than the batch's
+/// columns (laid out anew), taking a slot a finished row left, and the batch compacted
+/// once half its slots are free.
+const ROWS: [(usize, usize, usize); 8] = [
     (9, 7, 0),
     (23, 12, 0),
     (4, 5, 2),
     (15, 9, 2),
+    (40, 4, 3),
     (2, 3, 5),
+    (7, 5, 8),
     (11, 6, 9),
 ];
 
