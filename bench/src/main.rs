@@ -80,6 +80,13 @@ struct Args {
     /// --max-batch 1) sending the demo's held-out queries; the demo model unless --model.
     #[arg(long, conflicts_with_all = ["needle3", "peer_only", "mask", "profile"])]
     serve: bool,
+    /// Requests per --serve level (default 64, 16 with --quick).
+    #[arg(long, requires = "serve", value_parser = clap::value_parser!(u32).range(1..))]
+    requests: Option<u32>,
+    /// Tools each --serve query carries (default: all of its tools): the full-size models'
+    /// synthetic tokenizer spends ~2 characters a token, so a whole list is ~1,900 tokens.
+    #[arg(long, requires = "serve", value_parser = clap::value_parser!(u32).range(1..))]
+    tools_per_query: Option<u32>,
     /// Child mode: measure one configuration and print it as JSON.
     #[arg(long, num_args = 2, value_names = ["VARIANT", "THREADS"], hide = true)]
     one: Option<Vec<String>>,
@@ -217,9 +224,23 @@ fn run(args: Args) -> Result<()> {
             .filter(|l| !l.trim().is_empty())
             .map(serde_json::from_str)
             .collect::<Result<Vec<serde_json::Value>, _>>()?;
+        let queries: Vec<serde_json::Value> = match args.tools_per_query {
+            Some(n) => queries
+                .into_iter()
+                .map(|mut q| {
+                    if let Some(tools) = q["tools"].as_array_mut() {
+                        tools.truncate(n as usize);
+                    }
+                    q
+                })
+                .collect(),
+            None => queries,
+        };
         let plan = serve_load::LoadPlan {
             clients: vec![1, 8, 32],
-            requests: if args.quick { 16 } else { 64 },
+            requests: args
+                .requests
+                .map_or(if args.quick { 16 } else { 64 }, |n| n as usize),
             time_cap: std::time::Duration::from_secs(if args.quick { 20 } else { 180 }),
             max_tokens: if args.quick { 16 } else { 64 },
             threads: args.threads.first().copied().unwrap_or(1),

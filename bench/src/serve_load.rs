@@ -215,7 +215,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 fn row(l: &Level) -> String {
     format!(
-        "| {} | {} | {} | {:.1} | {:.0} | {:.0} | {:.0} |\n",
+        "| {} | {} | {} | {:.2} | {:.0} | {:.0} | {:.0} |\n",
         l.server_batch,
         l.clients,
         l.requests,
