@@ -4,6 +4,7 @@
 
 use crate::batch::generate_batch;
 use crate::constrain::{ConstraintFactory, ToolConstraint};
+use crate::engine::Admission;
 use crate::generate::{generate_filtered, GenerateOptions, Generation, Sampling, TokenFilter};
 use crate::load::{load, LoadOptions, LoadedModel, ModelSource};
 use crate::prompt::{parse_answer, render_prompt, IM_END};
@@ -126,39 +127,49 @@ impl Runner {
     ) -> Result<ToolResponse> {
         let ids = self.tool_prompt(tools, query, system);
         let stop_ids = self.tool_stop_ids()?;
-        let mut constraint = self.constraint(tools, &ids, max_new_tokens)?;
+        let max_len = self.model.session.config().max_seq_len();
+        let mut constraint = constraint(
+            self.constraints.as_ref(),
+            max_len,
+            tools,
+            &ids,
+            max_new_tokens,
+        )?;
         let filter = constraint.as_mut().map(|c| c as &mut dyn TokenFilter);
         let run = self.run(&ids, stop_ids, max_new_tokens, filter)?;
         self.tool_response(&ids, &run)
     }
 
-    /// Answers every query of `queries` together in one batch (`--batch`): each answer is
-    /// the query's [`Runner::complete`] answer, but `decode_tps` is the batch's aggregate
-    /// rate and `prefill_tps` the batch's.
+    /// Answers every query of `queries` (`--batch`), `max_rows` decoded together: each
+    /// answer is the query's [`Runner::complete`] answer, but `decode_tps` is the rate of
+    /// the steps its row was in and `prefill_tps` that of the prefill it joined with.
     pub fn complete_batch(
         &mut self,
         queries: &[ToolQuery],
         max_new_tokens: usize,
+        max_rows: usize,
     ) -> Result<Vec<ToolResponse>> {
-        let prompts: Vec<Vec<u32>> = queries
-            .iter()
-            .map(|q| self.tool_prompt(&q.tools, &q.query, q.system.as_deref()))
-            .collect();
-        let mut constraints = queries
-            .iter()
-            .zip(&prompts)
-            .map(|(q, ids)| self.constraint(&q.tools, ids, max_new_tokens))
-            .collect::<Result<Vec<_>>>()?;
-        let filters = constraints
-            .iter_mut()
-            .map(|c| c.as_mut().map(|c| c as &mut dyn TokenFilter))
-            .collect();
         let opts = GenerateOptions {
             max_new_tokens,
             stop_ids: self.tool_stop_ids()?,
             sampling: self.sampling,
         };
-        let runs = generate_batch(&mut self.model.session, &prompts, &opts, filters)?;
+        let max_len = self.model.session.config().max_seq_len();
+        let (tokenizer, factory) = (&self.model.tokenizer, self.constraints.as_ref());
+        let mut prompts = Vec::with_capacity(queries.len());
+        // Each query's prompt and grammar are made when its row joins, so a long file
+        // never holds more than `max_rows` grammars.
+        let runs = generate_batch(&mut self.model.session, queries.len(), max_rows, |i| {
+            let q = &queries[i];
+            let prompt = tool_prompt_ids(tokenizer, &q.tools, &q.query, q.system.as_deref());
+            let filter = constraint(factory, max_len, &q.tools, &prompt, max_new_tokens)?;
+            prompts.push(prompt.clone());
+            Ok(Admission {
+                prompt,
+                opts: opts.clone(),
+                filter,
+            })
+        })?;
         prompts
             .iter()
             .zip(&runs)
@@ -172,22 +183,6 @@ impl Runner {
 
     fn tool_stop_ids(&self) -> Result<Vec<u32>> {
         tool_stop_ids(&self.model.tokenizer)
-    }
-
-    /// The `--constrain` state of one answer after prompt `ids`, when constraining.
-    fn constraint(
-        &self,
-        tools: &Value,
-        ids: &[u32],
-        max_new_tokens: usize,
-    ) -> Result<Option<ToolConstraint>> {
-        let Some(factory) = &self.constraints else {
-            return Ok(None);
-        };
-        // The answer has to close before the context is full, too.
-        let max_len = self.model.session.config().max_seq_len();
-        let budget = max_new_tokens.min(max_len.saturating_sub(ids.len()));
-        factory.for_tools(tools, 0, budget).map(Some)
     }
 
     /// Tool mode's answer of the generation `run` after prompt `ids`.
@@ -345,6 +340,22 @@ impl Runner {
         }
         Ok(generation)
     }
+}
+
+/// The `--constrain` state of one answer after prompt `ids`, when constraining (`factory`).
+fn constraint(
+    factory: Option<&ConstraintFactory>,
+    max_len: usize,
+    tools: &Value,
+    ids: &[u32],
+    max_new_tokens: usize,
+) -> Result<Option<ToolConstraint>> {
+    let Some(factory) = factory else {
+        return Ok(None);
+    };
+    // The answer has to close before the context is full, too.
+    let budget = max_new_tokens.min(max_len.saturating_sub(ids.len()));
+    factory.for_tools(tools, 0, budget).map(Some)
 }
 
 /// `[BOS] + tokenize(render_prompt(..))`: tool mode's prompt.

@@ -1,43 +1,47 @@
-//! Many prompts generated together through one batch (`needle-run --batch`): every row is
-//! admitted to the [`Engine`] at once and decoded until the last one is done; a row that
-//! is done leaves the batch. One prompt is [`crate::generate::generate_filtered`]'s single
-//! run; each row of a batch stops, samples and is constrained exactly as its single run.
+//! Many prompts generated through one running batch (`needle-run --batch`): at most
+//! `max_rows` rows decode together, and whenever rows are done the next prompts join the
+//! [`Engine`] in their place, so the batch stays full until the prompts run out. One
+//! prompt is [`crate::generate::generate_filtered`]'s single run; each row stops, samples
+//! and is constrained exactly as its single run.
 
-use crate::engine::{Admission, Engine};
-use crate::generate::{GenerateOptions, Generation, TokenFilter};
+use crate::engine::{Admission, Engine, RowId};
+use crate::generate::{Generation, TokenFilter};
 use crate::session::NeedleSession;
-use anyhow::Result;
+use anyhow::{anyhow, Result};
+use std::collections::HashMap;
 
-/// Generates after each of `prompts` (each with BOS if the caller wants it); `filters[r]`
-/// restricts row `r`. Each generation's decode time is that of the steps its row was in.
-pub fn generate_batch(
+/// Generates after `count` prompts, `max_rows` at a time; `admission(i)` makes prompt
+/// `i` (with BOS if the caller wants it), its options and filter when its row joins, in
+/// order. Each generation's decode time is that of the steps its row was in. Returns them
+/// in the prompts' order.
+pub fn generate_batch<F: TokenFilter>(
     session: &mut NeedleSession,
-    prompts: &[Vec<u32>],
-    opts: &GenerateOptions,
-    filters: Vec<Option<&mut dyn TokenFilter>>,
+    count: usize,
+    max_rows: usize,
+    mut admission: impl FnMut(usize) -> Result<Admission<F>>,
 ) -> Result<Vec<Generation>> {
     let mut engine = Engine::default();
-    let admissions = prompts
-        .iter()
-        .zip(filters)
-        .map(|(prompt, filter)| Admission {
-            prompt: prompt.clone(),
-            opts: opts.clone(),
-            filter,
-        })
-        .collect();
-    let ids = engine.admit(session, admissions)?;
-    let mut done = Vec::with_capacity(ids.len());
-    while !engine.is_empty() {
-        done.extend(engine.step(session)?);
+    let mut next = 0;
+    let mut index_of: HashMap<RowId, usize> = HashMap::new();
+    let mut done: Vec<Option<Generation>> = (0..count).map(|_| None).collect();
+    loop {
+        let joining = (next..count).take(max_rows.max(1) - engine.len());
+        let indices: Vec<usize> = joining.collect();
+        let admissions = indices
+            .iter()
+            .map(|&i| admission(i))
+            .collect::<Result<Vec<_>>>()?;
+        next += indices.len();
+        let ids = engine.admit(session, admissions)?;
+        index_of.extend(ids.into_iter().zip(indices));
+        if engine.is_empty() {
+            break;
+        }
+        for finished in engine.step(session)? {
+            done[index_of[&finished.id]] = Some(finished.generation?);
+        }
     }
-    ids.iter()
-        .map(|id| {
-            let at = done
-                .iter()
-                .position(|f| f.id == *id)
-                .expect("every row finishes");
-            done.swap_remove(at).generation
-        })
+    done.into_iter()
+        .map(|g| g.ok_or_else(|| anyhow!("a prompt of the batch was never generated")))
         .collect()
 }

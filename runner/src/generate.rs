@@ -2,6 +2,7 @@
 //! temperature sampling; stop tokens; throughput of both phases.
 
 use crate::batch::generate_batch;
+use crate::engine::Admission;
 use crate::session::{NeedleSession, StepOutput};
 use anyhow::{bail, Result};
 
@@ -103,7 +104,14 @@ pub fn generate_filtered(
     opts: &GenerateOptions,
     filter: Option<&mut dyn TokenFilter>,
 ) -> Result<Generation> {
-    let mut runs = generate_batch(session, &[prompt_ids.to_vec()], opts, vec![filter])?;
+    let mut filter = filter;
+    let mut runs = generate_batch(session, 1, 1, |_| {
+        Ok(Admission {
+            prompt: prompt_ids.to_vec(),
+            opts: opts.clone(),
+            filter: filter.take(),
+        })
+    })?;
     Ok(runs.remove(0))
 }
 

@@ -114,12 +114,12 @@ struct Args {
     /// Optional system prompt (tool mode).
     #[arg(long, conflicts_with = "raw")]
     system: Option<String>,
-    /// Answer every query of this file together in batches of --batch-size (tool mode):
+    /// Answer every query of this file, --batch-size decoded together (tool mode):
     /// one JSON object a line, `{"query": …, "tools": […], "system": …}` (`tools` and
     /// `system` optional; `tools` defaults to --tools); one answer a line, in order.
     #[arg(long, conflicts_with_all = ["query", "raw", "stream"])]
     batch: Option<PathBuf>,
-    /// Rows decoded together with --batch.
+    /// Rows decoded together with --batch; a row that is done makes room for the next query.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..), requires = "batch")]
     batch_size: u32,
     /// Write the answer's text to stderr as it is generated; the result still goes to stdout.
@@ -283,10 +283,8 @@ fn run(args: Args) -> Result<()> {
         let default_tools = Value::String(PyJson::Array(tools).dumps_compact());
         let queries = read_batch(path, &default_tools)?;
         let mut out = stdout().lock();
-        for group in queries.chunks(args.batch_size as usize) {
-            for answer in runner.complete_batch(group, max_new)? {
-                writeln!(out, "{}", serde_json::to_string(&answer)?)?;
-            }
+        for answer in runner.complete_batch(&queries, max_new, args.batch_size as usize)? {
+            writeln!(out, "{}", serde_json::to_string(&answer)?)?;
         }
     } else if let Some(text) = &args.raw {
         let r = runner.continue_raw(text, max_new)?;
