@@ -88,17 +88,26 @@ pub fn serve(model: LoadedModel, opts: &ServeOptions) -> Result<()> {
 }
 
 async fn stop_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
-        _ = terminate => {}
+        _ = terminate() => {}
     }
     eprintln!("needle-run: stopping: finishing the requests in flight");
+}
+
+/// SIGTERM, how service managers and container runtimes stop a process.
+#[cfg(unix)]
+async fn terminate() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut sigterm) => {
+            sigterm.recv().await;
+        }
+        Err(_) => std::future::pending().await,
+    }
+}
+
+#[cfg(not(unix))]
+async fn terminate() {
+    std::future::pending().await
 }
