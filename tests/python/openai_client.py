@@ -146,7 +146,7 @@ def answers(spec):
 
 
 def limits(spec):
-    """A server run with --max-batch 1 --queue 1 --request-timeout 0.05 --max-body 4096."""
+    """A server run with --max-batch 1 --queue 1 --max-body 4096."""
     client = OpenAI(base_url=spec["base_url"], api_key="not-needed", max_retries=0)
     q = {"query": spec["queries"][0]["query"], "tools": spec["queries"][0]["tools"][:1]}
     long_answer = dict(temperature=2.0, seed=7, max_tokens=260)
@@ -164,10 +164,15 @@ def limits(spec):
         t.join()
     return {
         "burst": burst,
-        "timeout": refusal(lambda: ask(client, q, **long_answer)),
         "too_large": raw_post(spec["base_url"], json.dumps({"messages": [{"role": "user", "content": "x" * 5000}]}).encode()),
         "quick_after": message_of(ask(client, q, max_tokens=4)),
     }
+
+
+def timeout(spec):
+    """A server run with a --request-timeout shorter than any prefill."""
+    client = OpenAI(base_url=spec["base_url"], api_key="not-needed", max_retries=0)
+    return {"timeout": refusal(lambda: ask(client, spec["queries"][0]))}
 
 
 def drain(spec):
@@ -192,5 +197,5 @@ def drain(spec):
 
 if __name__ == "__main__":
     spec = json.load(sys.stdin)
-    scenario = {"answers": answers, "limits": limits, "drain": drain}[spec["scenario"]]
+    scenario = {"answers": answers, "limits": limits, "timeout": timeout, "drain": drain}[spec["scenario"]]
     json.dump(scenario(spec), sys.stdout)
