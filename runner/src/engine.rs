@@ -365,10 +365,55 @@ fn masks<F>(slots: &[Slot<F>]) -> Vec<&[i64]> {
     slots.iter().map(|s| &s.mask[..]).collect()
 }
 
-/// Runs `prompts` from an empty cache (with room for `most_new` more tokens each): one
-/// prompt in the pieces the run plan says ([`generate::prefill`]), several in one call,
-/// padded on the right. Returns the cache and each prompt's last logits.
+/// Runs `prompts` from an empty cache (with room for `most_new` more tokens each), in
+/// groups whose calls stay within the plan's `prefill_group_logits_bytes`, then puts the
+/// groups' rows together right-padded. Returns the cache and each prompt's last logits.
 fn prefill(
+    session: &mut NeedleSession,
+    prompts: &[&[u32]],
+    most_new: usize,
+) -> Result<(Cache, Vec<Vec<f32>>)> {
+    let row_bytes = 4 * session.config().output_vocab();
+    let mut groups: Vec<&[&[u32]]> = Vec::new();
+    let mut start = 0;
+    for end in 1..=prompts.len() {
+        let longest = prompts[start..end]
+            .iter()
+            .map(|p| p.len())
+            .max()
+            .unwrap_or(0);
+        let fits = (end - start) * longest * row_bytes <= session.plan.prefill_group_logits_bytes;
+        if !fits && end - start > 1 {
+            groups.push(&prompts[start..end - 1]);
+            start = end - 1;
+        }
+    }
+    groups.push(&prompts[start..]);
+    if let [group] = groups[..] {
+        return prefill_together(session, group, most_new);
+    }
+    let mut rows = Vec::with_capacity(prompts.len());
+    let mut logits = Vec::with_capacity(prompts.len());
+    for group in groups {
+        let (cache, last) = prefill_together(session, group, most_new)?;
+        let width = cache.len();
+        let masks: Vec<Vec<i64>> = group
+            .iter()
+            .map(|p| (0..width).map(|c| i64::from(c < p.len())).collect())
+            .collect();
+        let masks: Vec<&[i64]> = masks.iter().map(Vec::as_slice).collect();
+        rows.extend(session.split_rows(&cache, &masks, &(0..group.len()).collect::<Vec<_>>())?);
+        logits.extend(last);
+    }
+    let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
+    let (cache, _) = session.join_rows(&rows, longest + most_new)?;
+    Ok((cache, logits))
+}
+
+/// Runs `prompts` from an empty cache together (with room for `most_new` more tokens
+/// each): one prompt in the pieces the run plan says ([`generate::prefill`]), several in
+/// one call, padded on the right. Returns the cache and each prompt's last logits.
+fn prefill_together(
     session: &mut NeedleSession,
     prompts: &[&[u32]],
     most_new: usize,

@@ -2,7 +2,8 @@
 //! join a running batch at step boundaries and leave it when done see, at every step, the
 //! logits of their single run (which matches upstream, `conformance.rs`), and generate its
 //! tokens; every conformance model, both attention variants (the fused one with its
-//! in-place cache), rows of different lengths and budgets.
+//! in-place cache), rows of different lengths and budgets, newcomers prefilled in one call
+//! or one by one.
 
 use graphs::contract::AttentionKind;
 use needle_tests::{row_error, session, MODELS};
@@ -63,8 +64,18 @@ fn options(max_new_tokens: usize) -> GenerateOptions {
 #[test]
 fn rows_joining_and_leaving_a_running_batch_match_their_single_runs() {
     for model in MODELS {
-        for attention in [AttentionKind::FUSED, AttentionKind::Reference] {
+        // The plan's prefill groups: newcomers in one call, or each alone (a budget of 1
+        // byte) and then put together.
+        for (attention, group_bytes) in [
+            (AttentionKind::FUSED, None),
+            (AttentionKind::Reference, None),
+            (AttentionKind::FUSED, Some(1)),
+            (AttentionKind::Reference, Some(1)),
+        ] {
             let mut s = session(model, attention);
+            if let Some(bytes) = group_bytes {
+                s.plan.prefill_group_logits_bytes = bytes;
+            }
             let vocab = s.config().output_vocab();
             let prompts: Vec<Vec<u32>> = ROWS
                 .iter()
@@ -124,7 +135,7 @@ fn rows_joining_and_leaving_a_running_batch_match_their_single_runs() {
                 }
             }
             println!(
-                "{model} {attention}: {} rows, up to {widest} at once, worst step {worst:.2e}",
+                "{model} {attention}, prefill group budget {group_bytes:?}: {} rows, up to {widest} at once, worst step {worst:.2e}",
                 ROWS.len()
             );
         }
