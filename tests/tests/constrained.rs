@@ -32,7 +32,8 @@ fn held_out() -> Vec<(Value, String, Value)> {
 
 /// Runs the validator on `(tools, answer)` rows: (valid, total, first reasons).
 fn validate(name: &str, rows: &[(Value, Value)]) -> (usize, usize, Vec<Value>) {
-    let path = scratch("constrained").join(format!("{name}.jsonl"));
+    // One folder per call: the tests of this file run at once, and scratch() empties it.
+    let path = scratch(&format!("constrained-{name}")).join("answers.jsonl");
     let lines: Vec<String> = rows
         .iter()
         .map(|(tools, answer)| json!({"tools": tools, "answer": answer}).to_string())
