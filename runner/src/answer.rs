@@ -3,7 +3,7 @@
 //! retrieval with Needle 2's contrastive head: `runner.rank_tools(&tools, query)?`.
 
 use crate::batch::generate_batch;
-use crate::constrain::{ConstraintFactory, ToolConstraint};
+use crate::constrain::{CallCount, ConstraintFactory, ToolConstraint};
 use crate::engine::Admission;
 use crate::generate::{generate_filtered, GenerateOptions, Generation, Sampling, TokenFilter};
 use crate::load::{load, LoadOptions, LoadedModel, ModelSource};
@@ -355,7 +355,7 @@ fn constraint(
     };
     // The answer has to close before the context is full, too.
     let budget = max_new_tokens.min(max_len.saturating_sub(ids.len()));
-    factory.for_tools(tools, 0, budget).map(Some)
+    factory.for_tools(tools, CallCount::ANY, budget).map(Some)
 }
 
 /// `[BOS] + tokenize(render_prompt(..))`: tool mode's prompt.

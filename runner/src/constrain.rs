@@ -68,15 +68,15 @@ impl ConstraintFactory {
         })
     }
 
-    /// The constraint of one answer with at least `min_calls` calls of the tools of `tools`
+    /// The constraint of one answer with `calls` calls of the tools of `tools`
     /// (a JSON list) that must end within `max_new_tokens`.
     pub fn for_tools(
         &self,
         tools: &Value,
-        min_calls: usize,
+        calls: CallCount,
         max_new_tokens: usize,
     ) -> Result<ToolConstraint> {
-        let grammar = TopLevelGrammar::from_lark(answer_grammar(tools, min_calls, self.markers)?);
+        let grammar = TopLevelGrammar::from_lark(answer_grammar(tools, calls, self.markers)?);
         let parser = self
             .factory
             .create_parser(grammar)
@@ -221,8 +221,8 @@ fn grammar_error(e: anyhow::Error) -> anyhow::Error {
 }
 
 /// The Lark grammar of an answer (see the module docs).
-fn answer_grammar(tools: &Value, min_calls: usize, markers: Markers) -> Result<String> {
-    let calls = serde_json::to_string(&calls_schema(tools, min_calls)?)?;
+fn answer_grammar(tools: &Value, count: CallCount, markers: Markers) -> Result<String> {
+    let calls = serde_json::to_string(&calls_schema(tools, count)?)?;
     let Markers {
         think_start,
         think_end,
@@ -239,9 +239,24 @@ calls: %json {calls}
     ))
 }
 
-/// The schema of the `<tool_call>` list: `min_calls` or more calls of the declared tools,
-/// in the compact separators of the training data.
-pub fn calls_schema(tools: &Value, min_calls: usize) -> Result<Value> {
+/// How many calls an answer may make.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallCount {
+    pub at_least: usize,
+    pub at_most: Option<usize>,
+}
+
+impl CallCount {
+    /// Any number, none included (`--constrain`).
+    pub const ANY: CallCount = CallCount {
+        at_least: 0,
+        at_most: None,
+    };
+}
+
+/// The schema of the `<tool_call>` list: `count` calls of the declared tools, in the
+/// compact separators of the training data.
+pub fn calls_schema(tools: &Value, count: CallCount) -> Result<Value> {
     // A tool list given as the text to render verbatim (needle-run --tools) is read here
     // as JSON: the schema needs its structure, not Python's spelling of its numbers.
     let parsed;
@@ -261,13 +276,16 @@ pub fn calls_schema(tools: &Value, min_calls: usize) -> Result<Value> {
         .enumerate()
         .map(|(i, tool)| call_schema(tool).map_err(|e| anyhow!("--constrain: tool {i}: {e}")))
         .collect::<Result<Vec<_>>>()?;
-    if calls.is_empty() && min_calls > 0 {
+    if calls.is_empty() && count.at_least > 0 {
         bail!("--constrain: a call is required but no tools are declared");
     }
-    let items = match calls.is_empty() {
+    let mut items = match calls.is_empty() {
         true => json!({"type": "array", "maxItems": 0}),
-        false => json!({"type": "array", "items": {"anyOf": calls}, "minItems": min_calls}),
+        false => json!({"type": "array", "items": {"anyOf": calls}, "minItems": count.at_least}),
     };
+    if let (Some(at_most), false) = (count.at_most, calls.is_empty()) {
+        items["maxItems"] = json!(at_most);
+    }
     let mut schema = items;
     schema["x-guidance"] = json!({
         "item_separator": ",",

@@ -209,6 +209,12 @@ fn the_openai_client_gets_needle_runs_answers() {
         "{named:?}"
     );
 
+    // parallel_tool_calls false: the first query's two calls become one, under the grammar.
+    assert_eq!(want.len(), 2);
+    let one_call = calls(&got["one_call"]);
+    assert_eq!(one_call.len(), 1, "{one_call:?}");
+    assert!(declared.contains(&&one_call[0]["name"]));
+
     assert_eq!(
         calls(&got["system"]),
         one_at_a_time(&mut runner, &queries[0], Some(system))

@@ -113,6 +113,7 @@ def answers(spec):
         "required": message_of(ask(client, q, tool_choice="required")),
         "named": message_of(ask(client, q, tool_choice={"type": "function", "function": {"name": first_tool}})),
         "named_tool": first_tool,
+        "one_call": message_of(ask(client, q, parallel_tool_calls=False)),
         "system": message_of(
             client.chat.completions.create(
                 model="needle-demo",

@@ -163,7 +163,7 @@ fn prepare(s: &Shared, request: &ChatRequest) -> Result<(Job, UnboundedReceiver<
             let callable = Value::Array(request.callable_tools());
             let constraint = s
                 .constraints
-                .for_tools(&callable, request.min_calls(), budget)
+                .for_tools(&callable, request.call_count(), budget)
                 .map_err(|e| format!("{e:#}"))?;
             Some(Box::new(constraint))
         }

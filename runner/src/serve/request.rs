@@ -2,6 +2,7 @@
 //! system text, one user query, the tools, and how to decode. Anything it cannot honour is
 //! refused with a message naming the field, never silently dropped.
 
+use crate::constrain::CallCount;
 use serde_json::{Map, Value};
 
 /// A request refused: the message and the field it is about (OpenAI's `param`).
@@ -49,20 +50,26 @@ pub struct ChatRequest {
     pub include_usage: bool,
     /// `needle.constrain`: decode under the tools' grammar even with `tool_choice: auto`.
     pub constrain: bool,
+    /// `parallel_tool_calls` (default true); false allows one call at most, which only the
+    /// grammar can hold the model to.
+    pub parallel_tool_calls: bool,
 }
 
 impl ChatRequest {
     /// Whether the answer is decoded under a grammar of its calls.
     pub fn constrained(&self) -> bool {
-        self.constrain || self.tool_choice != ToolChoice::Auto
+        self.constrain || self.tool_choice != ToolChoice::Auto || !self.parallel_tool_calls
     }
 
-    /// The fewest calls the grammar allows.
-    pub fn min_calls(&self) -> usize {
-        usize::from(matches!(
-            self.tool_choice,
-            ToolChoice::Required | ToolChoice::Function(_)
-        ))
+    /// How many calls the grammar allows.
+    pub fn call_count(&self) -> CallCount {
+        CallCount {
+            at_least: usize::from(matches!(
+                self.tool_choice,
+                ToolChoice::Required | ToolChoice::Function(_)
+            )),
+            at_most: (!self.parallel_tool_calls).then_some(1),
+        }
     }
 
     /// The tools the grammar allows calls of.
@@ -150,6 +157,16 @@ pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
             ))
         }
     };
+    let parallel_tool_calls = match body.get("parallel_tool_calls") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(invalid(
+                "parallel_tool_calls",
+                "parallel_tool_calls must be true or false",
+            ))
+        }
+    };
     Ok(ChatRequest {
         tools,
         query,
@@ -161,6 +178,7 @@ pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
         stream,
         include_usage,
         constrain,
+        parallel_tool_calls,
     })
 }
 
@@ -420,6 +438,10 @@ mod tests {
             (
                 json!({"messages": [user], "needle": {"constrian": true}}),
                 "needle",
+            ),
+            (
+                json!({"messages": [user], "parallel_tool_calls": "no"}),
+                "parallel_tool_calls",
             ),
             (
                 json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
