@@ -2,12 +2,17 @@
 """Write a full-size Needle 2 `.cact` with random weights, for the benchmark.
 
     .venv/bin/python bench/make_full_model.py target/bench/needle-base.cact
+    .venv/bin/python bench/make_full_model.py target/bench/needle-shipped.cact --shipped
+
+`--shipped` writes the published `needle2.cact`'s quantization and window instead: 2-bit
+weights and `kv_window` 256 (what upstream 2.0.15's `write_export` writes for it).
 
 Geometry: upstream `PRESETS["base"]` (d_model 512, 8 heads, 4 kv heads, 27 layers,
 engram layers (2, 15)) with vocab 8192, engram_slots 8192, max_seq_len 2048, float32.
 Weights: `model.init` with a fixed seed, then `make_fixtures.perturb` (Gaussian noise
 on every leaf, so no norm scale, gate or diagonal is at its degenerate init value).
-Written by upstream `write_export` (W4, group 128, kv_window = effective_kv_window).
+Written by upstream `write_export` (W4, group 128, kv_window = effective_kv_window; with
+`--shipped` W2 and kv_window 256).
 
 `write_export` embeds a tokenizer only when given one, and our reader requires the RAW
 tokenizer blob with exactly `vocab` pieces. Training an 8192-piece SentencePiece model
@@ -44,6 +49,8 @@ from make_fixtures import perturb  # noqa: E402
 SEED = 20
 BITS = 4
 GROUP = 128
+SHIPPED_BITS = 2
+SHIPPED_KV_WINDOW = 256
 
 
 def base_config():
@@ -103,9 +110,12 @@ class SyntheticTokenizer:
 
 
 def main():
-    if len(sys.argv) != 2:
-        sys.exit(f"usage: {sys.argv[0]} OUT.cact")
-    out = sys.argv[1]
+    args = sys.argv[1:]
+    shipped = "--shipped" in args
+    args = [a for a in args if a != "--shipped"]
+    if len(args) != 1:
+        sys.exit(f"usage: {sys.argv[0]} OUT.cact [--shipped]")
+    out = args[0]
     if os.path.exists(out):
         print(f"{out} exists, nothing to do")
         return
@@ -117,14 +127,15 @@ def main():
     params = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float32), flax.core.unfreeze(params))
     params = {k: v for k, v in params.items() if k in ("embedding", "stack") or k.startswith("engrams_")}
     params = perturb(params, cfg, SEED)
-    kv_window = int(effective_kv_window(cfg))
+    kv_window = SHIPPED_KV_WINDOW if shipped else int(effective_kv_window(cfg))
+    bits = SHIPPED_BITS if shipped else BITS
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     tmp = out + ".tmp"
-    info = ex.write_export(params, cfg, tmp, bits=BITS, group=GROUP,
+    info = ex.write_export(params, cfg, tmp, bits=bits, group=GROUP,
                            tokenizer=SyntheticTokenizer(cfg.vocab_size), kv_window=kv_window)
     os.replace(tmp, out)
     print(f"wrote {out}: {info['bytes'] / 1e6:.1f} MB, {info['tensors']} tensors, "
-          f"kv_window {kv_window}, {time.time() - t0:.0f}s")
+          f"{bits}-bit, kv_window {kv_window}, {time.time() - t0:.0f}s")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 //! ```text
 //! needle-bench              full-size model (target/bench/needle-base.cact, made on first use)
 //! needle-bench --needle3    full-size Needle 3 (target/bench/needle3-full.cact, made on first use)
+//! needle-bench --shipped    full-size Needle 2 as published: 2-bit, kv_window 256
+//!                           (target/bench/needle-shipped.cact, made on first use)
 //! needle-bench --quick      smoke run on tests/fixtures/m64.cact: small sizes, one iteration, no JAX
 //! needle-bench --peer-only  only the whole-process comparison with needle-rs
 //! needle-bench --profile    onnxruntime profile of decode steps of the fused fp32 graph
@@ -45,6 +47,10 @@ struct Args {
     /// bench/make_full_needle3.py when missing), or tests/fixtures/needle3/n3a.cact with --quick.
     #[arg(long, conflicts_with = "model")]
     needle3: bool,
+    /// Default to the full-size Needle 2 with the published file's 2-bit weights and
+    /// 256-token window: target/bench/needle-shipped.cact (bench/make_full_model.py --shipped).
+    #[arg(long, conflicts_with_all = ["model", "needle3", "quick"])]
+    shipped: bool,
     /// Smoke run: small sizes, one iteration, no JAX unless --jax.
     #[arg(long)]
     quick: bool,
@@ -77,7 +83,8 @@ struct Args {
     #[arg(long)]
     profile: bool,
     /// Load-test needle-run serve instead: 1, 8 and 32 concurrent clients (and 32 against
-    /// --max-batch 1) sending the demo's held-out queries; the demo model unless --model.
+    /// --max-batch 1) sending the demo's held-out queries; the demo model unless --model
+    /// or --shipped.
     #[arg(long, conflicts_with_all = ["needle3", "peer_only", "mask", "profile"])]
     serve: bool,
     /// Requests per --serve level (default 64, 16 with --quick).
@@ -200,6 +207,7 @@ fn run(args: Args) -> Result<()> {
         Some(m) => m.clone(),
         None if args.needle3 && args.quick => root.join("tests/fixtures/needle3/n3a.cact"),
         None if args.needle3 => root.join("target/bench/needle3-full.cact"),
+        None if args.shipped => root.join("target/bench/needle-shipped.cact"),
         None if args.quick => root.join("tests/fixtures/m64.cact"),
         None => root.join("target/bench/needle-base.cact"),
     };
@@ -249,9 +257,20 @@ fn run(args: Args) -> Result<()> {
             .parent()
             .context("needle-bench has no folder")?
             .to_path_buf();
+        // The demo model unless a model is named (or --shipped).
+        let served = match (&args.model, args.shipped) {
+            (Some(m), _) => Some(m.clone()),
+            (None, true) => {
+                if !model.exists() {
+                    make_full_model(&root, &model, true)?;
+                }
+                Some(model.clone())
+            }
+            (None, false) => None,
+        };
         print!(
             "{}",
-            serve_load::run(&bin, args.model.as_deref(), &queries, &plan)?
+            serve_load::run(&bin, served.as_deref(), &queries, &plan)?
         );
         return Ok(());
     }
@@ -259,7 +278,7 @@ fn run(args: Args) -> Result<()> {
         if args.needle3 {
             make_full_needle3(&root, &model)?;
         } else {
-            make_full_model(&root, &model)?;
+            make_full_model(&root, &model, args.shipped)?;
         }
     }
     let peer_plan = peer::PeerPlan::new(
@@ -381,7 +400,7 @@ fn child_config(
 }
 
 /// Writes the full-size model with the upstream package (`bench/make_full_model.py`).
-fn make_full_model(root: &Path, model: &Path) -> Result<()> {
+fn make_full_model(root: &Path, model: &Path, shipped: bool) -> Result<()> {
     eprintln!(
         "needle-bench: writing {} with upstream write_export",
         model.display()
@@ -389,6 +408,7 @@ fn make_full_model(root: &Path, model: &Path) -> Result<()> {
     let status = Command::new(root.join(".venv/bin/python"))
         .arg(root.join("bench/make_full_model.py"))
         .arg(model)
+        .args(shipped.then_some("--shipped"))
         .env("NEEDLE_TELEMETRY", "0")
         .status()
         .context("cannot run .venv/bin/python (run scripts/setup)")?;
