@@ -128,10 +128,10 @@ pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
             .or_else(|| v.as_u64())
             .ok_or_else(|| invalid("seed", "seed must be an integer"))?,
     };
-    let stream = flag(body.get("stream"), "stream")?;
+    let stream = flag(body.get("stream"), "stream", false)?;
     let include_usage = match body.get("stream_options") {
         None | Some(Value::Null) => false,
-        Some(Value::Object(o)) => flag(o.get("include_usage"), "stream_options")?,
+        Some(Value::Object(o)) => flag(o.get("include_usage"), "stream_options", false)?,
         Some(_) => {
             return Err(invalid(
                 "stream_options",
@@ -148,7 +148,7 @@ pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
                     format!("needle.{key} is not a needle option (only needle.constrain)"),
                 ));
             }
-            flag(o.get("constrain"), "needle")?
+            flag(o.get("constrain"), "needle", false)?
         }
         Some(_) => {
             return Err(invalid(
@@ -157,16 +157,7 @@ pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
             ))
         }
     };
-    let parallel_tool_calls = match body.get("parallel_tool_calls") {
-        None | Some(Value::Null) => true,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            return Err(invalid(
-                "parallel_tool_calls",
-                "parallel_tool_calls must be true or false",
-            ))
-        }
-    };
+    let parallel_tool_calls = flag(body.get("parallel_tool_calls"), "parallel_tool_calls", true)?;
     Ok(ChatRequest {
         tools,
         query,
@@ -370,9 +361,10 @@ fn positive(v: &Value, param: &'static str) -> Result<usize, Invalid> {
     }
 }
 
-fn flag(v: Option<&Value>, param: &'static str) -> Result<bool, Invalid> {
+/// A true/false field, `absent` when the request leaves it out.
+fn flag(v: Option<&Value>, param: &'static str, absent: bool) -> Result<bool, Invalid> {
     match v {
-        None | Some(Value::Null) => Ok(false),
+        None | Some(Value::Null) => Ok(absent),
         Some(Value::Bool(b)) => Ok(*b),
         Some(_) => Err(invalid(param, format!("{param} must be true or false"))),
     }
