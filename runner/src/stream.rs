@@ -54,15 +54,20 @@ impl<W: Write> TokenFilter for TextStream<'_, W> {
 
     fn accept(&mut self, token: u32) -> Result<()> {
         self.ids.push(token);
-        let pending = self
-            .ids
-            .iter()
-            .rev()
-            .take_while(|&&id| self.tokenizer.is_byte_piece(id))
-            .count();
-        let stable = self.tokenizer.decode(&self.ids[..self.ids.len() - pending]);
+        let stable = stable_text(self.tokenizer, &self.ids);
         self.write_from(&stable)
     }
+}
+
+/// The text of `ids` that no later piece can change: byte-fallback pieces at the end are
+/// left out, since they may be the first bytes of a character the next pieces complete.
+pub fn stable_text(tokenizer: &NeedleTokenizer, ids: &[u32]) -> String {
+    let pending = ids
+        .iter()
+        .rev()
+        .take_while(|&&id| tokenizer.is_byte_piece(id))
+        .count();
+    tokenizer.decode(&ids[..ids.len() - pending])
 }
 
 /// Two filters in turn: `first` masks first and sees each token first.

@@ -12,6 +12,7 @@ use crate::provider::Provider;
 use crate::serve::request::{self, ChatRequest};
 use crate::serve::response::{self, Meta};
 use crate::serve::scheduler::{Event, Job, RowFilter};
+use crate::stream::stable_text;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -309,15 +310,7 @@ impl Streamer {
             match tokio::time::timeout_at(self.deadline, self.events.recv()).await {
                 Ok(Some(Event::Token(token))) => {
                     self.ids.push(token);
-                    let tok = &self.s.tokenizer;
-                    // Byte pieces at the end may be the first bytes of a character.
-                    let pending = self
-                        .ids
-                        .iter()
-                        .rev()
-                        .take_while(|&&id| tok.is_byte_piece(id))
-                        .count();
-                    let partial = parse_answer(&tok.decode(&self.ids[..self.ids.len() - pending]));
+                    let partial = parse_answer(&stable_text(&self.s.tokenizer, &self.ids));
                     self.send_growth(&partial);
                 }
                 Ok(Some(Event::Done(done))) => {
