@@ -43,6 +43,25 @@ pub struct Case {
     pub logits: Vec<f32>,
 }
 
+/// The little-endian int64 tensor `name` of `st`, flattened.
+pub fn i64_values(st: &SafeTensors, name: &str) -> Vec<i64> {
+    values(st, name, i64::from_le_bytes)
+}
+
+/// The little-endian float32 tensor `name` of `st`, flattened.
+pub fn f32_values(st: &SafeTensors, name: &str) -> Vec<f32> {
+    values(st, name, f32::from_le_bytes)
+}
+
+fn values<T, const N: usize>(st: &SafeTensors, name: &str, read: fn([u8; N]) -> T) -> Vec<T> {
+    st.tensor(name)
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+        .data()
+        .chunks_exact(N)
+        .map(|b| read(b.try_into().expect("N bytes")))
+        .collect()
+}
+
 /// Every logits case of `<model>.cases.safetensors`.
 pub fn cases(model: &str) -> Vec<Case> {
     let bytes = std::fs::read(fixture(&format!("{model}.cases.safetensors"))).unwrap();
@@ -60,19 +79,12 @@ pub fn cases(model: &str) -> Vec<Case> {
         .map(|name| {
             let ids = st.tensor(&format!("{name}.input_ids")).unwrap();
             let (batch, seq) = (ids.shape()[0], ids.shape()[1]);
-            let le = |t: safetensors::tensor::TensorView| -> Vec<u8> { t.data().to_vec() };
-            let input_ids = le(ids)
-                .chunks(8)
-                .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            let input_ids = i64_values(&st, &format!("{name}.input_ids"));
+            let lengths = i64_values(&st, &format!("{name}.lengths"))
+                .into_iter()
+                .map(|l| l as usize)
                 .collect();
-            let lengths = le(st.tensor(&format!("{name}.lengths")).unwrap())
-                .chunks(8)
-                .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as usize)
-                .collect();
-            let logits = le(st.tensor(&format!("{name}.logits")).unwrap())
-                .chunks(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect();
+            let logits = f32_values(&st, &format!("{name}.logits"));
             Case {
                 name,
                 batch,

@@ -6,7 +6,7 @@
 
 use graphs::contract::AttentionKind::{self, Reference};
 use graphs::contract::{MatMulWeights, Precision};
-use needle_tests::{fixture, options, session, session_of};
+use needle_tests::{f32_values, fixture, i64_values, options, session, session_of};
 use runner::answer::Runner;
 use runner::load::{LoadOptions, ModelSource};
 use runner::provider::Provider;
@@ -18,26 +18,15 @@ use std::time::Instant;
 
 const FUSED: AttentionKind = AttentionKind::FUSED;
 
-fn tensor<T: Copy>(st: &SafeTensors, name: &str, read: fn(&[u8]) -> T, width: usize) -> Vec<T> {
-    st.tensor(name)
-        .unwrap_or_else(|e| panic!("{name}: {e}"))
-        .data()
-        .chunks(width)
-        .map(read)
-        .collect()
-}
-
 /// Case `H`: `(input_ids, lengths, embeddings, confidence logits)`.
 fn case_h() -> (Vec<i64>, Vec<i64>, Vec<f32>, Vec<f32>) {
     let bytes = std::fs::read(fixture("m48h.heads.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
-    let i64s = |b: &[u8]| i64::from_le_bytes(b.try_into().unwrap());
-    let f32s = |b: &[u8]| f32::from_le_bytes(b.try_into().unwrap());
     (
-        tensor(&st, "H.input_ids", i64s, 8),
-        tensor(&st, "H.lengths", i64s, 8),
-        tensor(&st, "H.embedding", f32s, 4),
-        tensor(&st, "H.confidence", f32s, 4),
+        i64_values(&st, "H.input_ids"),
+        i64_values(&st, "H.lengths"),
+        f32_values(&st, "H.embedding"),
+        f32_values(&st, "H.confidence"),
     )
 }
 

@@ -3,7 +3,7 @@
 //! generation's prompt + completion, both variants; and `needle-run`'s `confidence`.
 
 use graphs::contract::AttentionKind::{self, Reference};
-use needle_tests::{fixture, session};
+use needle_tests::{f32_values, fixture, i64_values, session};
 use runner::session::StepInputs;
 use safetensors::SafeTensors;
 
@@ -19,15 +19,6 @@ const MODELS: [&str; 5] = [
 
 fn sigmoid(x: f32) -> f64 {
     1.0 / (1.0 + (-f64::from(x)).exp())
-}
-
-fn tensor<T: Copy>(st: &SafeTensors, name: &str, read: fn(&[u8]) -> T, width: usize) -> Vec<T> {
-    st.tensor(name)
-        .unwrap_or_else(|e| panic!("{name}: {e}"))
-        .data()
-        .chunks(width)
-        .map(read)
-        .collect()
 }
 
 #[test]
@@ -47,11 +38,9 @@ fn the_confidence_head_matches_upstream_on_padded_batches_and_generations() {
         if !has_head {
             continue;
         }
-        let i64s = |b: &[u8]| i64::from_le_bytes(b.try_into().unwrap());
-        let f32s = |b: &[u8]| f32::from_le_bytes(b.try_into().unwrap());
-        let ids = tensor(&st, "H.input_ids", i64s, 8);
-        let lengths = tensor(&st, "H.lengths", i64s, 8);
-        let want = tensor(&st, "H.confidence", f32s, 4);
+        let ids = i64_values(&st, "H.input_ids");
+        let lengths = i64_values(&st, "H.lengths");
+        let want = f32_values(&st, "H.confidence");
         let batch = lengths.len();
         let seq = ids.len() / batch;
         let generations: Vec<serde_json::Value> =
