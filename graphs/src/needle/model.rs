@@ -119,7 +119,20 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
         &presents,
         [&next_history, &inputs.placeholder],
     );
-    if let Some((embedding, width)) = &contrastive {
+    let doc = head_outputs(&mut b, desc, contrastive.as_ref(), confidence.as_ref());
+    b.finish("needle", doc, desc.to_metadata())
+}
+
+/// Declares the outputs of the probe heads the graph computes (the contrastive embedding
+/// `[batch, width]`, the confidence logit `[batch]`); returns the model's doc string with
+/// them described. Needle 3 files have no contrastive head.
+pub fn head_outputs(
+    b: &mut GraphBuilder,
+    desc: &ExportDescription,
+    contrastive: Option<&(Value, usize)>,
+    confidence: Option<&Value>,
+) -> String {
+    if let Some((embedding, width)) = contrastive {
         b.output(
             embedding,
             names::CONTRASTIVE_EMBEDDING,
@@ -127,7 +140,7 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
             &[Dim::Named(BATCH), Dim::Fixed(*width)],
         );
     }
-    if let Some(logit) = &confidence {
+    if let Some(logit) = confidence {
         b.output(
             logit,
             names::CONFIDENCE_LOGIT,
@@ -135,12 +148,8 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
             &[Dim::Named(BATCH)],
         );
     }
-    let doc = desc.doc_string()
-        + &ExportDescription::heads_doc(
-            confidence.is_some(),
-            contrastive.as_ref().map(|(_, width)| *width),
-        );
-    b.finish("needle", doc, desc.to_metadata())
+    desc.doc_string()
+        + &ExportDescription::heads_doc(confidence.is_some(), contrastive.map(|(_, width)| *width))
 }
 
 /// The graph inputs, in the contract's order.

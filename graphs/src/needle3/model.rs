@@ -18,8 +18,8 @@ use crate::needle::attention::{core_inputs, rope, KvPair};
 use crate::needle::engram::{self, EngramKv};
 use crate::needle::hyper_connections::{hc_post, hc_pre};
 use crate::needle::model::{
-    embed_tokens, engram_state_inputs, engram_state_outputs, ids_dims, kv_cache_inputs, lm_head,
-    logits_and_cache_outputs,
+    embed_tokens, engram_state_inputs, engram_state_outputs, head_outputs, ids_dims,
+    kv_cache_inputs, lm_head, logits_and_cache_outputs,
 };
 use crate::needle::norms::zc_rms_norm;
 use crate::needle::BuildContext;
@@ -139,15 +139,7 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
         &next_convs,
         [&next_history, &inputs.placeholder],
     );
-    if let Some(logit) = &confidence {
-        b.output(
-            logit,
-            names::CONFIDENCE_LOGIT,
-            data_type::FLOAT,
-            &[Dim::Named(BATCH)],
-        );
-    }
-    let doc = desc.doc_string() + &ExportDescription::heads_doc(confidence.is_some(), None);
+    let doc = head_outputs(&mut b, desc, None, confidence.as_ref());
     b.finish("needle", doc, desc.to_metadata())
 }
 
