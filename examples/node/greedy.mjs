@@ -12,7 +12,7 @@ const meta = Object.fromEntries(
 );
 const eos = 1; // Needle's tokenizers: PAD 0, EOS 1, BOS 2, UNK 3
 
-// Empty state: no past tokens, a zero engram history.
+// Empty state: no past tokens.
 const feeds = {};
 for (const [name, info] of Object.entries(meta)) {
   if (!name.startsWith("past_")) continue;
@@ -40,7 +40,7 @@ while (generated.length < Number(maxNew)) {
   for (let i = 1; i < vocab; i++) if (last[i] > last[next]) next = i;
   if (next === eos) break;
   generated.push(next);
-  // present.X -> past_key_values.X (the KV cache and the engram state)
+  // present.X -> past_key_values.X (the KV cache, token history included)
   for (const [name, value] of Object.entries(out)) {
     if (name.startsWith("present.")) feeds["past_key_values." + name.slice(8)] = value;
   }

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 def generate(session, prompt_ids, max_new_tokens, eos_id):
     meta = session.get_modelmeta().custom_metadata_map
     feeds = {}
-    for i in session.get_inputs():  # empty state: no past tokens, a zero engram history
+    for i in session.get_inputs():  # empty state: no past tokens
         if i.name.startswith("past_"):
             shape = [1 if d == "batch" else 0 if d == "past_sequence" else d for d in i.shape]
             dtype = np.int64 if i.type == "tensor(int64)" else (
@@ -31,7 +31,7 @@ def generate(session, prompt_ids, max_new_tokens, eos_id):
         if next_id == eos_id:
             break
         generated.append(next_id)
-        # present.X -> past_key_values.X (the KV cache and the engram state)
+        # present.X -> past_key_values.X (the KV cache, token history included)
         for name, value in result.items():
             if name.startswith("present."):
                 feeds["past_key_values." + name[len("present."):]] = value

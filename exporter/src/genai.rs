@@ -1,8 +1,8 @@
 //! The onnxruntime-genai flavour of an export: the `genai_config.json`, `tokenizer.json`
 //! and `tokenizer_config.json` beside `model.onnx` (and its own `model.tokenizer.json`)
 //! that make a folder stock onnxruntime-genai runs. The graph is the same one plain
-//! onnxruntime callers get: genai carries the KV cache and, because of how it is named,
-//! the engram state itself. Genai's tokenizer encodes like sentencepiece from its own
+//! onnxruntime callers get: genai carries the KV cache, and with it the token history
+//! (one more cache pair, so genai's `rewind_to` rewinds it too). Genai's tokenizer encodes like sentencepiece from its own
 //! `tokenizer.json` ([`tokenizer`]) and renders the tool prompt from the chat template.
 
 pub mod tokenizer;
@@ -38,7 +38,8 @@ pub fn config(desc: &ExportDescription, c: &Config, stop_ids: &[u32]) -> String 
                 "hidden_size": c.d_model,
                 "num_attention_heads": c.num_heads,
                 "num_key_value_heads": c.num_kv_heads,
-                "num_hidden_layers": c.num_layers,
+                // The attention layers' cache pairs and the token history's.
+                "num_hidden_layers": desc.token_history_layer + 1,
                 "session_options": {"log_id": "needle", "provider_options": []},
                 "inputs": {
                     "input_ids": names::INPUT_IDS,

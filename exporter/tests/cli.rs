@@ -329,7 +329,8 @@ fn genai_writes_one_folder_and_refuses_two_graphs_or_overwrites() {
     }
     let config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("genai_config.json")).unwrap()).unwrap();
-    assert_eq!(config["model"]["decoder"]["num_hidden_layers"], 4);
+    // m64's 4 attention layers' cache pairs and the token history's.
+    assert_eq!(config["model"]["decoder"]["num_hidden_layers"], 5);
     let again = export(&[&fixture("m64.cact"), &dir, Path::new("--genai")]);
     assert!(String::from_utf8_lossy(&again.stderr).contains("--force"));
     let both = export(&[

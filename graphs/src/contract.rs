@@ -43,33 +43,14 @@ pub mod names {
         pub present_value: String,
     }
 
-    /// The engram's state, named as onnxruntime-genai names a layer's recurrent state
-    /// (`…{L}.conv_state` and `…{L}.recurrent_state`, `L` = num_layers, one past the
-    /// attention layers) so that genai carries it between steps itself; plain callers feed
-    /// each `present.*` back as its `past_key_values.*` like the KV cache.
-    #[derive(Clone, Debug, PartialEq, Eq)]
-    pub struct EngramState {
-        /// `past_key_values.{L}.conv_state`, int64 `[batch, engram_history]`: each row's
-        /// last `engram_history` real tokens (oldest first), which the engram n-grams and
-        /// taps reach back to; zeros at the start.
-        pub past_ids: String,
-        /// `present.{L}.conv_state`: the same after this step.
-        pub present_ids: String,
-        /// `past_key_values.{L}.recurrent_state`, float32 `[batch, 1]`: unused, passed
-        /// through to `present.{L}.recurrent_state`; genai wants the pair.
-        pub past_placeholder: String,
-        pub present_placeholder: String,
-    }
-
-    /// The engram state names of a model with `num_layers` attention layers.
-    pub fn engram_state(num_layers: usize) -> EngramState {
-        let l = num_layers;
-        EngramState {
-            past_ids: format!("{PAST_KV_PREFIX}{l}.conv_state"),
-            present_ids: format!("{PRESENT_KV_PREFIX}{l}.conv_state"),
-            past_placeholder: format!("{PAST_KV_PREFIX}{l}.recurrent_state"),
-            present_placeholder: format!("{PRESENT_KV_PREFIX}{l}.recurrent_state"),
-        }
+    /// The token history: one more cache pair after the attention layers,
+    /// `past_key_values.{L}.key/.value` (`L` = num_layers), shaped like theirs. Each token
+    /// of a row writes its id where the layers write its key (see
+    /// `graphs::needle::token_history`), so the engram finds each row's last real tokens
+    /// there, and whoever crops or rewinds the KV cache (onnxruntime-genai's `rewind_to`)
+    /// crops the history with it.
+    pub fn token_history(num_layers: usize) -> LayerCache {
+        layer_cache(num_layers)
     }
 
     /// Needle 3's QKV-conv state of layer `i`: `past_key_values.{i}.qkv_conv` /
@@ -154,6 +135,9 @@ pub mod keys {
     pub const SOURCE_FILE: &str = "needle.source_file";
     pub const SOURCE_SHA256: &str = "needle.source_sha256";
     pub const STATE_INPUTS: &str = "needle.state_inputs";
+    /// The index of the cache pair that holds the token history (see
+    /// [`super::names::token_history`]): `num_layers`.
+    pub const TOKEN_HISTORY: &str = "needle.token_history_layer";
     pub const PAST_PRESENT_SHARE_BUFFER: &str = "needle.past_present_share_buffer";
     pub const TOKENIZER: &str = "needle.tokenizer";
     /// Lowercase hex SHA-256 of the tokenizer file's bytes, so a runtime can tell it is
@@ -558,6 +542,9 @@ pub struct ExportDescription {
     pub past_present_share_buffer: bool,
     /// The state inputs besides the KV cache, each fed back from its `present_*` output.
     pub state_inputs: Vec<String>,
+    /// The cache pair after the attention layers' that holds the token history
+    /// ([`names::token_history`]).
+    pub token_history_layer: usize,
     /// Where shorter rows of a batch are padded.
     pub padding_side: PaddingSide,
 }
@@ -572,13 +559,14 @@ impl ExportDescription {
         source: Source,
         tokenizer: TokenizerDescription,
     ) -> Self {
-        let state = names::engram_state(config.num_layers());
-        let mut state_inputs = Vec::new();
-        if config.qkv_conv_state().is_some() {
-            state_inputs.extend((0..config.num_layers()).map(|i| names::qkv_conv_state(i).0));
-        }
-        state_inputs.extend([state.past_ids, state.past_placeholder]);
+        let state_inputs = match config.qkv_conv_state() {
+            Some(_) => (0..config.num_layers())
+                .map(|i| names::qkv_conv_state(i).0)
+                .collect(),
+            None => Vec::new(),
+        };
         ExportDescription {
+            token_history_layer: config.num_layers(),
             config,
             variant,
             source,
@@ -623,21 +611,22 @@ impl ExportDescription {
     /// The interface in words, for the model's `doc_string` (what a person reading the
     /// graph in Netron or onnx needs; the metadata says the same as data).
     pub fn doc_string(&self) -> String {
-        let state = names::engram_state(self.config.num_layers());
+        let history = names::token_history(self.token_history_layer);
         let shape = self.config.head_shape();
         let attention = self.variant.attention;
         let mut doc = format!(
             "Needle {} ({} attention, {}). Inputs: {ids} [{b}, {s}]; {mask} [{b}, {t}], 1 for \
              real tokens, each row's padding after its tokens ({pad} padding); {pos} [{b}, {s}], \
              each token's position in its row; per layer {pk}.key [{b}, {kv}, {p}, {kd}] and \
-             .value [{b}, {kv}, {p}, {vd}]; {past_ids} int64 [{b}, {w}], each row's last {w} real tokens (zeros \
-             before the first), which the engram n-gram memory reads, and {placeholder} float32 \
-             [{b}, 1], unused (the pair is named as onnxruntime-genai's recurrent state, so genai \
-             carries it). Outputs: {logits} [{b}, {s}, vocab] float32; {pr}.key/.value [.., {t}, \
-             ..]; {present_ids}; {present_placeholder}. For the next step feed every present.* \
-             back as its past_key_values.*, append a column to the mask and continue each row's \
-             positions; {p} = 0, zero state, an all-ones mask and positions 0..{s} is a plain \
-             forward.",
+             .value [{b}, {kv}, {p}, {vd}], for the {layers} attention layers and one more, \
+             {history}.key/.value, shaped the same: the token history, each past token's id \
+             written where the layers write its key (as id / {split} and id mod {split} in the \
+             first two channels of head 0, zeros elsewhere), from which the engram n-gram \
+             memory reads each row's last {w} real tokens (so cropping the cache rewinds it \
+             too). Outputs: {logits} [{b}, {s}, vocab] float32; {pr}.key/.value [.., {t}, \
+             ..] for every pair. For the next step feed every present.* back as its \
+             past_key_values.*, append a column to the mask and continue each row's positions; \
+             {p} = 0, an all-ones mask and positions 0..{s} is a plain forward.",
             self.generation(),
             self.variant.attention,
             self.variant.precision,
@@ -645,10 +634,9 @@ impl ExportDescription {
             mask = names::ATTENTION_MASK,
             pad = self.padding_side,
             pos = names::POSITION_IDS,
-            past_ids = state.past_ids,
-            placeholder = state.past_placeholder,
-            present_ids = state.present_ids,
-            present_placeholder = state.present_placeholder,
+            layers = self.config.num_layers(),
+            history = history.past_key.trim_end_matches(".key"),
+            split = crate::needle::token_history::ID_SPLIT,
             w = self.config.engram_history(),
             kv = shape.kv_heads,
             kd = shape.cached_key_dim(attention),
@@ -738,6 +726,7 @@ impl ExportDescription {
         add(keys::SOURCE_FILE, self.source.file_name.clone());
         add(keys::SOURCE_SHA256, self.source.sha256.clone());
         add(keys::STATE_INPUTS, self.state_inputs.join(","));
+        add(keys::TOKEN_HISTORY, self.token_history_layer.to_string());
         add(keys::PADDING_SIDE, self.padding_side.to_string());
         let t = &self.tokenizer;
         if let Some(file) = &t.file {
@@ -767,6 +756,13 @@ impl ExportDescription {
                 "metadata key {} is missing: an export from before position_ids and the \
                  per-row engram state (batch-exact graphs); export it again",
                 keys::GENERATION
+            ));
+        }
+        if get(keys::TOKEN_HISTORY).is_none() {
+            return Err(format!(
+                "metadata key {} is missing: an export from before the token history moved \
+                 into the KV cache; export it again",
+                keys::TOKEN_HISTORY
             ));
         }
         let config = ModelConfig::from_metadata(read.spelled(keys::GENERATION)?, &get)?;
@@ -804,6 +800,7 @@ impl ExportDescription {
             },
             past_present_share_buffer: read.parsed(keys::PAST_PRESENT_SHARE_BUFFER)?,
             state_inputs: read.names(keys::STATE_INPUTS)?,
+            token_history_layer: read.parsed(keys::TOKEN_HISTORY)?,
             padding_side: read.spelled(keys::PADDING_SIDE)?,
         })
     }

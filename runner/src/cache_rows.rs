@@ -1,7 +1,7 @@
 //! A batch's cache taken apart into rows and put together again, or a row put into a
 //! free row of a running batch's cache, so that rows can join and leave a running batch
 //! ([`crate::engine`]). A row keeps only its real tokens' keys and
-//! values, in order, and its own carried state (engram history, QKV-conv state). Put
+//! values (token history included), in order, and its own carried state (QKV-conv state). Put
 //! together, each row's tokens start at column 0 and the rest of its row is padding (mask 0,
 //! zeros): the right-padded layout a batched prefill leaves, which both attention variants
 //! are exact for (`tests/tests/batch.rs`).

@@ -5,7 +5,7 @@
 use crate::plan::RunPlan;
 use crate::provider::{self, Provider, Registered};
 use anyhow::{anyhow, bail, Context, Result};
-use graphs::contract::names::{self, engram_state, layer_cache, EngramState, LayerCache};
+use graphs::contract::names::{self, layer_cache, LayerCache};
 use graphs::contract::{ExportDescription, ModelConfig, Precision};
 use ort::session::{Session, SessionInputValue, SessionOutputs};
 use ort::value::TensorElementType;
@@ -19,12 +19,8 @@ pub struct LayerKv {
 
 /// The state carried between steps.
 pub struct Cache {
-    /// Per layer, in layer order.
+    /// Per layer, in layer order, then the token history (`names::token_history`).
     layers: Vec<LayerKv>,
-    /// The engram history `[batch, engram_history]`: each row's last real tokens.
-    history: DynValue,
-    /// The engram state's unused partner `[batch, 1]` (see `names::EngramState`).
-    placeholder: DynValue,
     /// Needle 3's per-layer QKV-conv state, float32 `[batch, taps − 1, width]`; empty
     /// without the conv.
     qkv_conv: Vec<DynValue>,
@@ -62,18 +58,14 @@ impl Cache {
             .flat_map(|kv| [&mut kv.key, &mut kv.value])
     }
 
-    /// The state carried beside the keys and values, `[batch, …]` each: the engram
-    /// history, its placeholder and each layer's QKV-conv state.
+    /// The state carried beside the keys and values, `[batch, …]` each: each layer's
+    /// QKV-conv state.
     pub(crate) fn states(&self) -> impl Iterator<Item = &DynValue> {
-        [&self.history, &self.placeholder]
-            .into_iter()
-            .chain(&self.qkv_conv)
+        self.qkv_conv.iter()
     }
 
     pub(crate) fn states_mut(&mut self) -> impl Iterator<Item = &mut DynValue> {
-        [&mut self.history, &mut self.placeholder]
-            .into_iter()
-            .chain(&mut self.qkv_conv)
+        self.qkv_conv.iter_mut()
     }
 }
 
@@ -82,9 +74,8 @@ pub struct NeedleSession {
     session: Session,
     pub description: ExportDescription,
     pub plan: RunPlan,
-    /// The cache input/output names of each layer.
+    /// The cache input/output names of each layer, then the token history's.
     layer_names: Vec<LayerCache>,
-    engram_names: EngramState,
     /// `(past, present)` names of each layer's QKV-conv state; empty without the conv.
     conv_names: Vec<(String, String)>,
 }
@@ -162,8 +153,13 @@ impl NeedleSession {
         drop(meta);
         let plan = RunPlan::new(registered.provider, &description, registered.threads);
         let layers = description.config.num_layers();
-        let layer_names = (0..layers).map(layer_cache).collect();
-        let engram_names = engram_state(layers);
+        if description.token_history_layer != layers {
+            bail!(
+                "not a needle-export graph: its token history is cache pair {}, not {layers}",
+                description.token_history_layer
+            );
+        }
+        let layer_names = (0..=layers).map(layer_cache).collect();
         let conv_names = match description.config.qkv_conv_state() {
             Some(_) => (0..layers).map(names::qkv_conv_state).collect(),
             None => Vec::new(),
@@ -173,7 +169,6 @@ impl NeedleSession {
             description,
             plan,
             layer_names,
-            engram_names,
             conv_names,
         };
         s.check_interface()?;
@@ -210,10 +205,10 @@ impl NeedleSession {
             .layer_names
             .iter()
             .flat_map(|n| [n.past_key.as_str(), n.past_value.as_str()]);
-        let e = &self.engram_names;
-        let conv = self.conv_names.iter().map(|(past, _)| past.as_str());
-        let carried: Vec<&str> = conv
-            .chain([e.past_ids.as_str(), e.past_placeholder.as_str()])
+        let carried: Vec<&str> = self
+            .conv_names
+            .iter()
+            .map(|(past, _)| past.as_str())
             .collect();
         if self.description.state_inputs != carried {
             bail!(
@@ -280,7 +275,7 @@ impl NeedleSession {
             heads.cached_value_dim(attention),
         ];
         let alloc = self.session.allocator();
-        let layers = (0..c.num_layers())
+        let layers = (0..=c.num_layers())
             .map(|_| {
                 Ok(LayerKv {
                     key: DynTensor::new(alloc, float, key_shape)?.into_dyn(),
@@ -297,13 +292,8 @@ impl NeedleSession {
                 .collect::<Result<_>>()?,
             None => Vec::new(),
         };
-        let width = c.engram_history();
-        let history = Tensor::<i64>::from_array(([batch, width], vec![0i64; batch * width]))?;
-        let placeholder = Tensor::<f32>::from_array(([batch, 1usize], vec![0f32; batch]))?;
         Ok(Cache {
             layers,
-            history: history.into_dyn(),
-            placeholder: placeholder.into_dyn(),
             qkv_conv,
             len: 0,
             capacity,
@@ -378,11 +368,6 @@ impl NeedleSession {
         for ((past, _), state) in self.conv_names.iter().zip(cache.qkv_conv) {
             inputs.push((past, state.into()));
         }
-        inputs.push((&self.engram_names.past_ids, cache.history.into()));
-        inputs.push((
-            &self.engram_names.past_placeholder,
-            cache.placeholder.into(),
-        ));
         let mut outputs = self.session.run(inputs).context("onnxruntime run failed")?;
         let logits = logits(&outputs)?;
         let confidence_logit = head_output(&outputs, names::CONFIDENCE_LOGIT)?;
@@ -402,16 +387,12 @@ impl NeedleSession {
             .iter()
             .map(|(_, present)| take(&mut outputs, present))
             .collect::<Result<_>>()?;
-        let history = take(&mut outputs, &self.engram_names.present_ids)?;
-        let placeholder = take(&mut outputs, &self.engram_names.present_placeholder)?;
         Ok(StepOutput {
             logits,
             confidence_logit,
             contrastive_embedding,
             cache: Cache {
                 layers,
-                history,
-                placeholder,
                 qkv_conv,
                 len: total,
                 capacity: None,
@@ -439,9 +420,6 @@ impl NeedleSession {
             binding.bind_output(n.present_key.as_str(), &mut kv.key)?;
             binding.bind_output(n.present_value.as_str(), &mut kv.value)?;
         }
-        let e = &self.engram_names;
-        binding.bind_input(e.past_ids.as_str(), &cache.history)?;
-        binding.bind_input(e.past_placeholder.as_str(), &cache.placeholder)?;
         let host = self.session.allocator().memory_info();
         for ((past, present), state) in self.conv_names.iter().zip(&cache.qkv_conv) {
             binding.bind_input(past.as_str(), state)?;
@@ -453,8 +431,6 @@ impl NeedleSession {
                 binding.bind_output_to_device(head, host)?;
             }
         }
-        binding.bind_output_to_device(e.present_ids.as_str(), host)?;
-        binding.bind_output_to_device(e.present_placeholder.as_str(), host)?;
         let mut outputs = self
             .session
             .run_binding(&binding)
@@ -462,16 +438,12 @@ impl NeedleSession {
         let logits = logits(&outputs)?;
         let confidence_logit = head_output(&outputs, names::CONFIDENCE_LOGIT)?;
         let contrastive_embedding = head_output(&outputs, names::CONTRASTIVE_EMBEDDING)?;
-        let history = take(&mut outputs, &e.present_ids)?;
-        let placeholder = take(&mut outputs, &e.present_placeholder)?;
         cache.qkv_conv = self
             .conv_names
             .iter()
             .map(|(_, present)| take(&mut outputs, present))
             .collect::<Result<_>>()?;
         drop(outputs);
-        cache.history = history;
-        cache.placeholder = placeholder;
         cache.len = total;
         Ok(StepOutput {
             logits,

@@ -10,7 +10,10 @@
 //!   batches of 4 unequal prompts;
 //! - the README's genai snippet (`examples/genai/generate.py`) generates `needle-run`'s
 //!   tokens up to the end of the turn (genai leaves the stop token out);
-//! - `needle-run` still reads the folder's graph, with the plain `model.tokenizer.json`.
+//! - `needle-run` still reads the folder's graph, with the plain `model.tokenizer.json`;
+//! - genai's partial `rewind_to` (into the answer, into the prompt, then an edited prompt)
+//!   continues exactly as an unrewound or fresh generator, both variants (the token
+//!   history the engram reads is a KV-cache pair, which genai crops).
 
 use exporter::model::NeedleModel;
 use exporter::output::ExportFiles;
@@ -34,9 +37,18 @@ const FLOAT_DIGITS_CASE: &str = "writer_numbers";
 /// A genai folder of `model` (fused fp32 graph) in a fresh scratch directory `name`, with
 /// the tokenizer our runner uses for it.
 fn genai_folder(name: &str, model: &NeedleModel) -> (PathBuf, NeedleTokenizer) {
+    genai_folder_of(name, model, AttentionKind::FUSED)
+}
+
+/// [`genai_folder`] with the `attention` graph.
+fn genai_folder_of(
+    name: &str,
+    model: &NeedleModel,
+    attention: AttentionKind,
+) -> (PathBuf, NeedleTokenizer) {
     let dir = scratch(name);
     let tokenizer = NeedleTokenizer::from_spec(&model.tokenizer, true).unwrap();
-    ExportFiles::genai_folder(&dir, AttentionKind::FUSED)
+    ExportFiles::genai_folder(&dir, attention)
         .write(
             model,
             &tokenizer,
@@ -280,4 +292,30 @@ fn stock_genai_gives_needle_runs_calls_on_the_demo_held_out_set() {
     let query = ex["query"].as_str().unwrap();
     let answer = folder_runner.complete(&ex["tools"], query, None, MAX_NEW_TOKENS);
     assert_eq!(Value::from(answer.unwrap().function_calls), expected[0]);
+}
+
+#[test]
+fn stock_genai_rewinds_to_any_length() {
+    let examples = eval_examples();
+    let chats: Vec<Value> = examples[..8]
+        .iter()
+        .map(|ex| json!({"messages": messages(None, ex["query"].as_str().unwrap()), "tools": ex["tools"]}))
+        .collect();
+    // Fused: genai shares one past/present buffer; reference: genai copies the cropped pasts.
+    for attention in [AttentionKind::FUSED, AttentionKind::Reference] {
+        let (dir, _) = genai_folder_of(&format!("genai-rewind-{attention}"), &demo(), attention);
+        let args = [MAX_NEW_TOKENS.to_string()];
+        let out = genai_script("genai_rewind.py", &dir, &Value::from(chats.clone()), &args);
+        for (chat, result) in out.as_array().unwrap().iter().enumerate() {
+            assert!(result["answer_tokens"].as_u64().unwrap() >= 8, "{result}");
+            for check in ["answer", "prompt", "edit"] {
+                let r = &result[check];
+                println!("{attention} chat {chat} {check}: {r}");
+                assert_eq!(r["equal"], true, "{attention} chat {chat} {check}: {r}");
+                assert!(r["steps"].as_u64().unwrap() >= 4, "{r}");
+                // Logits of the same positions computed in other chunks: float rounding only.
+                assert!(r["max_logit_error"].as_f64().unwrap() <= 1e-4, "{r}");
+            }
+        }
+    }
 }

@@ -89,17 +89,17 @@ fn graphs_are_well_formed_and_follow_the_contract() {
                     vec!["batch".into(), "total_sequence".into()]
                 )
             );
-            // m48: 4 engram taps with dilation max(orders) = 4 reach back 16 tokens.
             assert!(inputs.contains(&("position_ids", vec!["batch".into(), "sequence".into()])));
-            // The engram state is named as onnxruntime-genai's recurrent state of layer 5.
-            assert!(inputs.contains(&(
-                "past_key_values.5.conv_state",
-                vec!["batch".into(), "16".into()]
-            )));
-            assert!(inputs.contains(&(
-                "past_key_values.5.recurrent_state",
-                vec!["batch".into(), "1".into()]
-            )));
+            // m48 has 5 layers: pair 5 is the token history, shaped like the layers' pairs.
+            let pair = |len: &str| vec!["batch".into(), "1".into(), len.into(), "32".into()];
+            for name in ["past_key_values.5.key", "past_key_values.5.value"] {
+                assert!(inputs.contains(&(name, pair("past_sequence"))), "{name}");
+            }
+            assert_eq!(
+                inputs.len(),
+                3 + 2 * 6,
+                "ids, mask, positions and 6 cache pairs"
+            );
             assert!(inputs.contains(&(
                 "past_key_values.4.value",
                 vec![
@@ -121,11 +121,9 @@ fn graphs_are_well_formed_and_follow_the_contract() {
                     vec!["batch".into(), "sequence".into(), "512".into()]
                 )
             );
-            assert!(outputs.contains(&("present.5.conv_state", vec!["batch".into(), "16".into()])));
-            assert!(outputs.contains(&(
-                "present.5.recurrent_state",
-                vec!["batch".into(), "1".into()]
-            )));
+            for name in ["present.5.key", "present.5.value"] {
+                assert!(outputs.contains(&(name, pair("total_sequence"))), "{name}");
+            }
             assert!(outputs.contains(&(
                 "present.0.key",
                 vec![

@@ -612,7 +612,12 @@ fn reference_core(
 }
 
 /// `[batch, kv_heads, total_sequence, width]` on both present tensors (`[key, value]` widths).
-fn declare_present(b: &mut GraphBuilder, present: &KvPair, kv_heads: usize, widths: [usize; 2]) {
+pub(crate) fn declare_present(
+    b: &mut GraphBuilder,
+    present: &KvPair,
+    kv_heads: usize,
+    widths: [usize; 2],
+) {
     let float = b.precision().data_type();
     for (t, width) in [&present.key, &present.value].into_iter().zip(widths) {
         let dims = [

@@ -31,8 +31,8 @@ pub struct Config {
 }
 
 impl Config {
-    /// Tokens before the first new one that the engram reads (its taps reach back
-    /// `conv_taps · dilation` positions): the width of `past_engram_ids`.
+    /// Tokens before the first new one that the engram reads from the token history (its
+    /// taps reach back `conv_taps · dilation` positions).
     pub fn engram_history(&self) -> usize {
         self.engram_conv_taps * self.engram_conv_dilation
     }

@@ -8,8 +8,8 @@
 //! `max(orders)`. Hashing runs in int64 with an explicit 32-bit mask, which is
 //! exactly upstream's uint32 arithmetic (the product stays below 2⁵⁷).
 //!
-//! The window is each row's own: `past_engram_ids` (its last `W` real tokens) then the
-//! new tokens, real where `position_ids`/the mask say so, so rows of a padded batch are
+//! The window is each row's own: its last `W` real tokens before this call (from the
+//! token history, `crate::needle::token_history`) then the new tokens, real where `position_ids`/the mask say so, so rows of a padded batch are
 //! exact.
 //!
 //! ```text
@@ -19,7 +19,7 @@
 //! At the site's layer (`Block.__call__` with `engram_kv`):
 //! `x + σ(⟨rms_unit(x), ek⟩ / √d) · ev`.
 
-use crate::builder::{Attr, Dim, GraphBuilder, Value};
+use crate::builder::{Dim, GraphBuilder, Value};
 use crate::contract::dims::{BATCH, ENGRAM_WINDOW, SEQUENCE};
 use crate::needle::attention::projection;
 use crate::needle::block_quant::gather_table;
@@ -82,7 +82,7 @@ pub fn hashed_rows(b: &mut GraphBuilder, ids: &Value, e: &EngramGeometry) -> Val
     })
 }
 
-/// Each row's window: `past_engram_ids ++ input_ids`, real where the row has a token there.
+/// Each row's window: its last `W` real tokens before this call ++ `input_ids`, real where the row has a token there.
 /// A history slot `j` holds the token at position `p0 − W + j` (`p0`: the row's first new
 /// position), so it is real when that is ≥ 0; a new column is real where the mask says so.
 /// `new_mask`: the mask's last `sequence` columns `[batch, sequence]` int64.
@@ -108,32 +108,6 @@ pub fn window<C>(
     let valid = b.cast(&valid, float);
     b.declare(&valid, float, &WINDOW_DIMS);
     EngramWindow { ids, valid }
-}
-
-/// The next `past_engram_ids` `[batch, W]`: each row's last `W` real tokens of the window.
-/// A row's real new tokens are the first columns of its chunk (right padding), so they
-/// end at window column `W + n − 1`, `n` = the row's real new tokens.
-pub fn next_history<C>(
-    b: &mut GraphBuilder,
-    ctx: &BuildContext<C>,
-    window_ids: &Value,
-    new_mask: &Value,
-) -> Value {
-    let history = ctx.shared.engram.history();
-    let real = b.reduce_sum(new_mask, &[1], true);
-    let slots = b.const_i64(&(0..history as i64).collect::<Vec<_>>());
-    let columns = b.add(&real, &slots);
-    let next = b.op1(
-        "GatherElements",
-        &[window_ids, &columns],
-        vec![("axis", Attr::Int(1))],
-    );
-    b.declare(
-        &next,
-        data_type::INT64,
-        &[Dim::Named(BATCH), Dim::Fixed(history)],
-    );
-    next
 }
 
 /// Keys and values of every engram site for the new positions.

@@ -12,6 +12,7 @@ pub mod hyper_connections;
 pub mod model;
 pub mod norms;
 pub mod probe_heads;
+pub mod token_history;
 pub mod weights;
 
 pub use config::Config;

@@ -4,7 +4,8 @@
 //! input_ids ─Gather(embedding)·√d─ Expand(n lanes) ─┬─ layer 0 … layer L−1 ─ mean(lanes) ─ final_norm ─ ·embeddingᵀ ─▶ logits
 //!                                                    │   hc_pre → [engram] → block → hc_post
 //!             [probe heads] x0 and each layer's lane mean ─ probe_pool ─▶ contrastive_embedding, confidence_logit
-//! engram history ++ input_ids ─ engram hash ─────────┘ (engram sites only)
+//! token history ++ input_ids ─ engram hash ──────────┘ (engram sites only)
+//! input_ids ─ written into the token history (one more cache pair) ─▶ present.{L}
 //! position_ids, attention_mask ─ RoPE, attention masks, engram validity (per row)
 //! ```
 //!
@@ -24,6 +25,7 @@ use crate::needle::hadamard_mlp::hadamard_mlp;
 use crate::needle::hyper_connections::{hc_post, hc_pre};
 use crate::needle::norms::zc_rms_norm;
 use crate::needle::probe_heads::{confidence_logit, contrastive_embedding};
+use crate::needle::token_history;
 use crate::needle::{BuildContext, Config, LayerWeights, Tensor, Weights};
 use crate::onnx::{data_type, ModelProto};
 
@@ -38,30 +40,36 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
     // The mask, not the cache, says how many tokens came before: a caller may pass a
     // preallocated cache longer than that which the fused graph's attention updates in
     // place (`past_present_share_buffer`).
-    let new_mask = b.scope("new_mask", |b| {
-        let total = b.shape_of(&inputs.mask, 1, 2);
-        let seq = b.shape_of(&inputs.input_ids, 1, 2);
-        let past_len = b.sub(&total, &seq);
-        b.slice_from(&inputs.mask, 1, &past_len)
+    let masks = b.scope("new_mask", |b| {
+        split_mask(b, &inputs.mask, &inputs.input_ids)
     });
-    b.declare(&new_mask, data_type::INT64, &ids_dims(SEQUENCE));
+    let new_mask = masks.new.clone();
     let attn = b.scope("attn_ctx", |b| {
         attention_ctx(b, &ctx, &inputs.mask, &inputs.position_ids)
+    });
+    let history = &inputs.pasts[cfg.num_layers];
+    let past_ids = b.scope("token_history", |b| {
+        let width = ctx.shared.engram.history();
+        token_history::last_tokens(
+            b,
+            desc.variant.attention,
+            history,
+            &masks.past,
+            &masks.past_len,
+            width,
+        )
     });
     let window = b.scope("engram_window", |b| {
         engram::window(
             b,
             &ctx,
-            &inputs.past_ids,
+            &past_ids,
             &inputs.input_ids,
             &new_mask,
             &inputs.position_ids,
         )
     });
     let engram_kv = engram::site_kvs(&mut b, &ctx, &w.engrams, &window);
-    let next_history = b.scope("engram_history", |b| {
-        engram::next_history(b, &ctx, &window.ids, &new_mask)
-    });
 
     let (embedding, mut x) = b.scope("embed_tokens", |b| {
         embed_tokens(b, &ctx, &w.embedding, &inputs.input_ids)
@@ -77,7 +85,7 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
     let shared = LayerInputs {
         attn,
         engram_kv,
-        pasts: inputs.pasts,
+        pasts: &inputs.pasts,
     };
     let mut presents = Vec::with_capacity(w.layers.len());
     for i in 0..w.layers.len() {
@@ -89,6 +97,18 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
         }
         presents.push(present);
     }
+    presents.push(b.scope("token_history", |b| {
+        let shape = HeadShape::of(cfg);
+        let attention = desc.variant.attention;
+        token_history::append(
+            b,
+            &shared.attn.core,
+            attention,
+            history,
+            &inputs.input_ids,
+            shape,
+        )
+    }));
     let contrastive = w.contrastive.as_ref().map(|head| {
         let embedding = b.scope("contrastive_head", |b| {
             contrastive_embedding(b, &cells, &new_mask, head)
@@ -112,13 +132,8 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
             &x,
         )
     });
-    outputs(
-        &mut b,
-        &ctx,
-        &logits,
-        &presents,
-        [&next_history, &inputs.placeholder],
-    );
+    let shape = HeadShape::of(cfg);
+    logits_and_cache_outputs(&mut b, &ctx, shape, &logits, cfg.vocab, &presents);
     let doc = head_outputs(&mut b, desc, contrastive.as_ref(), confidence.as_ref());
     b.finish("needle", doc, desc.to_metadata())
 }
@@ -157,58 +172,42 @@ struct Inputs {
     input_ids: Value,
     mask: Value,
     position_ids: Value,
+    /// Each layer's past cache, then the token history's.
     pasts: Vec<KvPair>,
-    /// The engram history, `[batch, engram_history]`.
-    past_ids: Value,
-    /// The engram state's unused partner, `[batch, 1]` (see `names::EngramState`).
-    placeholder: Value,
+}
+
+/// The attention mask cut at the past: its past columns, its new ones and the past's
+/// length. The mask, not the cache, says how many tokens came before: a caller may pass a
+/// preallocated cache longer than that which the fused graph's attention updates in place
+/// (`past_present_share_buffer`).
+pub(crate) struct SplitMask {
+    /// `[batch, past_sequence]`.
+    pub past: Value,
+    /// `[batch, sequence]`.
+    pub new: Value,
+    /// `[1]`.
+    pub past_len: Value,
+}
+
+pub(crate) fn split_mask(b: &mut GraphBuilder, mask: &Value, input_ids: &Value) -> SplitMask {
+    let total = b.shape_of(mask, 1, 2);
+    let seq = b.shape_of(input_ids, 1, 2);
+    let past_len = b.sub(&total, &seq);
+    let new = b.slice_from(mask, 1, &past_len);
+    b.declare(&new, data_type::INT64, &ids_dims(SEQUENCE));
+    let from = b.const_i64(&[0]);
+    let axis = b.const_i64(&[1]);
+    let past = b.op1("Slice", &[mask, &from, &past_len, &axis], vec![]);
+    b.declare(&past, data_type::INT64, &ids_dims(PAST_SEQUENCE));
+    SplitMask {
+        past,
+        new,
+        past_len,
+    }
 }
 
 pub(crate) fn ids_dims(len: &'static str) -> [Dim; 2] {
     [Dim::Named(BATCH), Dim::Named(len)]
-}
-
-/// `[batch, engram_history]`.
-fn history_dims<C>(ctx: &BuildContext<C>) -> [Dim; 2] {
-    [Dim::Named(BATCH), Dim::Fixed(ctx.shared.engram.history())]
-}
-
-/// The engram state inputs of a model with `num_layers` layers: (history, placeholder).
-pub(crate) fn engram_state_inputs<C>(
-    b: &mut GraphBuilder,
-    ctx: &BuildContext<C>,
-    num_layers: usize,
-) -> (Value, Value) {
-    let state = names::engram_state(num_layers);
-    let past_ids = b.input(&state.past_ids, data_type::INT64, &history_dims(ctx));
-    let placeholder = b.input(
-        &state.past_placeholder,
-        data_type::FLOAT,
-        &[Dim::Named(BATCH), Dim::Fixed(1)],
-    );
-    (past_ids, placeholder)
-}
-
-/// The engram state outputs: the next history and the passed-through placeholder.
-pub(crate) fn engram_state_outputs<C>(
-    b: &mut GraphBuilder,
-    ctx: &BuildContext<C>,
-    num_layers: usize,
-    [next_history, placeholder]: [&Value; 2],
-) {
-    let state = names::engram_state(num_layers);
-    b.output(
-        next_history,
-        &state.present_ids,
-        data_type::INT64,
-        &history_dims(ctx),
-    );
-    b.output(
-        placeholder,
-        &state.present_placeholder,
-        data_type::FLOAT,
-        &[Dim::Named(BATCH), Dim::Fixed(1)],
-    );
 }
 
 /// `[batch, num_kv_heads, len, width]` of the cached keys (`value` false) or values, the
@@ -232,16 +231,17 @@ fn cache_dims(
     ]
 }
 
-/// Each layer's `past_key_values.{i}.key/.value` input.
+/// The `past_key_values.{i}.key/.value` inputs of `pairs` cache pairs (the layers', then
+/// the token history's).
 pub(crate) fn kv_cache_inputs<C>(
     b: &mut GraphBuilder,
     ctx: &BuildContext<C>,
     shape: HeadShape,
-    num_layers: usize,
+    pairs: usize,
 ) -> Vec<KvPair> {
     let float = b.precision().data_type();
     let attention = ctx.variant.attention;
-    (0..num_layers)
+    (0..pairs)
         .map(|i| {
             let n = layer_cache(i);
             KvPair {
@@ -293,15 +293,12 @@ fn inputs(b: &mut GraphBuilder, ctx: &BuildContext) -> Inputs {
         &ids_dims(TOTAL_SEQUENCE),
     );
     let position_ids = b.input(names::POSITION_IDS, data_type::INT64, &ids_dims(SEQUENCE));
-    let pasts = kv_cache_inputs(b, ctx, HeadShape::of(ctx.cfg), ctx.cfg.num_layers);
-    let (past_ids, placeholder) = engram_state_inputs(b, ctx, ctx.cfg.num_layers);
+    let pasts = kv_cache_inputs(b, ctx, HeadShape::of(ctx.cfg), ctx.cfg.num_layers + 1);
     Inputs {
         input_ids,
         mask,
         position_ids,
         pasts,
-        past_ids,
-        placeholder,
     }
 }
 
@@ -346,19 +343,19 @@ pub(crate) fn embed_tokens<C>(
 }
 
 /// What every layer reads besides the stream: built once at the top of the graph.
-struct LayerInputs {
+struct LayerInputs<'a> {
     attn: AttentionCtx,
     /// Keys and values of each engram site, by site.
     engram_kv: Vec<EngramKv>,
     /// Each layer's past cache.
-    pasts: Vec<KvPair>,
+    pasts: &'a [KvPair],
 }
 
 /// Layer `i` of the scan: `hc_pre` → engram (at its sites) → [`block`] → `hc_post`.
 fn layer(
     b: &mut GraphBuilder,
     ctx: &BuildContext,
-    shared: &LayerInputs,
+    shared: &LayerInputs<'_>,
     x: &Value,
     w: &Weights,
     i: usize,
@@ -447,17 +444,4 @@ pub(crate) fn lm_head<C>(
         Precision::Fp32 => logits,
         Precision::Fp16 => b.cast(&logits, data_type::FLOAT),
     }
-}
-
-/// The graph outputs, in the contract's order.
-fn outputs(
-    b: &mut GraphBuilder,
-    ctx: &BuildContext,
-    logits: &Value,
-    presents: &[KvPair],
-    [next_history, placeholder]: [&Value; 2],
-) {
-    let shape = HeadShape::of(ctx.cfg);
-    logits_and_cache_outputs(b, ctx, shape, logits, ctx.cfg.vocab, presents);
-    engram_state_outputs(b, ctx, ctx.cfg.num_layers, [next_history, placeholder]);
 }

@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! input_ids ─embed·√d─ lanes ─┬─ layer 0 … layer L−1 ─ mean ─ final_norm ─ ·E[:out_vocab]ᵀ ─▶ logits
-//! engram history ++ ids ──────┘   (each layer: KV cache, QKV-conv state)
+//! token history ++ ids ───────┘   (each layer: KV cache, QKV-conv state; the history: one more cache pair)
 //! ```
 
 use crate::builder::{Dim, GraphBuilder, Value};
@@ -18,10 +18,11 @@ use crate::needle::attention::{core_inputs, rope, KvPair};
 use crate::needle::engram::{self, EngramKv};
 use crate::needle::hyper_connections::{hc_post, hc_pre};
 use crate::needle::model::{
-    embed_tokens, engram_state_inputs, engram_state_outputs, head_outputs, ids_dims,
-    kv_cache_inputs, lm_head, logits_and_cache_outputs,
+    embed_tokens, head_outputs, ids_dims, kv_cache_inputs, lm_head, logits_and_cache_outputs,
+    split_mask,
 };
 use crate::needle::norms::zc_rms_norm;
+use crate::needle::token_history;
 use crate::needle::BuildContext;
 use crate::needle3::attention::{attention, AttentionCtx, LayerPast};
 use crate::needle3::confidence::confidence_logit;
@@ -34,13 +35,10 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
     let ctx = BuildContext::new(cfg, desc.variant);
     let mut b = GraphBuilder::new(ctx.kernels.opset(), desc.variant.precision);
     let inputs = inputs(&mut b, &ctx);
-    let new_mask = b.scope("new_mask", |b| {
-        let total = b.shape_of(&inputs.mask, 1, 2);
-        let seq = b.shape_of(&inputs.input_ids, 1, 2);
-        let past_len = b.sub(&total, &seq);
-        b.slice_from(&inputs.mask, 1, &past_len)
+    let masks = b.scope("new_mask", |b| {
+        split_mask(b, &inputs.mask, &inputs.input_ids)
     });
-    b.declare(&new_mask, data_type::INT64, &ids_dims(SEQUENCE));
+    let new_mask = masks.new.clone();
     let attn = b.scope("attn_ctx", |b| {
         let rope = rope(
             b,
@@ -66,20 +64,29 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
             real_new,
         }
     });
+    let history = &inputs.pasts[cfg.num_layers];
+    let past_ids = b.scope("token_history", |b| {
+        let width = ctx.shared.engram.history();
+        token_history::last_tokens(
+            b,
+            desc.variant.attention,
+            history,
+            &masks.past,
+            &masks.past_len,
+            width,
+        )
+    });
     let window = b.scope("engram_window", |b| {
         engram::window(
             b,
             &ctx,
-            &inputs.past_ids,
+            &past_ids,
             &inputs.input_ids,
             &new_mask,
             &inputs.position_ids,
         )
     });
     let engram_kv = engram::site_kvs(&mut b, &ctx, &w.engrams, &window);
-    let next_history = b.scope("engram_history", |b| {
-        engram::next_history(b, &ctx, &window.ids, &new_mask)
-    });
     let permutations = b.scope("hadamard_mlp", |b| {
         [b.const_i64(&w.hada_p1), b.const_i64(&w.hada_p2)]
     });
@@ -115,6 +122,18 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
         presents.push(present);
         next_convs.extend(conv);
     }
+    presents.push(b.scope("token_history", |b| {
+        let attention = desc.variant.attention;
+        let shape = cfg.head_shape();
+        token_history::append(
+            b,
+            &attn.global,
+            attention,
+            history,
+            &inputs.input_ids,
+            shape,
+        )
+    }));
     let confidence = w.confidence.as_ref().map(|head| {
         b.scope("confidence_head", |b| {
             confidence_logit(b, &ctx, &cells, &new_mask, head)
@@ -131,14 +150,7 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
             &x,
         )
     });
-    outputs(
-        &mut b,
-        &ctx,
-        &logits,
-        &presents,
-        &next_convs,
-        [&next_history, &inputs.placeholder],
-    );
+    outputs(&mut b, &ctx, &logits, &presents, &next_convs);
     let doc = head_outputs(&mut b, desc, None, confidence.as_ref());
     b.finish("needle", doc, desc.to_metadata())
 }
@@ -151,8 +163,6 @@ struct Inputs {
     pasts: Vec<KvPair>,
     /// Each layer's QKV-conv state (empty without the conv).
     conv_pasts: Vec<Value>,
-    past_ids: Value,
-    placeholder: Value,
 }
 
 fn conv_dims(ctx: &BuildContext<Config>) -> Option<[Dim; 3]> {
@@ -168,22 +178,19 @@ fn inputs(b: &mut GraphBuilder, ctx: &BuildContext<Config>) -> Inputs {
         &ids_dims(TOTAL_SEQUENCE),
     );
     let position_ids = b.input(names::POSITION_IDS, data_type::INT64, &ids_dims(SEQUENCE));
-    let pasts = kv_cache_inputs(b, ctx, ctx.cfg.head_shape(), ctx.cfg.num_layers);
+    let pasts = kv_cache_inputs(b, ctx, ctx.cfg.head_shape(), ctx.cfg.num_layers + 1);
     let conv_pasts = match conv_dims(ctx) {
         Some(dims) => (0..ctx.cfg.num_layers)
             .map(|i| b.input(&names::qkv_conv_state(i).0, data_type::FLOAT, &dims))
             .collect(),
         None => Vec::new(),
     };
-    let (past_ids, placeholder) = engram_state_inputs(b, ctx, ctx.cfg.num_layers);
     Inputs {
         input_ids,
         mask,
         position_ids,
         pasts,
         conv_pasts,
-        past_ids,
-        placeholder,
     }
 }
 
@@ -262,7 +269,6 @@ fn outputs(
     logits: &Value,
     presents: &[KvPair],
     next_convs: &[Value],
-    [next_history, placeholder]: [&Value; 2],
 ) {
     let shape = ctx.cfg.head_shape();
     logits_and_cache_outputs(b, ctx, shape, logits, ctx.cfg.out_vocab, presents);
@@ -271,5 +277,4 @@ fn outputs(
             b.output(c, &names::qkv_conv_state(i).1, data_type::FLOAT, &dims);
         }
     }
-    engram_state_outputs(b, ctx, ctx.cfg.num_layers, [next_history, placeholder]);
 }
