@@ -11,6 +11,8 @@ use std::process::Command;
 
 const PYTHON_EXAMPLE: &str = "examples/python/greedy.py";
 const NODE_EXAMPLE: &str = "examples/node/greedy.mjs";
+/// Runs the Node example in headless Chromium (`tests/browser`).
+const BROWSER_RUNNER: &str = "tests/browser/run.mjs";
 /// Run by `genai.rs`.
 const GENAI_EXAMPLE: &str = "examples/genai/generate.py";
 
@@ -80,6 +82,42 @@ fn the_node_example_reproduces_upstream_generations_in_node_and_web() {
                     assert_eq!(ids, g.generated_ids, "{package} {model} {attention}");
                 }
             }
+        }
+    }
+}
+
+/// The same example, unchanged, in a web page: onnxruntime-web's wasm build in headless
+/// Chromium (Debian's, driven by playwright-core; both installed by scripts/setup), m64,
+/// both variants.
+#[test]
+fn the_node_example_reproduces_upstream_generations_in_headless_chromium() {
+    let dir = scratch("example-browser");
+    let chromium = std::env::var_os("CHROMIUM").unwrap_or("/usr/bin/chromium".into());
+    assert!(
+        Path::new(&chromium).exists(),
+        "{} is missing: run scripts/setup",
+        chromium.to_string_lossy()
+    );
+    assert!(
+        repo_root()
+            .join("tests/browser/node_modules/playwright-core")
+            .exists(),
+        "tests/browser has no playwright-core: run scripts/setup"
+    );
+    for attention in [AttentionKind::FUSED, AttentionKind::Reference] {
+        let graph = export(&dir, "m64", attention);
+        for g in generations("m64") {
+            let prompt = serde_json::to_string(&g.prompt_ids).unwrap();
+            let o = Command::new("node")
+                .arg(repo_root().join(BROWSER_RUNNER))
+                .arg(&graph)
+                .arg(&prompt)
+                .arg("32")
+                .output()
+                .expect("node runs");
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let ids: Vec<u32> = serde_json::from_slice(&o.stdout).unwrap();
+            assert_eq!(ids, g.generated_ids, "chromium m64 {attention}");
         }
     }
 }
