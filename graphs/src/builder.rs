@@ -71,15 +71,24 @@ impl Precision {
         }
     }
 
-    /// Little-endian bytes of `values` in this precision.
+    /// Little-endian bytes of `values` in this precision. (Filled into a buffer of the
+    /// final size: collecting a `flat_map` grows the buffer by doubling, which copied and
+    /// faulted in ~2× a full-size model's weights.)
     pub fn encode(self, values: &[f32]) -> Vec<u8> {
+        let width = match self {
+            Precision::Fp32 => 4,
+            Precision::Fp16 => 2,
+        };
+        let mut bytes = Vec::with_capacity(values.len() * width);
         match self {
-            Precision::Fp32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            Precision::Fp32 => values
+                .iter()
+                .for_each(|v| bytes.extend_from_slice(&v.to_le_bytes())),
             Precision::Fp16 => values
                 .iter()
-                .flat_map(|v| f32_to_f16(*v).to_le_bytes())
-                .collect(),
+                .for_each(|v| bytes.extend_from_slice(&f32_to_f16(*v).to_le_bytes())),
         }
+        bytes
     }
 }
 

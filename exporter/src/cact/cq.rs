@@ -195,57 +195,138 @@ fn cq(
 ) -> Result<Vec<f32>, CactError> {
     let (out, in_dim) = (entry.shape[0], entry.shape[1]);
     let in_pad = in_dim.div_ceil(group) * group;
-    let groups = in_pad / group;
     let stored_bits = index_bits(bits);
     let row_bytes = in_pad * stored_bits as usize / 8;
     let (packed, norms) = blob.split_at(out * row_bytes);
-    let cb = codebook(bits, group as u32, codebooks);
-    let h = hadamard(group);
-
-    let mut w = Vec::with_capacity(out * in_dim);
-    let mut x = vec![0f32; group];
-    let mut y = vec![0f32; group];
-    for r in 0..out {
-        let row = &packed[r * row_bytes..(r + 1) * row_bytes];
-        for g in 0..groups {
-            let n = 2 * (r * groups + g);
-            let norm = f16_to_f32(u16::from_le_bytes([norms[n], norms[n + 1]]));
-            for (k, xk) in x.iter_mut().enumerate() {
-                let code = unpack(row, g * group + k, stored_bits);
-                let idx = if bits == TERNARY_BITS {
-                    match code {
-                        3 => 0,
-                        0 => 1,
-                        1 => 2,
-                        _ => {
-                            return Err(CactError::TernaryCode {
-                                tensor: entry.name.clone(),
-                                offset: entry.blob_offset
-                                    + (r * row_bytes + (g * group + k) / 4) as u64,
-                                index: r * in_dim + g * group + k,
-                            })
-                        }
-                    }
-                } else {
-                    code
-                };
-                *xk = cb[idx] * norm;
-            }
-            rotate(&x, &h, &mut y, groups == 1);
-            let cols = in_dim.saturating_sub(g * group).min(group);
-            w.extend_from_slice(&y[..cols]);
-        }
+    let matrix = CqMatrix {
+        entry,
+        packed,
+        norms,
+        bits,
+        group,
+        row_bytes,
+        codebook: codebook(bits, group as u32, codebooks),
+        hadamard: hadamard(group),
+    };
+    let mut w = vec![0f32; out * in_dim];
+    // Rows are independent: big matrices are decoded by every core, a band of rows each
+    // (the same sums in the same order, so the same bits); the first band's error wins.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let bands = if w.len() < PARALLEL_ELEMENTS { 1 } else { threads.min(out).max(1) };
+    let rows_per_band = out.div_ceil(bands).max(1);
+    if bands == 1 {
+        matrix.decode_rows(0, &mut w)?;
+        return Ok(w);
     }
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = w
+            .chunks_mut(rows_per_band * in_dim)
+            .enumerate()
+            .map(|(band, part)| {
+                let matrix = &matrix;
+                scope.spawn(move || matrix.decode_rows(band * rows_per_band, part))
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|worker| worker.join().expect("a decoding thread panicked"))
+            .collect::<Result<Vec<()>, _>>()
+    })?;
     Ok(w)
 }
 
-/// `y = x @ h` for one group, each output a float32 sum of fused
-/// multiply-adds in the order numpy 2.4's OpenBLAS (x86-64) uses for
-/// upstream's `(out, groups, group) @ H`, so the result is bit-identical:
-/// with several groups per row numpy calls sgemm, whose kernels run one FMA
-/// chain over all of `k`; with a single group the product is vector @ matrix,
-/// which numpy hands to sgemv, whose kernel chains 8 terms at a time and adds
-/// each 8-term partial sum to `y`. Another BLAS may differ by a few ulps.
+/// Matrices smaller than this are decoded on the calling thread (a thread costs more).
+const PARALLEL_ELEMENTS: usize = 1 << 16;
+
+/// One CQ matrix's stored parts, what decoding a band of its rows needs.
+struct CqMatrix<'a> {
+    entry: &'a Entry,
+    packed: &'a [u8],
+    norms: &'a [u8],
+    bits: u32,
+    group: usize,
+    row_bytes: usize,
+    codebook: Vec<f32>,
+    hadamard: Vec<f32>,
+}
+
+impl CqMatrix<'_> {
+    /// Decodes rows `first..` into `w`, `in_dim` values a row, as many rows as `w` holds:
+    /// [`TILE`] groups at a time (a row's, then the next row's), rotated together.
+    fn decode_rows(&self, first: usize, w: &mut [f32]) -> Result<(), CactError> {
+        let group = self.group;
+        let in_dim = self.entry.shape[1];
+        if in_dim == 0 {
+            return Ok(());
+        }
+        let groups = in_dim.div_ceil(group);
+        let pairs = w.len() / in_dim * groups;
+        let mut xs = vec![0f32; TILE * group];
+        let mut ys = vec![0f32; TILE * group];
+        for start in (0..pairs).step_by(TILE) {
+            let tile = (pairs - start).min(TILE);
+            for (i, x) in xs.chunks_exact_mut(group).take(tile).enumerate() {
+                let pair = start + i;
+                self.inputs(first + pair / groups, pair % groups, x)?;
+            }
+            let n = tile * group;
+            rotate(&xs[..n], &self.hadamard, &mut ys[..n], groups == 1);
+            for (i, y) in ys.chunks_exact(group).take(tile).enumerate() {
+                let (row, g) = ((start + i) / groups, (start + i) % groups);
+                let at = g * group;
+                let cols = (in_dim - at).min(group);
+                w[row * in_dim + at..][..cols].copy_from_slice(&y[..cols]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Group `g` of row `r` before the rotation: `codebook[idx] · norm`.
+    fn inputs(&self, r: usize, g: usize, x: &mut [f32]) -> Result<(), CactError> {
+        let (group, row_bytes) = (self.group, self.row_bytes);
+        let in_dim = self.entry.shape[1];
+        let groups = in_dim.div_ceil(group);
+        let stored_bits = index_bits(self.bits);
+        let row = &self.packed[r * row_bytes..(r + 1) * row_bytes];
+        let n = 2 * (r * groups + g);
+        let norm = f16_to_f32(u16::from_le_bytes([self.norms[n], self.norms[n + 1]]));
+        for (k, xk) in x.iter_mut().enumerate() {
+            let code = unpack(row, g * group + k, stored_bits);
+            let idx = if self.bits == TERNARY_BITS {
+                match code {
+                    3 => 0,
+                    0 => 1,
+                    1 => 2,
+                    _ => {
+                        return Err(CactError::TernaryCode {
+                            tensor: self.entry.name.clone(),
+                            offset: self.entry.blob_offset
+                                + (r * row_bytes + (g * group + k) / 4) as u64,
+                            index: r * in_dim + g * group + k,
+                        })
+                    }
+                }
+            } else {
+                code
+            };
+            *xk = self.codebook[idx] * norm;
+        }
+        Ok(())
+    }
+}
+
+/// Groups rotated together: each output keeps its own FMA chain, and the tile gives the
+/// CPU `TILE` × 2 independent chains to overlap (one group's 2 chains wait on the FMA
+/// latency) and reuses each Hadamard row it loads `TILE` times.
+const TILE: usize = 4;
+
+/// `y = x @ h` for each group of `x` (`h.len()` = n², `x` whole groups of n), each
+/// output a float32 sum of fused multiply-adds in the order numpy 2.4's OpenBLAS (x86-64)
+/// uses for upstream's `(out, groups, group) @ H`, so the result is bit-identical: with
+/// several groups per row numpy calls sgemm, whose kernels run one FMA chain over all of
+/// `k`; with a single group the product is vector @ matrix, which numpy hands to sgemv,
+/// whose kernel chains 8 terms at a time and adds each 8-term partial sum to `y`. Another
+/// BLAS may differ by a few ulps.
 fn rotate(x: &[f32], h: &[f32], y: &mut [f32], single_group: bool) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("avx2") {
@@ -257,45 +338,69 @@ fn rotate(x: &[f32], h: &[f32], y: &mut [f32], single_group: bool) {
 
 /// [`rotate`] compiled with the FMA instruction instead of a libm `fmaf`
 /// call per term (same results: a fused multiply-add rounds once either way),
-/// and 8 lanes per AVX2 register (each lane keeps its own summation order);
-/// 1.3 s → ~0.9 s for the full-size model's weights.
+/// and 8 lanes per AVX2 register (each lane keeps its own summation order).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "fma,avx2")]
 fn rotate_fma(x: &[f32], h: &[f32], y: &mut [f32], single_group: bool) {
     rotate_body(x, h, y, single_group);
 }
 
-/// Runs [`rotate_lanes`] with 16 columns of `y` in registers at a time, or 8
-/// for the smallest group.
+/// [`TILE`] groups at a time through [`rotate_tile`], the rest one by one; 16 columns of
+/// each in registers, or 8 for the smallest group.
 #[inline(always)]
 fn rotate_body(x: &[f32], h: &[f32], y: &mut [f32], single_group: bool) {
-    if x.len().is_multiple_of(16) {
-        rotate_lanes::<16>(x, h, y, single_group);
-    } else {
-        rotate_lanes::<8>(x, h, y, single_group);
+    let n = h.len().isqrt();
+    let tiles = x.len() / (TILE * n);
+    let (x_tiles, x_rest) = x.split_at(tiles * TILE * n);
+    let (y_tiles, y_rest) = y.split_at_mut(tiles * TILE * n);
+    let wide = n.is_multiple_of(16);
+    for (xt, yt) in x_tiles.chunks_exact(TILE * n).zip(y_tiles.chunks_exact_mut(TILE * n)) {
+        match wide {
+            true => rotate_tile::<TILE, 16>(xt, h, yt, n, single_group),
+            false => rotate_tile::<TILE, 8>(xt, h, yt, n, single_group),
+        }
+    }
+    for (xg, yg) in x_rest.chunks_exact(n).zip(y_rest.chunks_exact_mut(n)) {
+        match wide {
+            true => rotate_tile::<1, 16>(xg, h, yg, n, single_group),
+            false => rotate_tile::<1, 8>(xg, h, yg, n, single_group),
+        }
     }
 }
 
-/// `L` outputs at a time, each summed down `k` (see [`rotate`] for the order).
+/// `R` groups of `n`, `L` outputs of each at a time, each summed down `k` (see [`rotate`]
+/// for the order).
 #[inline(always)]
-fn rotate_lanes<const L: usize>(x: &[f32], h: &[f32], y: &mut [f32], single_group: bool) {
-    let n = x.len();
+fn rotate_tile<const R: usize, const L: usize>(
+    x: &[f32],
+    h: &[f32],
+    y: &mut [f32],
+    n: usize,
+    single_group: bool,
+) {
     let block = if single_group { 8 } else { n };
-    for (j0, yj) in (0..n).step_by(L).zip(y.chunks_exact_mut(L)) {
-        let mut sum = [0f32; L];
+    for j0 in (0..n).step_by(L) {
+        let mut sum = [[0f32; L]; R];
         for k0 in (0..n).step_by(block) {
-            let mut acc = [0f32; L];
-            for (k, &xk) in x.iter().enumerate().skip(k0).take(block) {
-                let row = &h[k * n + j0..k * n + j0 + L];
-                for (a, &hkj) in acc.iter_mut().zip(row) {
-                    *a = xk.mul_add(hkj, *a);
+            let mut acc = [[0f32; L]; R];
+            for k in k0..k0 + block {
+                let row: &[f32; L] = h[k * n + j0..][..L].try_into().expect("L columns");
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let xk = x[r * n + k];
+                    for (a, &hkj) in acc.iter_mut().zip(row) {
+                        *a = xk.mul_add(hkj, *a);
+                    }
                 }
             }
-            for (s, a) in sum.iter_mut().zip(acc) {
-                *s += a;
+            for (sum, acc) in sum.iter_mut().zip(acc) {
+                for (s, a) in sum.iter_mut().zip(acc) {
+                    *s += a;
+                }
             }
         }
-        yj.copy_from_slice(&sum);
+        for (r, sum) in sum.iter().enumerate() {
+            y[r * n + j0..][..L].copy_from_slice(sum);
+        }
     }
 }
 
@@ -350,13 +455,20 @@ mod tests {
                 .map(|i| ((i * 7919 % 113) as f32 - 56.0) * 0.013)
                 .collect();
             for single_group in [true, false] {
+                // Alone, and as each of 7 groups rotated at once (a tile and the rest).
                 let mut y = vec![f32::NAN; n];
                 rotate(&x, &h, &mut y, single_group);
-                assert_eq!(
-                    y,
-                    reference(&x, &h, single_group),
-                    "n={n} single={single_group}"
-                );
+                let want = reference(&x, &h, single_group);
+                assert_eq!(y, want, "n={n} single={single_group}");
+                let groups: Vec<Vec<f32>> = (0..7)
+                    .map(|g| x.iter().map(|v| v * (g as f32 - 3.0)).collect())
+                    .collect();
+                let xs = groups.concat();
+                let mut ys = vec![f32::NAN; xs.len()];
+                rotate(&xs, &h, &mut ys, single_group);
+                for (g, (group, y)) in groups.iter().zip(ys.chunks_exact(n)).enumerate() {
+                    assert_eq!(y, reference(group, &h, single_group), "n={n} group {g}");
+                }
             }
         }
     }
