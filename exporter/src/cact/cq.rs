@@ -209,38 +209,9 @@ fn cq(
         hadamard: hadamard(group),
     };
     let mut w = vec![0f32; out * in_dim];
-    // Rows are independent: big matrices are decoded by every core, a band of rows each
-    // (the same sums in the same order, so the same bits); the first band's error wins.
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let bands = if w.len() < PARALLEL_ELEMENTS {
-        1
-    } else {
-        threads.min(out).max(1)
-    };
-    let rows_per_band = out.div_ceil(bands).max(1);
-    if bands == 1 {
-        matrix.decode_rows(0, &mut w)?;
-        return Ok(w);
-    }
-    std::thread::scope(|scope| {
-        let workers: Vec<_> = w
-            .chunks_mut(rows_per_band * in_dim)
-            .enumerate()
-            .map(|(band, part)| {
-                let matrix = &matrix;
-                scope.spawn(move || matrix.decode_rows(band * rows_per_band, part))
-            })
-            .collect();
-        workers
-            .into_iter()
-            .map(|worker| worker.join().expect("a decoding thread panicked"))
-            .collect::<Result<Vec<()>, _>>()
-    })?;
+    matrix.decode_rows(0, &mut w)?;
     Ok(w)
 }
-
-/// Matrices smaller than this are decoded on the calling thread (a thread costs more).
-const PARALLEL_ELEMENTS: usize = 1 << 16;
 
 /// One CQ matrix's stored parts, what decoding a band of its rows needs.
 struct CqMatrix<'a> {
