@@ -37,9 +37,6 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
     let ctx = BuildContext::new(cfg, desc.variant);
     let mut b = GraphBuilder::new(ctx.kernels.opset(), desc.variant.precision);
     let inputs = inputs(&mut b, &ctx);
-    // The mask, not the cache, says how many tokens came before: a caller may pass a
-    // preallocated cache longer than that which the fused graph's attention updates in
-    // place (`past_present_share_buffer`).
     let masks = b.scope("new_mask", |b| {
         split_mask(b, &inputs.mask, &inputs.input_ids)
     });
