@@ -163,9 +163,9 @@ impl<F: TokenFilter> Engine<F> {
         let start = Instant::now();
         let prompts: Vec<&[u32]> = admissions.iter().map(|a| &a.prompt[..]).collect();
         let most_new = admissions.iter().map(|a| a.opts.max_new_tokens).max();
-        let (cache, logits) = prefill(session, &prompts, most_new.unwrap_or(0))?;
+        let (prefilled, logits) = prefill(session, &prompts, most_new.unwrap_or(0))?;
         let prefill_secs = start.elapsed().as_secs_f64();
-        let width = cache.len();
+        let width = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
         let ids: Vec<RowId> = (self.next_id..).take(admissions.len()).collect();
         self.next_id += admissions.len() as RowId;
         let newcomers: Vec<Slot<F>> = admissions
@@ -189,17 +189,20 @@ impl<F: TokenFilter> Engine<F> {
                 }),
             })
             .collect();
+        let all: Vec<usize> = (0..newcomers.len()).collect();
         if self.is_empty() {
+            let longest = self.rows_budget(&newcomers);
+            self.cache = Some(match prefilled {
+                Prefilled::Cache(cache) => cache,
+                Prefilled::Rows(rows) => session.join_rows(&rows, longest)?.0,
+            });
             self.slots = newcomers;
-            self.cache = Some(cache);
             return Ok(ids);
         }
-        let rows = session.split_rows(
-            &cache,
-            &masks(&newcomers),
-            &(0..newcomers.len()).collect::<Vec<_>>(),
-        )?;
-        drop(cache);
+        let rows = match prefilled {
+            Prefilled::Cache(cache) => session.split_rows(&cache, &masks(&newcomers), &all)?,
+            Prefilled::Rows(rows) => rows,
+        };
         if !self.put_in_free_slots(session, &rows)? {
             let running = self.cache.take().expect("a running batch has a cache");
             let live = self.live();
@@ -334,17 +337,22 @@ impl<F: TokenFilter> Engine<F> {
         self.rejoin(session, parts)
     }
 
-    /// Puts `parts` (the rows of `self.slots`, in order) into one cache, with room for
-    /// every row to finish: between two layouts all rows grow together, so the batch
-    /// never gets wider than its widest row's prompt and budget.
-    fn rejoin(&mut self, session: &mut NeedleSession, parts: Vec<RowCache>) -> Result<()> {
-        let capacity = self
-            .slots
+    /// Room for every row of `slots` to finish: its cached tokens and what it may still
+    /// generate, for the longest.
+    fn rows_budget(&self, slots: &[Slot<F>]) -> usize {
+        slots
             .iter()
             .filter_map(|s| s.row.as_ref())
             .map(|r| r.cached() + r.remaining())
             .max()
-            .unwrap_or(0);
+            .unwrap_or(0)
+    }
+
+    /// Puts `parts` (the rows of `self.slots`, in order) into one cache, with room for
+    /// every row to finish: between two layouts all rows grow together, so the batch
+    /// never gets wider than its widest row's prompt and budget.
+    fn rejoin(&mut self, session: &mut NeedleSession, parts: Vec<RowCache>) -> Result<()> {
+        let capacity = self.rows_budget(&self.slots);
         let (cache, masks) = session.join_rows(&parts, capacity)?;
         for (slot, mask) in self.slots.iter_mut().zip(masks) {
             slot.mask = mask;
@@ -365,14 +373,22 @@ fn masks<F>(slots: &[Slot<F>]) -> Vec<&[i64]> {
     slots.iter().map(|s| &s.mask[..]).collect()
 }
 
+/// What [`prefill`] leaves: one cache of every prompt (right-padded), or, when the
+/// prompts were run in several groups, each prompt's rows (which the caller puts where it
+/// needs them, so that joining a running batch copies them once).
+enum Prefilled {
+    Cache(Cache),
+    Rows(Vec<RowCache>),
+}
+
 /// Runs `prompts` from an empty cache (with room for `most_new` more tokens each), in
-/// groups whose calls stay within the plan's `prefill_group_logits_bytes`, then puts the
-/// groups' rows together right-padded. Returns the cache and each prompt's last logits.
+/// groups whose calls stay within the plan's `prefill_group_logits_bytes`. Returns what
+/// they left in the cache and each prompt's last logits.
 fn prefill(
     session: &mut NeedleSession,
     prompts: &[&[u32]],
     most_new: usize,
-) -> Result<(Cache, Vec<Vec<f32>>)> {
+) -> Result<(Prefilled, Vec<Vec<f32>>)> {
     let row_bytes = 4 * session.config().output_vocab();
     let mut groups: Vec<&[&[u32]]> = Vec::new();
     let mut start = 0;
@@ -390,7 +406,8 @@ fn prefill(
     }
     groups.push(&prompts[start..]);
     if let [group] = groups[..] {
-        return prefill_together(session, group, most_new);
+        let (cache, logits) = prefill_together(session, group, most_new)?;
+        return Ok((Prefilled::Cache(cache), logits));
     }
     let mut rows = Vec::with_capacity(prompts.len());
     let mut logits = Vec::with_capacity(prompts.len());
@@ -405,9 +422,7 @@ fn prefill(
         rows.extend(session.split_rows(&cache, &masks, &(0..group.len()).collect::<Vec<_>>())?);
         logits.extend(last);
     }
-    let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
-    let (cache, _) = session.join_rows(&rows, longest + most_new)?;
-    Ok((cache, logits))
+    Ok((Prefilled::Rows(rows), logits))
 }
 
 /// Runs `prompts` from an empty cache together (with room for `most_new` more tokens
