@@ -20,7 +20,7 @@ use crate::contract::{AttentionKind, ExportDescription, MatMulWeights, Precision
 use crate::needle::attention::{attention, attention_ctx, AttentionCtx, HeadShape, KvPair};
 use crate::needle::block_quant::{gather_table, matmul_nbits};
 use crate::needle::cq_kernel::{cq_kernel, CqKernel};
-use crate::needle::engram::{self, EngramKv};
+use crate::needle::engram::{self, EngramKv, EngramWindow};
 use crate::needle::hadamard_mlp::hadamard_mlp;
 use crate::needle::hyper_connections::{hc_post, hc_pre};
 use crate::needle::norms::zc_rms_norm;
@@ -40,32 +40,18 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
     let masks = b.scope("new_mask", |b| {
         split_mask(b, &inputs.mask, &inputs.input_ids)
     });
-    let new_mask = masks.new.clone();
     let attn = b.scope("attn_ctx", |b| {
         attention_ctx(b, &ctx, &inputs.mask, &inputs.position_ids)
     });
     let history = &inputs.pasts[cfg.num_layers];
-    let past_ids = b.scope("token_history", |b| {
-        let width = ctx.shared.engram.history();
-        token_history::last_tokens(
-            b,
-            desc.variant.attention,
-            history,
-            &masks.past,
-            &masks.past_len,
-            width,
-        )
-    });
-    let window = b.scope("engram_window", |b| {
-        engram::window(
-            b,
-            &ctx,
-            &past_ids,
-            &inputs.input_ids,
-            &new_mask,
-            &inputs.position_ids,
-        )
-    });
+    let window = engram_window(
+        &mut b,
+        &ctx,
+        history,
+        &masks,
+        &inputs.input_ids,
+        &inputs.position_ids,
+    );
     let engram_kv = engram::site_kvs(&mut b, &ctx, &w.engrams, &window);
 
     let (embedding, mut x) = b.scope("embed_tokens", |b| {
@@ -108,13 +94,13 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
     }));
     let contrastive = w.contrastive.as_ref().map(|head| {
         let embedding = b.scope("contrastive_head", |b| {
-            contrastive_embedding(b, &cells, &new_mask, head)
+            contrastive_embedding(b, &cells, &masks.new, head)
         });
         (embedding, head.proj.shape[0])
     });
     let confidence = w.confidence.as_ref().map(|head| {
         b.scope("confidence_head", |b| {
-            confidence_logit(b, &cells, &new_mask, head)
+            confidence_logit(b, &cells, &masks.new, head)
         })
     });
     let logits = b.scope("lm_head", |b| {
@@ -171,6 +157,32 @@ struct Inputs {
     position_ids: Value,
     /// Each layer's past cache, then the token history's.
     pasts: Vec<KvPair>,
+}
+
+/// Each row's engram window: its last `engram_history` real tokens before this call,
+/// read from the token history pair `history`, then this call's tokens.
+pub(crate) fn engram_window<C>(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext<C>,
+    history: &KvPair,
+    masks: &SplitMask,
+    input_ids: &Value,
+    position_ids: &Value,
+) -> EngramWindow {
+    let past_ids = b.scope("token_history", |b| {
+        let width = ctx.shared.engram.history();
+        token_history::last_tokens(
+            b,
+            ctx.variant.attention,
+            history,
+            &masks.past,
+            &masks.past_len,
+            width,
+        )
+    });
+    b.scope("engram_window", |b| {
+        engram::window(b, ctx, &past_ids, input_ids, &masks.new, position_ids)
+    })
 }
 
 /// The attention mask cut at the past: its past columns, its new ones and the past's

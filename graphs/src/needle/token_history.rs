@@ -69,14 +69,13 @@ pub fn last_tokens(
     // real tokens, then as many zeros as the row lacks.
     let offset = b.scalar_i64(width as i64 + 1);
     let ranked = b.add(&columns, &offset);
-    let unranked = b.scalar_i64(0);
-    let rank = b.where_(&real, &ranked, &unranked);
+    let zero = b.scalar_i64(0);
+    let rank = b.where_(&real, &ranked, &zero);
     let batch = b.shape_of(past_mask, 0, 1);
     let fill_width = b.const_i64(&[width as i64]);
     let fill_shape = b.concat(&[&batch, &fill_width], 0);
     let fill_rank = b.const_i64(&(1..=width as i64).collect::<Vec<_>>());
     let fill_rank = b.op1("Expand", &[&fill_rank, &fill_shape], vec![]);
-    let zero = b.scalar_i64(0);
     let fill_ids = b.op1("Expand", &[&zero, &fill_shape], vec![]);
     let rank = b.concat(&[&fill_rank, &rank], 1);
     let ids = b.concat(&[&fill_ids, &ids], 1);

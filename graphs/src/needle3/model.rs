@@ -18,8 +18,8 @@ use crate::needle::attention::{core_inputs, rope, KvPair};
 use crate::needle::engram::{self, EngramKv};
 use crate::needle::hyper_connections::{hc_post, hc_pre};
 use crate::needle::model::{
-    embed_tokens, head_outputs, ids_dims, kv_cache_inputs, lm_head, logits_and_cache_outputs,
-    split_mask,
+    embed_tokens, engram_window, head_outputs, ids_dims, kv_cache_inputs, lm_head,
+    logits_and_cache_outputs, split_mask,
 };
 use crate::needle::norms::zc_rms_norm;
 use crate::needle::token_history;
@@ -38,7 +38,6 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
     let masks = b.scope("new_mask", |b| {
         split_mask(b, &inputs.mask, &inputs.input_ids)
     });
-    let new_mask = masks.new.clone();
     let attn = b.scope("attn_ctx", |b| {
         let rope = rope(
             b,
@@ -55,7 +54,7 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
             core_inputs(b, &ctx, &inputs.mask, &inputs.position_ids, &windows).into_iter();
         let global = cores.next().expect("the global core");
         let local = cores.next();
-        let real_new = b.reduce_sum(&new_mask, &[1], true);
+        let real_new = b.reduce_sum(&masks.new, &[1], true);
         let real_new = b.unsqueeze(&real_new, &[2]);
         AttentionCtx {
             rope,
@@ -65,27 +64,14 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
         }
     });
     let history = &inputs.pasts[cfg.num_layers];
-    let past_ids = b.scope("token_history", |b| {
-        let width = ctx.shared.engram.history();
-        token_history::last_tokens(
-            b,
-            desc.variant.attention,
-            history,
-            &masks.past,
-            &masks.past_len,
-            width,
-        )
-    });
-    let window = b.scope("engram_window", |b| {
-        engram::window(
-            b,
-            &ctx,
-            &past_ids,
-            &inputs.input_ids,
-            &new_mask,
-            &inputs.position_ids,
-        )
-    });
+    let window = engram_window(
+        &mut b,
+        &ctx,
+        history,
+        &masks,
+        &inputs.input_ids,
+        &inputs.position_ids,
+    );
     let engram_kv = engram::site_kvs(&mut b, &ctx, &w.engrams, &window);
     let permutations = b.scope("hadamard_mlp", |b| {
         [b.const_i64(&w.hada_p1), b.const_i64(&w.hada_p2)]
@@ -136,7 +122,7 @@ pub fn build(desc: &ExportDescription, cfg: &Config, w: &Weights) -> ModelProto 
     }));
     let confidence = w.confidence.as_ref().map(|head| {
         b.scope("confidence_head", |b| {
-            confidence_logit(b, &ctx, &cells, &new_mask, head)
+            confidence_logit(b, &ctx, &cells, &masks.new, head)
         })
     });
     let logits = b.scope("lm_head", |b| {
