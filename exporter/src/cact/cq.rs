@@ -209,11 +209,11 @@ fn cq(
         hadamard: hadamard(group),
     };
     let mut w = vec![0f32; out * in_dim];
-    matrix.decode_rows(0, &mut w)?;
+    matrix.decode(&mut w)?;
     Ok(w)
 }
 
-/// One CQ matrix's stored parts, what decoding a band of its rows needs.
+/// One CQ matrix's stored parts and what decoding them needs.
 struct CqMatrix<'a> {
     entry: &'a Entry,
     packed: &'a [u8],
@@ -226,9 +226,9 @@ struct CqMatrix<'a> {
 }
 
 impl CqMatrix<'_> {
-    /// Decodes rows `first..` into `w`, `in_dim` values a row, as many rows as `w` holds:
-    /// [`TILE`] groups at a time (a row's, then the next row's), rotated together.
-    fn decode_rows(&self, first: usize, w: &mut [f32]) -> Result<(), CactError> {
+    /// Decodes every row into `w`, `in_dim` values a row: [`TILE`] groups at a time (a
+    /// row's, then the next row's), rotated together.
+    fn decode(&self, w: &mut [f32]) -> Result<(), CactError> {
         let group = self.group;
         let in_dim = self.entry.shape[1];
         if in_dim == 0 {
@@ -242,7 +242,7 @@ impl CqMatrix<'_> {
             let tile = (pairs - start).min(TILE);
             for (i, x) in xs.chunks_exact_mut(group).take(tile).enumerate() {
                 let pair = start + i;
-                self.inputs(first + pair / groups, pair % groups, x)?;
+                self.inputs(pair / groups, pair % groups, x)?;
             }
             let n = tile * group;
             rotate(&xs[..n], &self.hadamard, &mut ys[..n], groups == 1);
