@@ -14,21 +14,17 @@ import sys
 import numpy as np
 import onnxruntime_genai as og
 
+from genai_folder import GenaiFolder
+
 
 def main(model_dir, chats_path, max_new, batch):
     max_new, batch = int(max_new), int(batch)
     chats = json.load(open(chats_path, encoding="utf-8"))
-    config = json.load(open(f"{model_dir}/genai_config.json"))["model"]
-    stops = config["eos_token_id"]
-    stops = set(stops if isinstance(stops, list) else [stops])
-    model = og.Model(model_dir)
-    tokenizer = og.Tokenizer(model)
+    folder = GenaiFolder(model_dir)
+    model, tokenizer, stops = folder.model, folder.tokenizer, folder.stops
     out = []
     for chat in chats:
-        prompt = tokenizer.apply_chat_template(
-            json.dumps(chat["messages"]), tools=json.dumps(chat["tools"]), add_generation_prompt=True
-        )
-        ids = [config["bos_token_id"]] + [int(t) for t in tokenizer.encode(prompt)]
+        prompt, ids = folder.prompt(chat["messages"], chat["tools"])
         out.append({"prompt": prompt, "prompt_ids": ids})
     for start in range(0, len(out), batch):
         group = out[start:start + batch]
@@ -36,7 +32,7 @@ def main(model_dir, chats_path, max_new, batch):
         params = og.GeneratorParams(model)
         params.set_search_options(max_length=longest + max_new, batch_size=len(group))
         generator = og.Generator(model, params)
-        pad = config["pad_token_id"]
+        pad = folder.config["pad_token_id"]
         rows = [o["prompt_ids"] + [pad] * (longest - len(o["prompt_ids"])) for o in group]
         generator.append_tokens(np.array(rows, np.int32))
         while not generator.is_done():

@@ -18,6 +18,8 @@ import sys
 import numpy as np
 import onnxruntime_genai as og
 
+from genai_folder import GenaiFolder
+
 
 def run(generator, stops):
     """Generates to the end of the answer; the logits each token was chosen from (genai
@@ -41,11 +43,8 @@ def compare(tokens, logits, ref_tokens, ref_logits):
 def main(model_dir, chats_path, max_new):
     max_new = int(max_new)
     chats = json.load(open(chats_path, encoding="utf-8"))
-    config = json.load(open(f"{model_dir}/genai_config.json"))["model"]
-    stops = config["eos_token_id"]
-    stops = set(stops if isinstance(stops, list) else [stops])
-    model = og.Model(model_dir)
-    tokenizer = og.Tokenizer(model)
+    folder = GenaiFolder(model_dir)
+    model, stops = folder.model, folder.stops
 
     def generator_for(ids):
         params = og.GeneratorParams(model)
@@ -54,15 +53,9 @@ def main(model_dir, chats_path, max_new):
         generator.append_tokens(np.array([ids], np.int32))
         return generator
 
-    def prompt_ids(messages, tools):
-        prompt = tokenizer.apply_chat_template(
-            json.dumps(messages), tools=json.dumps(tools), add_generation_prompt=True
-        )
-        return [config["bos_token_id"]] + [int(t) for t in tokenizer.encode(prompt)]
-
     out = []
     for chat in chats:
-        ids = prompt_ids(chat["messages"], chat["tools"])
+        _, ids = folder.prompt(chat["messages"], chat["tools"])
         generator = generator_for(ids)
         ref_logits = run(generator, stops)
         ref = [int(t) for t in generator.get_sequence(0)]
@@ -83,7 +76,7 @@ def main(model_dir, chats_path, max_new):
 
         messages = [dict(m) for m in chat["messages"]]
         messages[-1]["content"] += " Thanks!"
-        edited = prompt_ids(messages, chat["tools"])
+        _, edited = folder.prompt(messages, chat["tools"])
         common = next(i for i, (a, b) in enumerate(zip(ids, edited)) if a != b)
         generator.rewind_to(common)
         generator.append_tokens(np.array([edited[common:]], np.int32))
