@@ -279,14 +279,17 @@ pub fn calls_schema(tools: &Value, count: CallCount) -> Result<Value> {
     if calls.is_empty() && count.at_least > 0 {
         bail!("--constrain: a call is required but no tools are declared");
     }
-    let mut items = match calls.is_empty() {
+    let mut schema = match calls.is_empty() {
         true => json!({"type": "array", "maxItems": 0}),
-        false => json!({"type": "array", "items": {"anyOf": calls}, "minItems": count.at_least}),
+        false => {
+            let mut list =
+                json!({"type": "array", "items": {"anyOf": calls}, "minItems": count.at_least});
+            if let Some(at_most) = count.at_most {
+                list["maxItems"] = json!(at_most);
+            }
+            list
+        }
     };
-    if let (Some(at_most), false) = (count.at_most, calls.is_empty()) {
-        items["maxItems"] = json!(at_most);
-    }
-    let mut schema = items;
     schema["x-guidance"] = json!({
         "item_separator": ",",
         "key_separator": ":",
