@@ -189,18 +189,19 @@ impl<F: TokenFilter> Engine<F> {
                 }),
             })
             .collect();
-        let all: Vec<usize> = (0..newcomers.len()).collect();
         if self.is_empty() {
-            let longest = self.rows_budget(&newcomers);
             self.cache = Some(match prefilled {
                 Prefilled::Cache(cache) => cache,
-                Prefilled::Rows(rows) => session.join_rows(&rows, longest)?.0,
+                Prefilled::Rows(rows) => session.join_rows(&rows, rows_budget(&newcomers))?.0,
             });
             self.slots = newcomers;
             return Ok(ids);
         }
         let rows = match prefilled {
-            Prefilled::Cache(cache) => session.split_rows(&cache, &masks(&newcomers), &all)?,
+            Prefilled::Cache(cache) => {
+                let all: Vec<usize> = (0..newcomers.len()).collect();
+                session.split_rows(&cache, &masks(&newcomers), &all)?
+            }
             Prefilled::Rows(rows) => rows,
         };
         if !self.put_in_free_slots(session, &rows)? {
@@ -337,22 +338,11 @@ impl<F: TokenFilter> Engine<F> {
         self.rejoin(session, parts)
     }
 
-    /// Room for every row of `slots` to finish: its cached tokens and what it may still
-    /// generate, for the longest.
-    fn rows_budget(&self, slots: &[Slot<F>]) -> usize {
-        slots
-            .iter()
-            .filter_map(|s| s.row.as_ref())
-            .map(|r| r.cached() + r.remaining())
-            .max()
-            .unwrap_or(0)
-    }
-
     /// Puts `parts` (the rows of `self.slots`, in order) into one cache, with room for
     /// every row to finish: between two layouts all rows grow together, so the batch
     /// never gets wider than its widest row's prompt and budget.
     fn rejoin(&mut self, session: &mut NeedleSession, parts: Vec<RowCache>) -> Result<()> {
-        let capacity = self.rows_budget(&self.slots);
+        let capacity = rows_budget(&self.slots);
         let (cache, masks) = session.join_rows(&parts, capacity)?;
         for (slot, mask) in self.slots.iter_mut().zip(masks) {
             slot.mask = mask;
@@ -360,6 +350,17 @@ impl<F: TokenFilter> Engine<F> {
         self.cache = Some(cache);
         Ok(())
     }
+}
+
+/// Room for every row of `slots` to finish: its cached tokens and what it may still
+/// generate, for the longest.
+fn rows_budget<F>(slots: &[Slot<F>]) -> usize {
+    slots
+        .iter()
+        .filter_map(|s| s.row.as_ref())
+        .map(|r| r.cached() + r.remaining())
+        .max()
+        .unwrap_or(0)
 }
 
 fn take_slot<F>(slot: &mut Slot<F>) -> Slot<F> {
