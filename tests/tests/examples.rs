@@ -68,17 +68,9 @@ fn the_node_example_reproduces_upstream_generations_in_node_and_web() {
             let packages = ["onnxruntime-node", "onnxruntime-web"];
             for package in &packages[..1 + web as usize] {
                 for g in generations(model) {
-                    let prompt = serde_json::to_string(&g.prompt_ids).unwrap();
-                    let o = Command::new("node")
-                        .arg(&example)
-                        .arg(&graph)
-                        .arg(&prompt)
-                        .arg("32")
-                        .env("ORT_PACKAGE", package)
-                        .output()
-                        .expect("node runs");
-                    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-                    let ids: Vec<u32> = serde_json::from_slice(&o.stdout).unwrap();
+                    let mut node = Command::new("node");
+                    node.arg(&example).env("ORT_PACKAGE", package);
+                    let ids = node_generation(node, &graph, &g.prompt_ids);
                     assert_eq!(ids, g.generated_ids, "{package} {model} {attention}");
                 }
             }
@@ -107,19 +99,26 @@ fn the_node_example_reproduces_upstream_generations_in_headless_chromium() {
     for attention in [AttentionKind::FUSED, AttentionKind::Reference] {
         let graph = export(&dir, "m64", attention);
         for g in generations("m64") {
-            let prompt = serde_json::to_string(&g.prompt_ids).unwrap();
-            let o = Command::new("node")
-                .arg(repo_root().join(BROWSER_RUNNER))
-                .arg(&graph)
-                .arg(&prompt)
-                .arg("32")
-                .output()
-                .expect("node runs");
-            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-            let ids: Vec<u32> = serde_json::from_slice(&o.stdout).unwrap();
+            let mut node = Command::new("node");
+            node.arg(repo_root().join(BROWSER_RUNNER));
+            let ids = node_generation(node, &graph, &g.prompt_ids);
             assert_eq!(ids, g.generated_ids, "chromium m64 {attention}");
         }
     }
+}
+
+/// The 32 ids `node` (a script and its environment set) generates after `prompt_ids` with
+/// `graph`: the Node example's command line and output.
+fn node_generation(mut node: Command, graph: &Path, prompt_ids: &[u32]) -> Vec<u32> {
+    let prompt = serde_json::to_string(prompt_ids).unwrap();
+    let o = node
+        .arg(graph)
+        .arg(&prompt)
+        .arg("32")
+        .output()
+        .expect("node runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
 }
 
 #[test]
