@@ -2,7 +2,8 @@
 //! `needle-export`, the runner's in-memory export, the tests and the benchmarks.
 
 use crate::model::NeedleModel;
-use graphs::contract::{ExportDescription, TokenizerDescription, TokenizerFile, Variant};
+use graphs::contract::Variant;
+use graphs::description::{ExportDescription, TokenizerDescription, TokenizerFile};
 use graphs::model::build;
 use prost::Message;
 

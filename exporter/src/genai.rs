@@ -8,8 +8,8 @@
 pub mod tokenizer;
 
 use graphs::contract::names::{self, layer_cache_template};
-use graphs::contract::ExportDescription;
-use graphs::needle::Config;
+use graphs::description::ExportDescription;
+use graphs::needle2::Config;
 use serde_json::{json, Value};
 
 /// The graph's file name inside a genai folder.
@@ -29,15 +29,15 @@ pub fn config(desc: &ExportDescription, c: &Config, stop_ids: &[u32]) -> String 
             "bos_token_id": desc.tokenizer.bos_id,
             "eos_token_id": stop_ids,
             "pad_token_id": desc.tokenizer.pad_id,
-            "context_length": c.max_seq_len,
-            "vocab_size": c.vocab,
+            "context_length": c.common.max_seq_len,
+            "vocab_size": c.common.vocab,
             "type": "decoder",
             "decoder": {
                 "filename": MODEL_FILE,
                 "head_size": c.head_dim,
-                "hidden_size": c.d_model,
-                "num_attention_heads": c.num_heads,
-                "num_key_value_heads": c.num_kv_heads,
+                "hidden_size": c.common.d_model,
+                "num_attention_heads": c.common.num_heads,
+                "num_key_value_heads": c.common.num_kv_heads,
                 // The attention layers' cache pairs and the token history's.
                 "num_hidden_layers": desc.token_history_layer + 1,
                 "session_options": {"log_id": "needle", "provider_options": []},
@@ -58,7 +58,7 @@ pub fn config(desc: &ExportDescription, c: &Config, stop_ids: &[u32]) -> String 
         "search": {
             "do_sample": false,
             "early_stopping": true,
-            "max_length": c.max_seq_len,
+            "max_length": c.common.max_seq_len,
             "min_length": 0,
             "num_beams": 1,
             "num_return_sequences": 1,

@@ -3,7 +3,7 @@
 //! by tests/fixtures/make_dequant_reference.py).
 
 use exporter::cact::{CactFile, Codebooks, Encoding, HeadKind, PieceKind};
-use graphs::needle::EngramTables;
+use graphs::blocks::weights::EngramTables;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 use test_support::fixture;
@@ -85,7 +85,9 @@ fn check_header(model: &str, file: &CactFile, st: &SafeTensors, meta: &Value) {
     );
     assert_eq!(f32s(st, "header.rope_theta").1, vec![h.rope_theta]);
 
-    let c = file.config();
+    let cfg = file.config();
+    let c = &cfg.common;
+    let e = &c.engram;
     let field = |k: &str| meta[k].as_u64().unwrap_or_else(|| panic!("{k}")) as usize;
     let list = |k: &str| -> Vec<usize> {
         meta[k]
@@ -100,17 +102,17 @@ fn check_header(model: &str, file: &CactFile, st: &SafeTensors, meta: &Value) {
     assert_eq!(c.num_heads, field("num_heads"));
     assert_eq!(c.num_kv_heads, field("num_kv_heads"));
     assert_eq!(c.num_layers, field("num_layers"));
-    assert_eq!(c.head_dim, field("head_dim"));
+    assert_eq!(cfg.head_dim, field("head_dim"));
     assert_eq!(c.max_seq_len, field("max_seq_len"));
     assert_eq!(c.hada_n, field("hada_n"));
     assert_eq!(c.mhc_lanes, field("mhc_lanes"));
-    assert_eq!(c.engram_slots, field("engram_slots"));
-    assert_eq!(c.engram_sub_dim, field("engram_sub_dim"));
-    assert_eq!(c.num_engram_tables, field("num_engram_tables"));
-    assert_eq!(c.engram_conv_taps, field("engram_conv_taps"));
-    assert_eq!(c.engram_conv_dilation, field("engram_conv_dilation"));
-    assert_eq!(c.engram_orders, list("engram_orders"));
-    assert_eq!(c.engram_sites, list("engram_layers"));
+    assert_eq!(e.slots, field("engram_slots"));
+    assert_eq!(e.sub_dim, field("engram_sub_dim"));
+    assert_eq!(e.num_tables, field("num_engram_tables"));
+    assert_eq!(e.conv_taps, field("engram_conv_taps"));
+    assert_eq!(e.dilation, field("engram_conv_dilation"));
+    assert_eq!(e.orders, list("engram_orders"));
+    assert_eq!(e.sites, list("engram_layers"));
     assert_eq!(c.kv_window, field("kv_window"));
     assert_eq!(c.kv_bits as usize, field("kv_bits"));
     assert_eq!(c.rope_theta as f64, meta["rope_theta"].as_f64().unwrap());
@@ -192,8 +194,8 @@ fn check_model(model: &str) {
     check_tensors(model, &file, &st);
 
     let w = file.weights().unwrap();
-    assert_eq!(w.layers.len(), file.config().num_layers);
-    assert_eq!(w.engrams.len(), file.config().engram_sites.len());
+    assert_eq!(w.layers.len(), file.config().common.num_layers);
+    assert_eq!(w.engrams.len(), file.config().common.engram.sites.len());
     assert_eq!(w.layers[0].k_proj, file.tensor("layer00.k_proj").unwrap());
     assert_eq!(w.mhc.phi_res, file.tensor("mhc_phi_res").unwrap());
     assert_eq!(

@@ -5,7 +5,7 @@
 
 use exporter::cact::needle3::Cact3File;
 use exporter::cact::Encoding;
-use graphs::needle::{CqRows, EngramTables};
+use graphs::blocks::weights::{CqRows, EngramTables};
 use graphs::needle3::HeadKind;
 use safetensors::{Dtype, SafeTensors};
 use test_support::fixture;

@@ -1,13 +1,14 @@
 //! The one place a graph build picks its generation's model tree.
 
-use crate::contract::{ExportDescription, ModelConfig};
+use crate::config::ModelConfig;
+use crate::description::ExportDescription;
 use crate::onnx::ModelProto;
-use crate::{needle, needle3};
+use crate::{needle2, needle3, stream};
 
 /// A model's dequantized weights, whatever its generation.
 #[derive(Clone, Debug)]
 pub enum ModelWeights {
-    Needle2(Box<needle::Weights>),
+    Needle2(Box<needle2::Weights>),
     Needle3(Box<needle3::Weights>),
 }
 
@@ -18,8 +19,8 @@ pub enum ModelWeights {
 /// from one file).
 pub fn build(desc: &ExportDescription, weights: &ModelWeights) -> ModelProto {
     match (&desc.config, weights) {
-        (ModelConfig::Needle2(cfg), ModelWeights::Needle2(w)) => needle::build(desc, cfg, w),
-        (ModelConfig::Needle3(cfg), ModelWeights::Needle3(w)) => needle3::build(desc, cfg, w),
+        (ModelConfig::Needle2(cfg), ModelWeights::Needle2(w)) => stream::build(desc, cfg, w),
+        (ModelConfig::Needle3(cfg), ModelWeights::Needle3(w)) => stream::build(desc, cfg, w),
         _ => panic!("the weights are of another generation than the description"),
     }
 }

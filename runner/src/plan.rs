@@ -2,9 +2,8 @@
 //! variant a `.cact` is exported as, prefill chunking, the in-place cache, threads.
 
 use crate::provider::Provider;
-use graphs::contract::{
-    AttentionKind, ExportDescription, MatMulWeights, Precision, RuntimeTarget, Variant,
-};
+use graphs::contract::{AttentionKind, MatMulWeights, Precision, RuntimeTarget, Variant};
+use graphs::description::ExportDescription;
 
 /// Prompt tokens per forward call of a CPU prefill. onnxruntime's CPU attention scores
 /// every cached key for every new query and masks afterwards, so a long prompt costs less

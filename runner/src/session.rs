@@ -5,8 +5,10 @@
 use crate::plan::RunPlan;
 use crate::provider::{self, Provider, Registered};
 use anyhow::{anyhow, bail, Context, Result};
+use graphs::config::ModelConfig;
 use graphs::contract::names::{self, layer_cache, LayerCache};
-use graphs::contract::{ExportDescription, ModelConfig, Precision};
+use graphs::contract::Precision;
+use graphs::description::ExportDescription;
 use ort::session::{Session, SessionInputValue, SessionOutputs};
 use ort::value::TensorElementType;
 use ort::value::{DynTensor, DynValue, Tensor};

@@ -173,7 +173,8 @@ fn rms_normalization_scales_are_as_wide_as_their_axis() {
     let bytes = std::fs::read(fixture("m48.cact")).unwrap();
     let cfg = CactFile::parse(&bytes).unwrap().config();
     // q/k norms span a head, the block norms d_model, the hyper-connections' all lanes.
-    let widths = [cfg.head_dim, cfg.d_model, cfg.mhc_lanes * cfg.d_model].map(|w| w as i64);
+    let c = &cfg.common;
+    let widths = [cfg.head_dim, c.d_model, c.mhc_lanes * c.d_model].map(|w| w as i64);
     let m = model("m48", AttentionKind::FUSED, MatMulWeights::Float);
     let g = m.graph.as_ref().unwrap();
     let mut seen = 0;
@@ -200,7 +201,7 @@ fn rms_normalization_scales_are_as_wide_as_their_axis() {
 #[test]
 fn the_fused_graph_for_onnxruntime_1_20_is_ir_10_opset_21_with_their_window() {
     let bytes = std::fs::read(fixture("m64w.cact")).unwrap();
-    let window = CactFile::parse(&bytes).unwrap().config().kv_window as i64;
+    let window = CactFile::parse(&bytes).unwrap().config().common.kv_window as i64;
     for (runtime, ir, opset, rope_domain, local_window) in [
         (RuntimeTarget::Since1_24, 11, 23, "", window),
         (

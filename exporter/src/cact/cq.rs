@@ -11,7 +11,7 @@
 use super::directory::{index_bits, padded_in, Encoding, Entry, BINARY_BITS, TERNARY_BITS};
 use super::header::Codebooks;
 use super::CactError;
-use graphs::needle::CqRows;
+use graphs::blocks::weights::CqRows;
 
 /// Decodes a float entry's blob to float32, row-major in `entry.shape`.
 pub(crate) fn decode(

@@ -15,12 +15,12 @@ mod weights;
 use std::path::Path;
 use std::sync::Arc;
 
-use graphs::needle::Tensor;
+use graphs::blocks::weights::Tensor;
 
 use directory::{check_overlaps, DirectoryWalk, Slot, NEEDLE2_CQ};
 pub use directory::{Encoding, Entry};
 pub use error::CactError;
-pub use graphs::needle::{HeadKind, ProbeHead};
+pub use graphs::needle2::{HeadKind, ProbeHead};
 pub use header::{Codebooks, Header};
 use layout::{directory_start, header_offset, RECORD_BYTES};
 pub use tokenizer_blob::{Piece, PieceKind, TokenizerSpec};

@@ -1,9 +1,8 @@
 //! From a validated file to the graph crate's typed, dequantized weights.
 
-use graphs::needle::{
-    Config, EngramTables, EngramWeights, HeadKind, LayerWeights, MhcWeights, ProbeHead, Tensor,
-    Weights,
-};
+use graphs::blocks::weights::{EngramTables, EngramWeights, MhcWeights, Tensor};
+use graphs::geometry::{CommonGeometry, EngramGeometry};
+use graphs::needle2::{Config, HeadKind, LayerWeights, ProbeHead, Weights};
 
 use super::layout::{ENGRAM, LAYER};
 use super::{CactError, CactFile, Encoding, Entry};
@@ -45,25 +44,31 @@ impl CactFile {
         let h = self.header();
         let us = |v: u32| v as usize;
         Config {
-            vocab: us(h.vocab),
-            d_model: us(h.d_model),
-            num_heads: us(h.num_heads),
-            num_kv_heads: us(h.num_kv_heads),
-            num_layers: us(h.num_layers),
+            common: CommonGeometry {
+                vocab: us(h.vocab),
+                d_model: us(h.d_model),
+                num_heads: us(h.num_heads),
+                num_kv_heads: us(h.num_kv_heads),
+                num_layers: us(h.num_layers),
+                max_seq_len: us(h.max_seq_len),
+                hada_n: us(h.hada_n),
+                mhc_lanes: us(h.mhc_lanes),
+                engram: EngramGeometry {
+                    orders: h.engram_orders.iter().copied().map(us).collect(),
+                    sites: h.engram_sites.iter().copied().map(us).collect(),
+                    num_tables: us(h.num_engram_tables),
+                    slots: us(h.engram_slots),
+                    sub_dim: us(h.engram_sub_dim),
+                    conv_taps: us(h.engram_conv_taps),
+                    dilation: us(h.engram_conv_dilation),
+                    // Needle 2 seeds its hash heads by their count.
+                    seed_stride: us(h.num_engram_tables) / h.engram_orders.len(),
+                },
+                rope_theta: h.rope_theta,
+                kv_window: us(h.kv_window),
+                kv_bits: h.kv_bits,
+            },
             head_dim: us(h.head_dim),
-            max_seq_len: us(h.max_seq_len),
-            hada_n: us(h.hada_n),
-            mhc_lanes: us(h.mhc_lanes),
-            engram_slots: us(h.engram_slots),
-            engram_sub_dim: us(h.engram_sub_dim),
-            num_engram_tables: us(h.num_engram_tables),
-            engram_conv_taps: us(h.engram_conv_taps),
-            engram_conv_dilation: us(h.engram_conv_dilation),
-            engram_orders: h.engram_orders.iter().copied().map(us).collect(),
-            engram_sites: h.engram_sites.iter().copied().map(us).collect(),
-            rope_theta: h.rope_theta,
-            kv_window: us(h.kv_window),
-            kv_bits: h.kv_bits,
         }
     }
 

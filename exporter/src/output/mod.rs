@@ -11,9 +11,9 @@ use crate::genai;
 use crate::model::{sha256_hex, NeedleModel};
 use crate::tokenizer::{NeedleTokenizer, IM_END};
 use anyhow::{bail, Result};
-use graphs::contract::{
-    AttentionKind, MatMulWeights, ModelConfig, Precision, RuntimeTarget, TokenizerFile, Variant,
-};
+use graphs::config::ModelConfig;
+use graphs::contract::{AttentionKind, MatMulWeights, Precision, RuntimeTarget, Variant};
+use graphs::description::TokenizerFile;
 use staging::Staging;
 use std::path::{Path, PathBuf};
 use target::Existing;

@@ -11,14 +11,15 @@
 //! conv: y_t = Σ_j taps_j · p_{t−j} over each row's real projections, zeros before its start
 //! ```
 
+use crate::blocks::attention::{
+    attention_core, projection, projections, rotate_half_rope, CoreInputs, KvPair, Rope,
+};
+use crate::blocks::context::BuildContext;
+use crate::blocks::norms::zc_rms_norm;
 use crate::builder::{Attr, Dim, GraphBuilder, Value};
 use crate::contract::dims::BATCH;
 use crate::contract::Precision;
-use crate::needle::attention::{
-    attention_core, projection, projections, rotate_half_rope, CoreInputs, KvPair, Rope,
-};
-use crate::needle::norms::zc_rms_norm;
-use crate::needle::BuildContext;
+use crate::geometry::Geometry;
 use crate::needle3::{Config, LayerWeights};
 use crate::onnx::data_type;
 
@@ -52,7 +53,7 @@ pub fn attention(
 ) -> (Value, KvPair, Option<Value>) {
     let cfg = ctx.cfg;
     let shape = cfg.head_shape();
-    let (h, kv) = (cfg.num_heads as i64, cfg.num_kv_heads as i64);
+    let (h, kv) = (cfg.common.num_heads as i64, cfg.common.num_kv_heads as i64);
     let qk = cfg.qk_head_dim as i64;
     let [q, k, v, gate]: [Value; 4] = projections(
         b,
@@ -77,10 +78,10 @@ pub fn attention(
     let q = zc_rms_norm(b, ctx, &q, "q_norm", &w.q_norm.data);
     let k = zc_rms_norm(b, ctx, &k, "k_norm", &w.k_norm.data);
     let q = b.scope("q_rope", |b| {
-        rotate_half_rope(b, &q, &attn.rope, cfg.num_heads, cfg.qk_head_dim)
+        rotate_half_rope(b, &q, &attn.rope, cfg.common.num_heads, cfg.qk_head_dim)
     });
     let k = b.scope("k_rope", |b| {
-        rotate_half_rope(b, &k, &attn.rope, cfg.num_kv_heads, cfg.qk_head_dim)
+        rotate_half_rope(b, &k, &attn.rope, cfg.common.num_kv_heads, cfg.qk_head_dim)
     });
     let inputs = match (&attn.local, cfg.is_local(layer)) {
         (Some(local), true) => local,

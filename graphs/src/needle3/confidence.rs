@@ -12,13 +12,11 @@
 //! when that sequence is fed whole with an empty cache (as `needle-run` does once the
 //! answer is complete).
 
+use crate::blocks::context::BuildContext;
+use crate::blocks::norms::rms_unit;
+use crate::blocks::probe_pool::{probe_attention, to_float32, transpose_last};
 use crate::builder::{GraphBuilder, Value};
-use crate::contract::Precision;
-use crate::needle::norms::rms_unit;
-use crate::needle::probe_heads::probe_attention;
-use crate::needle::BuildContext;
 use crate::needle3::{Config, ProbeHead};
-use crate::onnx::data_type;
 
 /// `[batch]` float32 logit. `cells`: `L+1` values `[batch, sequence, d]`; `keep`:
 /// `[batch, sequence]` int64, 1 for the row's real tokens.
@@ -29,7 +27,7 @@ pub fn confidence_logit(
     keep: &Value,
     head: &ProbeHead,
 ) -> Value {
-    let d = ctx.cfg.d_model;
+    let d = ctx.common.d_model;
     let (rows, k) = (head.gain.shape[0], head.gain.shape[1]);
     let q = head.query.shape[0];
     let root_d = b.scalar_float((d as f32).sqrt());
@@ -63,21 +61,5 @@ pub fn confidence_logit(
     let bias = b.weight("bias", &[1], &head.bias.data[..1]);
     let logit = b.add(&logit, &bias);
     let logit = b.squeeze(&logit, &[1]);
-    match b.precision() {
-        Precision::Fp32 => logit,
-        Precision::Fp16 => b.cast(&logit, data_type::FLOAT),
-    }
-}
-
-/// `[n, a, c]` row-major → `[n, c, a]`.
-fn transpose_last(data: &[f32], n: usize, a: usize, c: usize) -> Vec<f32> {
-    let mut out = vec![0.0; n * a * c];
-    for i in 0..n {
-        for r in 0..a {
-            for j in 0..c {
-                out[i * a * c + j * a + r] = data[i * a * c + r * c + j];
-            }
-        }
-    }
-    out
+    to_float32(b, logit)
 }

@@ -7,7 +7,7 @@
 //! its own depth (as upstream's is for every checkpoint that was not itself sliced).
 
 use super::{Config, ProbeHead, Weights};
-use crate::needle::{MhcWeights, Tensor};
+use crate::blocks::weights::{MhcWeights, Tensor};
 
 /// The blocks of an `num_layers`-deep model in the order the ladder adds them.
 pub fn bisection_order(num_layers: usize) -> Vec<usize> {
@@ -51,26 +51,28 @@ pub fn rung_layers(num_layers: usize, depth: usize) -> Result<Vec<usize>, String
 
 /// The `depth`-layer rung of a model: its config and weights.
 pub fn rung(cfg: &Config, weights: &Weights, depth: usize) -> Result<(Config, Weights), String> {
-    let kept = rung_layers(cfg.num_layers, depth)?;
+    let common = &cfg.common;
+    let kept = rung_layers(common.num_layers, depth)?;
     let new_index = |layer: usize| kept.iter().position(|&k| k == layer);
-    let sites: Vec<usize> = (0..cfg.engram_sites.len())
-        .filter(|&s| new_index(cfg.engram_sites[s]).is_some())
+    let old_sites = &common.engram.sites;
+    let sites: Vec<usize> = (0..old_sites.len())
+        .filter(|&s| new_index(old_sites[s]).is_some())
         .collect();
-    let config = Config {
-        num_layers: depth,
+    let mut config = Config {
         source_layers: kept.iter().map(|&l| cfg.source_layers[l]).collect(),
         global_layers: cfg
             .global_layers
             .iter()
             .filter_map(|&l| new_index(l))
             .collect(),
-        engram_sites: sites
-            .iter()
-            .filter_map(|&s| new_index(cfg.engram_sites[s]))
-            .collect(),
         ..cfg.clone()
     };
-    let lanes = cfg.mhc_lanes;
+    config.common.num_layers = depth;
+    config.common.engram.sites = sites
+        .iter()
+        .filter_map(|&s| new_index(old_sites[s]))
+        .collect();
+    let lanes = common.mhc_lanes;
     let m = &weights.mhc;
     let mhc = MhcWeights {
         a_pre: rows(&m.a_pre, &kept, 1),

@@ -10,8 +10,8 @@
 //! Each stage is two small MatMuls (`n·(a+b)` multiply-adds instead of `n²`) and each
 //! permutation a Gather; `A_sᵀ` is stored transposed so no Transpose runs.
 
+use crate::blocks::weights::Tensor;
 use crate::builder::{GraphBuilder, Value};
-use crate::needle::Tensor;
 use crate::needle3::MonarchWeights;
 
 /// `x`: `[batch, sequence, d_model]` → `[batch, sequence, d_model]`. `p1`, `p2`: the

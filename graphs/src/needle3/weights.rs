@@ -1,7 +1,7 @@
 //! Dequantized float32 weights of one Needle 3 model, in the `.cact` layout (matrices
 //! `[out, in]`). The hyper-connection and engram tensors have Needle 2's shapes and types.
 
-pub use crate::needle::{EngramWeights, MhcWeights, Tensor};
+use crate::blocks::weights::{EngramWeights, MhcWeights, Tensor};
 
 /// The depthwise conv taps over the raw projections, `[taps, width]` each; tap `j`
 /// weighs the projection `j` positions back.

@@ -6,7 +6,7 @@ pub mod header;
 pub mod layout;
 mod weights;
 
-use graphs::needle::{CqRows, Tensor};
+use graphs::blocks::weights::{CqRows, Tensor};
 use graphs::needle3::HeadKind;
 
 use super::cq;

@@ -1,6 +1,7 @@
 //! From a validated Needle 3 file to the graph crate's typed, dequantized weights.
 
-use graphs::needle::{EngramTables, EngramWeights};
+use graphs::blocks::weights::{EngramTables, EngramWeights};
+use graphs::geometry::{CommonGeometry, EngramGeometry};
 use graphs::needle3::{Config, LayerWeights, MonarchWeights, ProbeHead, QkvTaps, Weights};
 
 use super::layout::{ENGRAM, LAYER};
@@ -15,36 +16,40 @@ impl Cact3File {
         let us = |v: u32| v as usize;
         let heads = h.num_engram_tables / h.engram_orders.len() as u32;
         Config {
-            vocab: us(h.vocab),
+            common: CommonGeometry {
+                vocab: us(h.vocab),
+                d_model: us(h.d_model),
+                num_heads: us(h.num_heads),
+                num_kv_heads: us(h.num_kv_heads),
+                num_layers: us(h.num_layers),
+                max_seq_len: us(h.max_seq_len),
+                hada_n: us(h.hada_n),
+                mhc_lanes: us(h.mhc_lanes),
+                engram: EngramGeometry {
+                    orders: h.engram_orders.iter().copied().map(us).collect(),
+                    sites: h.engram_sites.iter().copied().map(us).collect(),
+                    num_tables: us(h.num_engram_tables),
+                    slots: us(h.engram_slots),
+                    sub_dim: us(h.engram_sub_dim),
+                    conv_taps: us(h.engram_conv_taps),
+                    dilation: us(h.engram_conv_dilation),
+                    seed_stride: us(if h.engram_seed_heads == 0 {
+                        heads
+                    } else {
+                        h.engram_seed_heads
+                    }),
+                },
+                rope_theta: h.rope_theta,
+                kv_window: us(h.kv_window),
+                kv_bits: h.kv_bits,
+            },
             out_vocab: us(h.output_rows()),
-            d_model: us(h.d_model),
-            num_heads: us(h.num_heads),
-            num_kv_heads: us(h.num_kv_heads),
-            num_layers: us(h.num_layers),
             qk_head_dim: us(h.qk_head_dim),
             v_head_dim: us(h.v_head_dim),
-            max_seq_len: us(h.max_seq_len),
-            hada_n: us(h.hada_n),
-            mhc_lanes: us(h.mhc_lanes),
             sliding_window: us(h.sliding_window),
             global_layers: h.global_layers.iter().copied().map(us).collect(),
             qkv_conv_taps: us(h.qkv_conv_taps),
-            engram_slots: us(h.engram_slots),
-            engram_sub_dim: us(h.engram_sub_dim),
-            num_engram_tables: us(h.num_engram_tables),
-            engram_conv_taps: us(h.engram_conv_taps),
-            engram_conv_dilation: us(h.engram_conv_dilation),
-            engram_seed_stride: us(if h.engram_seed_heads == 0 {
-                heads
-            } else {
-                h.engram_seed_heads
-            }),
-            engram_orders: h.engram_orders.iter().copied().map(us).collect(),
-            engram_sites: h.engram_sites.iter().copied().map(us).collect(),
-            rope_theta: h.rope_theta,
             source_layers: (0..us(h.num_layers)).collect(),
-            kv_window: us(h.kv_window),
-            kv_bits: h.kv_bits,
         }
     }
 

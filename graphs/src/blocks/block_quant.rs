@@ -4,10 +4,10 @@
 //! axis, scale `absmax / (2^(bits-1) − 1)` or a clipped one, implicit zero point `2^(bits-1)`).
 //! This re-quantizes, so it is not the exact model; the README states its cost.
 
+use crate::blocks::cq_rows::gather_cq_rows;
+use crate::blocks::weights::Tensor;
 use crate::builder::{Attr, GraphBuilder, Value, MS_DOMAIN};
 use crate::contract::MatMulWeights;
-use crate::needle::cq_rows::gather_cq_rows;
-use crate::needle::Tensor;
 use crate::onnx::data_type;
 
 const BLOCK: usize = 32;

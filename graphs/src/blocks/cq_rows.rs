@@ -11,10 +11,10 @@
 //! 3-bit codes straddle bytes: each index is read from its two bytes, combined, shifted
 //! and masked in uint32, and looked up in the codebook.
 
+use crate::blocks::hadamard::walsh_hadamard;
+use crate::blocks::weights::CqRows;
 use crate::builder::{Attr, GraphBuilder, Value};
 use crate::contract::Precision;
-use crate::needle::hadamard_mlp::walsh_hadamard;
-use crate::needle::CqRows;
 use crate::onnx::data_type;
 
 /// Rows `indices` (int64, any shape `[..]`) of `table`: `[.., cols]` in the graph's
@@ -83,7 +83,7 @@ fn decode(
     let grouped = b.op1("Reshape", &[&values, &grouped_shape], vec![]);
     let scaled = b.mul(&grouped, &row_norms);
     let float = b.precision().data_type();
-    let rotated = rotate(b, &scaled, group, groups == 1, Contract::Rows, float);
+    let rotated = rotate(b, &scaled, group, groups == 1, RotatedAxis::Rows, float);
     let flat_shape = b.const_i64(&[padded as i64]);
     let flat_shape = b.concat(&[lead, &flat_shape], 0);
     let rows = b.op1("Reshape", &[&rotated, &flat_shape], vec![]);
@@ -96,7 +96,7 @@ fn decode(
 
 /// Which axis of the values [`rotate`] contracts with `H`.
 #[derive(Clone, Copy, PartialEq)]
-pub(crate) enum Contract {
+pub(crate) enum RotatedAxis {
     /// `x @ H`: each row of the last axis is one group (rows of a table).
     Rows,
     /// `H @ x`: each column of the second-to-last axis is one group (a MatMul kernel).
@@ -114,7 +114,7 @@ pub(crate) fn rotate(
     x: &Value,
     group: usize,
     single_group: bool,
-    contract: Contract,
+    axis: RotatedAxis,
     float: i32,
 ) -> Value {
     const CHAIN: usize = 8;
@@ -123,24 +123,24 @@ pub(crate) fn rotate(
         data_type::FLOAT16 => Precision::Fp16.encode(values),
         _ => Precision::Fp32.encode(values),
     };
-    let times_h = |b: &mut GraphBuilder, x: &Value, h: Value| match contract {
-        Contract::Rows => b.matmul(x, &h),
-        Contract::Columns => b.matmul(&h, x),
+    let times_h = |b: &mut GraphBuilder, x: &Value, h: Value| match axis {
+        RotatedAxis::Rows => b.matmul(x, &h),
+        RotatedAxis::Columns => b.matmul(&h, x),
     };
     if !single_group || group <= CHAIN || !group.is_multiple_of(CHAIN) {
         let h = b.const_bytes(float, &[group, group], encode(&h));
         return times_h(b, x, h);
     }
     let blocks = group / CHAIN;
-    let axis = match contract {
-        Contract::Rows => -1,
-        Contract::Columns => -2,
+    let split_axis = match axis {
+        RotatedAxis::Rows => -1,
+        RotatedAxis::Columns => -2,
     };
     let sizes = b.const_i64(&vec![CHAIN as i64; blocks]);
     let chunks = b.op(
         "Split",
         &[x, &sizes],
-        vec![("axis", Attr::Int(axis))],
+        vec![("axis", Attr::Int(split_axis))],
         blocks,
     );
     let partial: Vec<Value> = chunks
@@ -149,13 +149,13 @@ pub(crate) fn rotate(
         .map(|(c, chunk)| {
             // Rows `c·CHAIN..` of H (= its columns, H being symmetric).
             let rows = &h[c * CHAIN * group..(c + 1) * CHAIN * group];
-            let shape = match contract {
-                Contract::Rows => [CHAIN, group],
-                Contract::Columns => [group, CHAIN],
+            let shape = match axis {
+                RotatedAxis::Rows => [CHAIN, group],
+                RotatedAxis::Columns => [group, CHAIN],
             };
-            let block: Vec<f32> = match contract {
-                Contract::Rows => rows.to_vec(),
-                Contract::Columns => (0..group)
+            let block: Vec<f32> = match axis {
+                RotatedAxis::Rows => rows.to_vec(),
+                RotatedAxis::Columns => (0..group)
                     .flat_map(|m| (0..CHAIN).map(move |t| rows[t * group + m]))
                     .collect(),
             };

@@ -1,6 +1,7 @@
-//! Needle `MultiHeadAttention` with a KV cache: GQA projections, q/k `ZCRMSNorm`,
-//! rotate-half RoPE, attention over `past ++ new` keys, sigmoid output gate, `out_proj`.
-//! Only the attention core differs between the two variants:
+//! What both generations' `MultiHeadAttention` are made of: the projections, rotate-half
+//! RoPE, the mask inputs and the attention core over `past ++ new` keys, the one place
+//! the two variants differ (each generation's block: `crate::needle2::attention`,
+//! `crate::needle3::attention`). Needle 2's, for example:
 //!
 //! ```text
 //!            ┌ q_proj ─Reshape─ q_norm ─RoPE ┐
@@ -9,21 +10,14 @@
 //!                                                      └▶ present_k, present_v [B,KV,T,hd]
 //! ```
 
+use crate::blocks::block_quant::matmul_nbits;
+use crate::blocks::context::{BuildContext, RotaryKernel};
+use crate::blocks::cq_kernel::{cq_kernel, CqKernel};
+use crate::blocks::weights::{CqRows, Tensor};
 use crate::builder::{Attr, Dim, GraphBuilder, Value, MS_DOMAIN};
 use crate::contract::dims::{BATCH, SEQUENCE, TOTAL_SEQUENCE};
-use crate::contract::{AttentionKind, FusedOp, MatMulWeights, Precision, RuntimeTarget};
-use crate::needle::block_quant::matmul_nbits;
-use crate::needle::context::RotaryKernel;
-use crate::needle::cq_kernel::{cq_kernel, CqKernel};
-use crate::needle::norms::zc_rms_norm;
-use crate::needle::{BuildContext, Config, CqRows, LayerWeights, Tensor};
+use crate::contract::{AttentionKind, FusedOp, HeadShape, MatMulWeights, Precision, RuntimeTarget};
 use crate::onnx::data_type;
-
-/// Position- and mask-derived inputs, built once at the top of the graph and shared by all layers.
-pub struct AttentionCtx {
-    pub rope: Rope,
-    pub core: CoreInputs,
-}
 
 /// How rotary embeddings are applied.
 pub enum Rope {
@@ -68,74 +62,6 @@ fn local_window_size(keys: usize, runtime: RuntimeTarget) -> usize {
 pub struct KvPair {
     pub key: Value,
     pub value: Value,
-}
-
-/// The head layout of one attention: `heads` query heads of width `qk_dim` over
-/// `kv_heads` key heads of width `qk_dim` and value heads of width `v_dim`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HeadShape {
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub qk_dim: usize,
-    pub v_dim: usize,
-}
-
-impl HeadShape {
-    /// Needle 2: one head width for queries, keys and values.
-    pub fn of(cfg: &Config) -> Self {
-        HeadShape {
-            heads: cfg.num_heads,
-            kv_heads: cfg.num_kv_heads,
-            qk_dim: cfg.head_dim,
-            v_dim: cfg.head_dim,
-        }
-    }
-
-    /// The head width `GroupQueryAttention` runs at: it takes one width for q, k and v,
-    /// a multiple of 8 on the CPU, so the heads are zero-padded to the wider one rounded up
-    /// to 8 (upstream's flash path pads to the wider too), which leaves every score and
-    /// output unchanged.
-    pub fn fused_dim(self) -> usize {
-        self.qk_dim.max(self.v_dim).next_multiple_of(8)
-    }
-
-    /// Width of the cached keys in `attention`'s variant.
-    pub fn cached_key_dim(self, attention: AttentionKind) -> usize {
-        match attention {
-            AttentionKind::Fused(_) => self.fused_dim(),
-            AttentionKind::Reference => self.qk_dim,
-        }
-    }
-
-    /// Width of the cached values in `attention`'s variant.
-    pub fn cached_value_dim(self, attention: AttentionKind) -> usize {
-        match attention {
-            AttentionKind::Fused(_) => self.fused_dim(),
-            AttentionKind::Reference => self.v_dim,
-        }
-    }
-}
-
-/// RoPE tables for the new positions and the core's mask inputs, built once, per row:
-/// `position_ids` `[batch, sequence]` is each new token's position in its own row and
-/// `mask` `[batch, total_sequence]` says which cached and new columns are real.
-pub fn attention_ctx(
-    b: &mut GraphBuilder,
-    ctx: &BuildContext,
-    mask: &Value,
-    position_ids: &Value,
-) -> AttentionCtx {
-    let cfg = ctx.cfg;
-    let rope = rope(
-        b,
-        ctx,
-        cfg.head_dim,
-        cfg.max_seq_len,
-        cfg.rope_theta,
-        position_ids,
-    );
-    let core = core_inputs(b, ctx, mask, position_ids, &[cfg.sliding_window()]).remove(0);
-    AttentionCtx { rope, core }
 }
 
 /// The rotary tables of `head_dim`-wide heads for `position_ids`, in the form the
@@ -272,48 +198,6 @@ pub fn rope_tables(head_dim: usize, max_seq_len: usize, theta: f32) -> (Vec<f32>
         }
     }
     (cos, sin)
-}
-
-/// Attention of one layer. `x`: `[batch, sequence, d_model]`; returns the
-/// `[batch, sequence, d_model]` output and the present cache.
-pub fn attention(
-    b: &mut GraphBuilder,
-    ctx: &BuildContext,
-    attn: &AttentionCtx,
-    x: &Value,
-    w: &LayerWeights,
-    past: &KvPair,
-) -> (Value, KvPair) {
-    let cfg = ctx.cfg;
-    let (h, kv, hd) = (
-        cfg.num_heads as i64,
-        cfg.num_kv_heads as i64,
-        cfg.head_dim as i64,
-    );
-    let [q, k, v, gate]: [Value; 4] = projections(
-        b,
-        ctx,
-        x,
-        "qkv_gate_proj",
-        &[&w.q_proj, &w.k_proj, &w.v_proj, &w.gate_proj],
-    )
-    .try_into()
-    .expect("four projections");
-    let q = b.reshape(&q, &[0, 0, h, hd]);
-    let k = b.reshape(&k, &[0, 0, kv, hd]);
-    let q = zc_rms_norm(b, ctx, &q, "q_norm", &w.q_norm.data);
-    let k = zc_rms_norm(b, ctx, &k, "k_norm", &w.k_norm.data);
-    let q = b.scope("q_rope", |b| {
-        rotate_half_rope(b, &q, &attn.rope, cfg.num_heads, cfg.head_dim)
-    });
-    let k = b.scope("k_rope", |b| {
-        rotate_half_rope(b, &k, &attn.rope, cfg.num_kv_heads, cfg.head_dim)
-    });
-
-    let (out, present) = attention_core(b, &attn.core, [&q, &k, &v], past, HeadShape::of(cfg));
-    let gate = b.sigmoid(&gate);
-    let out = b.mul(&out, &gate);
-    (projection(b, ctx, &out, "out_proj", &w.out_proj), present)
 }
 
 /// The attention core the variant picked (the one place the variants differ): q, k, v

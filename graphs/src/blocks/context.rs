@@ -4,7 +4,7 @@
 
 use crate::builder::Opset;
 use crate::contract::{AttentionKind, MatMulWeights, RuntimeTarget, Variant};
-use crate::needle::Config;
+use crate::geometry::{CommonGeometry, Geometry};
 
 /// Which single-kernel forms the graph uses instead of their ai.onnx expansions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,72 +75,12 @@ impl Kernels {
 }
 
 /// Everything the model functions need besides the builder and the weights. `C` is the
-/// generation's config; the blocks both generations share read [`SharedGeometry`] only.
-pub struct BuildContext<'a, C = Config> {
+/// generation's config; the shared blocks read only its [`CommonGeometry`].
+pub struct BuildContext<'a, C> {
     pub cfg: &'a C,
+    pub common: &'a CommonGeometry,
     pub variant: Variant,
     pub kernels: Kernels,
-    pub shared: SharedGeometry,
-}
-
-/// The geometry of the blocks Needle 2 and 3 share: the hyper-connection stream and
-/// the engram memory.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SharedGeometry {
-    pub d_model: usize,
-    pub mhc_lanes: usize,
-    pub engram: EngramGeometry,
-}
-
-/// The engram memory's geometry (see `engram.rs`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct EngramGeometry {
-    pub orders: Vec<usize>,
-    /// `len(orders) * heads`.
-    pub num_tables: usize,
-    pub slots: usize,
-    pub sub_dim: usize,
-    pub conv_taps: usize,
-    /// `max(orders)`.
-    pub dilation: usize,
-    /// Hash seeds of order `o`, head `h` are `SEED · (o·stride + h + 1)`: `heads` in
-    /// Needle 2, `engram_seed_heads` (when set) in Needle 3.
-    pub seed_stride: usize,
-}
-
-impl EngramGeometry {
-    /// Tables per order.
-    pub fn heads(&self) -> usize {
-        self.num_tables / self.orders.len()
-    }
-
-    /// Tokens before the first new one that the n-grams and taps reach back.
-    pub fn history(&self) -> usize {
-        self.conv_taps * self.dilation
-    }
-}
-
-/// A generation's config, as the shared blocks see it.
-pub trait Geometry {
-    fn shared(&self) -> SharedGeometry;
-}
-
-impl Geometry for Config {
-    fn shared(&self) -> SharedGeometry {
-        SharedGeometry {
-            d_model: self.d_model,
-            mhc_lanes: self.mhc_lanes,
-            engram: EngramGeometry {
-                orders: self.engram_orders.clone(),
-                num_tables: self.num_engram_tables,
-                slots: self.engram_slots,
-                sub_dim: self.engram_sub_dim,
-                conv_taps: self.engram_conv_taps,
-                dilation: self.engram_conv_dilation,
-                seed_stride: self.num_engram_tables / self.engram_orders.len(),
-            },
-        }
-    }
 }
 
 impl<'a, C: Geometry> BuildContext<'a, C> {
@@ -148,9 +88,9 @@ impl<'a, C: Geometry> BuildContext<'a, C> {
     pub fn new(cfg: &'a C, variant: Variant) -> Self {
         BuildContext {
             cfg,
+            common: cfg.common(),
             variant,
             kernels: Kernels::for_variant(variant),
-            shared: cfg.shared(),
         }
     }
 }

@@ -2,9 +2,8 @@
 //! `_rms_unit` (`x · rsqrt(mean(x²) + ε)`), both over the last axis, in the form the
 //! build context takes ([`RmsNorm`]).
 
+use crate::blocks::context::{BuildContext, RmsNorm};
 use crate::builder::{Attr, GraphBuilder, Value};
-use crate::needle::context::RmsNorm;
-use crate::needle::BuildContext;
 
 const EPSILON: f32 = 1e-6;
 

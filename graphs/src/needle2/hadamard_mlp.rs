@@ -10,8 +10,9 @@
 //! x ─Pad─ *d1 ─H─ *d2 ─silu─ H ─ *d3 ─Slice─▶      H: Reshape[a,b] ─ H_a·Z ─ Z·H_b ─ Reshape[n]
 //! ```
 
+use crate::blocks::hadamard::walsh_hadamard;
 use crate::builder::{GraphBuilder, Value};
-use crate::needle::LayerWeights;
+use crate::needle2::LayerWeights;
 
 /// `x`: `[batch, sequence, d_model]` → `[batch, sequence, d_model]`.
 pub fn hadamard_mlp(b: &mut GraphBuilder, x: &Value, w: &LayerWeights, d_model: usize) -> Value {
@@ -48,19 +49,4 @@ fn walsh_hadamard_transform(b: &mut GraphBuilder, z: &Value, n: usize) -> Value 
     let m = b.matmul(&h_a, &m);
     let m = b.matmul(&m, &h_b);
     b.reshape(&m, &[0, 0, n as i64])
-}
-
-/// The orthonormal Walsh–Hadamard matrix of size `n` (a power of two), row-major:
-/// entry `(i, j)` is `(-1)^popcount(i & j) / sqrt(n)`.
-pub fn walsh_hadamard(n: usize) -> Vec<f32> {
-    let scale = (1.0 / (n as f64).sqrt()) as f32;
-    (0..n * n)
-        .map(|k| {
-            if ((k / n) & (k % n)).count_ones().is_multiple_of(2) {
-                scale
-            } else {
-                -scale
-            }
-        })
-        .collect()
 }

@@ -7,9 +7,10 @@
 //! `x' = h_res·x + h_post ⊗ (block(u) − u)`.
 //! The three projections are one MatMul whose weight has the `a_*` gains folded in.
 
+use crate::blocks::context::BuildContext;
+use crate::blocks::norms::rms_unit;
+use crate::blocks::weights::{MhcWeights, Tensor};
 use crate::builder::{Attr, GraphBuilder, Value};
-use crate::needle::norms::rms_unit;
-use crate::needle::{BuildContext, MhcWeights, Tensor};
 
 const SINKHORN_ITERS: usize = 20;
 
@@ -29,7 +30,7 @@ pub fn hc_pre<C>(
     w: &MhcWeights,
     layer: usize,
 ) -> (Value, LaneMix) {
-    let (n, c) = (ctx.shared.mhc_lanes, ctx.shared.d_model);
+    let (n, c) = (ctx.common.mhc_lanes, ctx.common.d_model);
     let flat = b.reshape(x, &[0, 0, (n * c) as i64]);
     let nx = rms_unit(b, ctx, &flat, n * c);
     let (phi, bias) = folded_projection(w, layer, n, c);
@@ -54,7 +55,7 @@ pub fn hc_post<C>(
     y: &Value,
     mix: &LaneMix,
 ) -> Value {
-    let n = ctx.shared.mhc_lanes as i64;
+    let n = ctx.common.mhc_lanes as i64;
     let h_post = b.sigmoid(&mix.post);
     let two = b.scalar_float(2.0);
     let h_post = b.mul(&two, &h_post);

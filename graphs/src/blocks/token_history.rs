@@ -14,15 +14,11 @@
 //! place; its output, attention with a zero query, is unused), which packs each row's
 //! tokens from slot 0; the reference graph concatenates them at the mask's columns.
 
+use crate::blocks::attention::{attention_core, declare_present, CoreInputs, KvPair};
 use crate::builder::{Attr, Dim, GraphBuilder, Value};
 use crate::contract::dims::BATCH;
-use crate::contract::AttentionKind;
-use crate::needle::attention::{attention_core, declare_present, CoreInputs, HeadShape, KvPair};
+use crate::contract::{AttentionKind, HeadShape, ID_SPLIT};
 use crate::onnx::data_type;
-
-/// Ids are stored as `id / ID_SPLIT` and `id mod ID_SPLIT`, both below 2048, which fp16
-/// holds exactly (so any vocabulary below 2²¹ ids survives an fp16 cache).
-pub const ID_SPLIT: i64 = 1024;
 
 /// Each row's last `width` real tokens before this call, oldest first, zeros before the
 /// row's first token: `[batch, width]` int64. `past`: the history pair's inputs (possibly

@@ -16,10 +16,10 @@
 //! (`H` is symmetric, so `H @ codes` per group is the reader's `codes @ H` per row, and
 //! [`rotate`] sums it in the reader's order: the kernel is the float export's bit for bit.)
 
+use crate::blocks::cq_rows::{byte_values, rotate, RotatedAxis};
+use crate::blocks::weights::CqRows;
 use crate::builder::{GraphBuilder, Value};
 use crate::contract::Precision;
-use crate::needle::cq_rows::{byte_values, rotate, Contract};
-use crate::needle::CqRows;
 use crate::onnx::data_type;
 
 /// CQ matrices stacked along their outputs, as codes in the kernel's orientation.
@@ -120,7 +120,7 @@ pub fn cq_kernel(b: &mut GraphBuilder, name: &str, kernel: &CqKernel) -> Value {
             &scaled,
             group,
             groups == 1,
-            Contract::Columns,
+            RotatedAxis::Columns,
             data_type::FLOAT,
         );
         let w = b.reshape(&rotated, &[(groups * group) as i64, padded as i64]);

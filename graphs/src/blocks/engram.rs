@@ -9,7 +9,7 @@
 //! exactly upstream's uint32 arithmetic (the product stays below 2⁵⁷).
 //!
 //! The window is each row's own: its last `W` real tokens before this call (from the
-//! token history, `crate::needle::token_history`) then the new tokens, real where `position_ids`/the mask say so, so rows of a padded batch are
+//! token history, `crate::blocks::token_history`) then the new tokens, real where `position_ids`/the mask say so, so rows of a padded batch are
 //! exact.
 //!
 //! ```text
@@ -19,14 +19,15 @@
 //! At the site's layer (`Block.__call__` with `engram_kv`):
 //! `x + σ(⟨rms_unit(x), ek⟩ / √d) · ev`.
 
+use crate::blocks::attention::projection;
+use crate::blocks::block_quant::gather_table;
+use crate::blocks::context::BuildContext;
+use crate::blocks::cq_rows::gather_cq_rows;
+use crate::blocks::norms::rms_unit;
+use crate::blocks::weights::{EngramTables, EngramWeights};
 use crate::builder::{Dim, GraphBuilder, Value};
 use crate::contract::dims::{BATCH, ENGRAM_WINDOW, SEQUENCE};
-use crate::needle::attention::projection;
-use crate::needle::block_quant::gather_table;
-use crate::needle::context::EngramGeometry;
-use crate::needle::cq_rows::gather_cq_rows;
-use crate::needle::norms::rms_unit;
-use crate::needle::{BuildContext, EngramTables, EngramWeights};
+use crate::geometry::EngramGeometry;
 use crate::onnx::data_type;
 
 const SEED: u64 = 0x9E37_79B9;
@@ -94,7 +95,7 @@ pub fn window<C>(
     new_mask: &Value,
     position_ids: &Value,
 ) -> EngramWindow {
-    let history = ctx.shared.engram.history() as i64;
+    let history = ctx.common.engram.history() as i64;
     let ids = b.concat(&[past_ids, input_ids], 1);
     b.declare(&ids, data_type::INT64, &WINDOW_DIMS);
     let first = b.slice(position_ids, 1, 0, 1);
@@ -120,7 +121,7 @@ pub fn site_kvs<C>(
     if sites.is_empty() {
         return Vec::new();
     }
-    let rows = hashed_rows(b, &window.ids, &ctx.shared.engram);
+    let rows = hashed_rows(b, &window.ids, &ctx.common.engram);
     sites
         .iter()
         .enumerate()
@@ -140,8 +141,8 @@ pub fn engram<C>(
     rows: &Value,
     w: &EngramWeights,
 ) -> EngramKv {
-    let e = &ctx.shared.engram;
-    let d_model = ctx.shared.d_model;
+    let e = &ctx.common.engram;
+    let d_model = ctx.common.d_model;
     let (nt, sub) = (e.num_tables, e.sub_dim);
     let history = e.history() as i64;
     let float = b.precision().data_type();
@@ -204,7 +205,7 @@ pub fn engram<C>(
 
 /// `x + σ(Σ_d rms_unit(x)·ek / √d) · ev` at an engram site's layer.
 pub fn inject<C>(b: &mut GraphBuilder, ctx: &BuildContext<C>, x: &Value, kv: &EngramKv) -> Value {
-    let d_model = ctx.shared.d_model;
+    let d_model = ctx.common.d_model;
     b.scope("engram_gate", |b| {
         let xu = rms_unit(b, ctx, x, d_model);
         let dot = b.mul(&xu, &kv.key_unit);

@@ -12,34 +12,10 @@
 //! The heads pool over the positions of one call, so they are a sequence's when it is
 //! fed whole with an empty cache.
 
+use crate::blocks::probe_pool::{probe_attention, to_float32, transpose_last};
+use crate::blocks::weights::Tensor;
 use crate::builder::{GraphBuilder, Value};
-use crate::contract::Precision;
-use crate::needle::{ProbeHead, Tensor};
-use crate::onnx::data_type;
-
-/// Upstream `probe_pool`'s attention: `[batch, rows, k, d]`, for each of `rows` groups
-/// of cells the `k` probes' softmax-weighted sums over the group's `cells` positions.
-/// `cells`: `[batch, rows, cells, d]`; `probes_t`: `[rows, d, k]` (or `[d, k]`, one set
-/// for every group); `keep`: int64, 1 for real positions, broadcastable to
-/// `[batch, 1, cells, 1]`. Needle 3 pools each layer's row on its own, Needle 2 all
-/// of them as one row.
-pub fn probe_attention(
-    b: &mut GraphBuilder,
-    cells: &Value,
-    probes_t: &Value,
-    keep: &Value,
-    d: usize,
-) -> Value {
-    let root_d = b.scalar_float((d as f32).sqrt());
-    let scores = b.matmul(cells, probes_t); // [B, rows, C, k]
-    let scores = b.div(&scores, &root_d);
-    let keep = b.cast(keep, data_type::BOOL);
-    let lowest = b.scalar_float(f32::NEG_INFINITY);
-    let scores = b.where_(&keep, &scores, &lowest);
-    let attend = b.softmax(&scores, 2);
-    let attend = b.transpose(&attend, &[0, 1, 3, 2]); // [B, rows, k, C]
-    b.matmul(&attend, cells)
-}
+use crate::needle2::ProbeHead;
 
 /// Upstream `probe_pool` of Needle 2: `[batch, P·d]`. `cells`: the `L+1` cells
 /// `[batch, sequence, d]`; `keep`: `[batch, sequence]` int64, 1 for the row's real tokens.
@@ -55,7 +31,7 @@ fn probe_pool(b: &mut GraphBuilder, cells: &[Value], keep: &Value, probes: &Tens
     let per_layer = b.const_i64(&[1, 1, rows]);
     let keep = b.op1("Expand", &[&keep, &per_layer], vec![]);
     let keep = b.reshape(&keep, &[0, 1, -1, 1]);
-    let probes_t = transpose(&probes.data, p, d);
+    let probes_t = transpose_last(&probes.data, 1, p, d);
     let probes_t = b.weight("probes_t", &[d, p], &probes_t);
     let pooled = probe_attention(b, &cells, &probes_t, &keep, d); // [B, 1, P, d]
     b.reshape(&pooled, &[0, (p * d) as i64])
@@ -100,23 +76,9 @@ pub fn confidence_logit(
 /// The head's `proj` `[out, P·d]` as the initializer `proj_t` `[P·d, out]`.
 fn projection_t(b: &mut GraphBuilder, proj: &Tensor) -> Value {
     let (out, inner) = (proj.shape[0], proj.shape[1]);
-    b.weight("proj_t", &[inner, out], &transpose(&proj.data, out, inner))
-}
-
-/// `[rows, cols]` row-major → `[cols, rows]`.
-fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0.0; rows * cols];
-    for r in 0..rows {
-        for c in 0..cols {
-            out[c * rows + r] = data[r * cols + c];
-        }
-    }
-    out
-}
-
-fn to_float32(b: &mut GraphBuilder, x: Value) -> Value {
-    match b.precision() {
-        Precision::Fp32 => x,
-        Precision::Fp16 => b.cast(&x, data_type::FLOAT),
-    }
+    b.weight(
+        "proj_t",
+        &[inner, out],
+        &transpose_last(&proj.data, 1, out, inner),
+    )
 }

@@ -1,0 +1,52 @@
+//! Upstream `probe_pool`'s attention, which both generations' probe heads pool the hidden
+//! cells with (Needle 2's heads: `crate::needle2::heads`; Needle 3's confidence head:
+//! `crate::needle3::confidence`), and what those heads share besides.
+
+use crate::builder::{GraphBuilder, Value};
+use crate::contract::Precision;
+use crate::onnx::data_type;
+
+/// Upstream `probe_pool`'s attention: `[batch, rows, k, d]`, for each of `rows` groups
+/// of cells the `k` probes' softmax-weighted sums over the group's `cells` positions.
+/// `cells`: `[batch, rows, cells, d]`; `probes_t`: `[rows, d, k]` (or `[d, k]`, one set
+/// for every group); `keep`: int64, 1 for real positions, broadcastable to
+/// `[batch, 1, cells, 1]`. Needle 3 pools each layer's row on its own, Needle 2 all
+/// of them as one row.
+pub fn probe_attention(
+    b: &mut GraphBuilder,
+    cells: &Value,
+    probes_t: &Value,
+    keep: &Value,
+    d: usize,
+) -> Value {
+    let root_d = b.scalar_float((d as f32).sqrt());
+    let scores = b.matmul(cells, probes_t); // [B, rows, C, k]
+    let scores = b.div(&scores, &root_d);
+    let keep = b.cast(keep, data_type::BOOL);
+    let lowest = b.scalar_float(f32::NEG_INFINITY);
+    let scores = b.where_(&keep, &scores, &lowest);
+    let attend = b.softmax(&scores, 2);
+    let attend = b.transpose(&attend, &[0, 1, 3, 2]); // [B, rows, k, C]
+    b.matmul(&attend, cells)
+}
+
+/// `[n, a, c]` row-major → `[n, c, a]`.
+pub fn transpose_last(data: &[f32], n: usize, a: usize, c: usize) -> Vec<f32> {
+    let mut out = vec![0.0; n * a * c];
+    for i in 0..n {
+        for r in 0..a {
+            for j in 0..c {
+                out[i * a * c + j * a + r] = data[i * a * c + r * c + j];
+            }
+        }
+    }
+    out
+}
+
+/// A head's output in float32, whatever the graph's precision.
+pub fn to_float32(b: &mut GraphBuilder, x: Value) -> Value {
+    match b.precision() {
+        Precision::Fp32 => x,
+        Precision::Fp16 => b.cast(&x, data_type::FLOAT),
+    }
+}
