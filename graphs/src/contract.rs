@@ -44,7 +44,7 @@ pub mod names {
     /// The token history: one more cache pair after the attention layers,
     /// `past_key_values.{L}.key/.value` (`L` = num_layers), shaped like theirs. Each token
     /// of a row writes its id where the layers write its key (see
-    /// `graphs::needle::token_history`), so the engram finds each row's last real tokens
+    /// `crate::blocks::token_history`), so the engram finds each row's last real tokens
     /// there, and whoever crops or rewinds the KV cache (onnxruntime-genai's `rewind_to`)
     /// crops the history with it.
     pub fn token_history(num_layers: usize) -> LayerCache {
