@@ -5,7 +5,8 @@
 use crate::batch::generate_batch;
 use crate::constrain::{CallCount, ConstraintFactory, ToolConstraint};
 use crate::engine::Admission;
-use crate::generate::{generate_filtered, GenerateOptions, Generation, Sampling, TokenFilter};
+use crate::decode::{Decoded, GenerateOptions, Sampling, TokenFilter};
+use crate::generate::generate_filtered;
 use crate::load::{load, LoadOptions, LoadedModel, ModelSource};
 use crate::prompt::{parse_answer, render_prompt, IM_END};
 use crate::provider::{Provider, Unavailable};
@@ -185,8 +186,8 @@ impl Runner {
         tool_stop_ids(&self.model.tokenizer)
     }
 
-    /// Tool mode's answer of the generation `run` after prompt `ids`.
-    fn tool_response(&mut self, ids: &[u32], run: &Generation) -> Result<ToolResponse> {
+    /// Tool mode's answer of what `run` decoded after prompt `ids`.
+    fn tool_response(&mut self, ids: &[u32], run: &Decoded) -> Result<ToolResponse> {
         let answer = parse_answer(&self.model.tokenizer.decode(&run.generated_ids));
         let confidence = confidence(&mut self.model.session, &[ids, &run.generated_ids].concat())?;
         let (success, error) = match &answer.calls {
@@ -314,7 +315,7 @@ impl Runner {
         stop_ids: Vec<u32>,
         max_new_tokens: usize,
         filter: Option<&mut dyn TokenFilter>,
-    ) -> Result<Generation> {
+    ) -> Result<Decoded> {
         let opts = GenerateOptions {
             max_new_tokens,
             stop_ids,
@@ -334,11 +335,11 @@ impl Runner {
             (None, Some(stream)) => Some(stream),
             (None, None) => None,
         };
-        let generation = generate_filtered(&mut self.model.session, ids, &opts, filter)?;
+        let decoded = generate_filtered(&mut self.model.session, ids, &opts, filter)?;
         if let Some(stream) = stream {
             stream.finish()?;
         }
-        Ok(generation)
+        Ok(decoded)
     }
 }
 

@@ -12,7 +12,7 @@
 //! where every row is admitted at once; `needle-run serve` admits requests as they come.
 
 use crate::cache_rows::RowCache;
-use crate::generate::{self, check_prompt, GenerateOptions, Generation, Sampler, TokenFilter};
+use crate::decode::{self, check_prompt, Decoded, GenerateOptions, Sampler, TokenFilter};
 use crate::session::{Cache, NeedleSession, StepInputs};
 use anyhow::{Context, Result};
 use std::time::Instant;
@@ -29,10 +29,10 @@ pub struct Admission<F> {
     pub filter: Option<F>,
 }
 
-/// A row that is done: its generation, or why it failed (its filter refused a token).
+/// A row that is done: what it decoded, or why it failed (its filter refused a token).
 pub struct Finished {
     pub id: RowId,
-    pub generation: Result<Generation>,
+    pub decoded: Result<Decoded>,
 }
 
 /// The running batch.
@@ -83,8 +83,8 @@ impl<F> Row<F> {
         self.generated.last().copied()
     }
 
-    fn finished(self) -> Generation {
-        Generation {
+    fn finished(self) -> Decoded {
+        Decoded {
             generated_ids: self.generated,
             stopped_on: self.stopped_on,
             prefill_tokens: self.prompt_len,
@@ -262,7 +262,7 @@ impl<F: TokenFilter> Engine<F> {
                     let row = slot.row.take().expect("a row");
                     finished.push(Finished {
                         id: row.id,
-                        generation: outcome.map(|_| row.finished()),
+                        decoded: outcome.map(|_| row.finished()),
                     });
                 }
             }
@@ -427,7 +427,7 @@ fn prefill(
 }
 
 /// Runs `prompts` from an empty cache together (with room for `most_new` more tokens
-/// each): one prompt in the pieces the run plan says ([`generate::prefill`]), several in
+/// each): one prompt in the pieces the run plan says ([`decode::prefill`]), several in
 /// one call, padded on the right. Returns the cache and each prompt's last logits.
 fn prefill_together(
     session: &mut NeedleSession,
@@ -437,7 +437,7 @@ fn prefill_together(
     let vocab = session.config().output_vocab();
     if let [prompt] = prompts {
         let ids: Vec<i64> = prompt.iter().map(|&t| i64::from(t)).collect();
-        let out = generate::prefill(session, &ids, ids.len() + most_new)?;
+        let out = decode::prefill(session, &ids, ids.len() + most_new)?;
         let last = out.logits[out.logits.len() - vocab..].to_vec();
         return Ok((out.cache, vec![last]));
     }

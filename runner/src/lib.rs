@@ -4,6 +4,7 @@ pub mod answer;
 pub mod batch;
 pub mod cache_rows;
 pub mod constrain;
+pub mod decode;
 pub mod engine;
 pub mod generate;
 pub mod graph_cache;

@@ -6,7 +6,7 @@ use clap::{Parser, Subcommand};
 use exporter::cli::spelled;
 use graphs::contract::{AttentionKind, MatMulWeights, Precision};
 use runner::answer::{Runner, ToolQuery};
-use runner::generate::Sampling;
+use runner::decode::Sampling;
 use runner::graph_cache;
 use runner::load::{is_onnx, load, LoadOptions, ModelSource, DEMO_TOOLS};
 use runner::provider::{Provider, Unavailable};

@@ -126,11 +126,11 @@ pub fn generations(model: &str) -> Vec<Generation> {
 }
 
 /// The options upstream's fixtures were generated with: greedy, 32 tokens, EOS (id 1) stops.
-pub fn fixture_generate_options() -> runner::generate::GenerateOptions {
-    runner::generate::GenerateOptions {
+pub fn fixture_generate_options() -> runner::decode::GenerateOptions {
+    runner::decode::GenerateOptions {
         max_new_tokens: 32,
         stop_ids: vec![1],
-        sampling: runner::generate::Sampling::Greedy,
+        sampling: runner::decode::Sampling::Greedy,
     }
 }
 

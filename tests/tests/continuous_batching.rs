@@ -8,7 +8,8 @@
 use graphs::contract::AttentionKind;
 use needle_tests::{row_error, session, MODELS};
 use runner::engine::{Admission, Engine, RowId};
-use runner::generate::{generate_filtered, GenerateOptions, Sampling, TokenFilter};
+use runner::decode::{GenerateOptions, Sampling, TokenFilter};
+use runner::generate::generate_filtered;
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -109,7 +110,7 @@ fn rows_joining_and_leaving_a_running_batch_match_their_single_runs() {
                 }
                 for done in engine.step(&mut s).unwrap() {
                     let r = ids.iter().position(|&id| id == Some(done.id)).unwrap();
-                    generated[r] = done.generation.unwrap().generated_ids;
+                    generated[r] = done.decoded.unwrap().generated_ids;
                 }
             }
             assert!(widest >= 4, "{model}: the schedule should overlap rows");
