@@ -4,8 +4,8 @@
 
 use crate::batch::generate_batch;
 use crate::constrain::{CallCount, ConstraintFactory, ToolConstraint};
-use crate::engine::Admission;
 use crate::decode::{Decoded, GenerateOptions, Sampling, TokenFilter};
+use crate::engine::Admission;
 use crate::generate::generate_filtered;
 use crate::load::{load, LoadOptions, LoadedModel, ModelSource};
 use crate::prompt::{parse_answer, render_prompt, IM_END};

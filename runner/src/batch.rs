@@ -4,8 +4,8 @@
 //! prompt is [`crate::generate::generate_filtered`]'s single run; each row stops, samples
 //! and is constrained exactly as its single run.
 
-use crate::engine::{Admission, Engine, RowId};
 use crate::decode::{Decoded, TokenFilter};
+use crate::engine::{Admission, Engine, RowId};
 use crate::session::NeedleSession;
 use anyhow::{anyhow, Result};
 use std::collections::HashMap;

@@ -2,7 +2,7 @@
 //! startup, the tokenizer, KV-cached generation and tool calling (`needle-run`).
 pub mod answer;
 pub mod batch;
-pub mod cache_rows;
+pub mod cache;
 pub mod constrain;
 pub mod decode;
 pub mod engine;

@@ -6,7 +6,8 @@
 
 use graphs::contract::AttentionKind::{self, Reference};
 use needle_tests::{row_error, session, MODELS};
-use runner::session::{Cache, NeedleSession, StepInputs};
+use runner::cache::Cache;
+use runner::session::{NeedleSession, StepInputs};
 
 const FUSED: AttentionKind = AttentionKind::FUSED;
 const LENGTHS: [usize; 3] = [9, 23, 4];

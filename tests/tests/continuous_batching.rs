@@ -7,8 +7,8 @@
 
 use graphs::contract::AttentionKind;
 use needle_tests::{row_error, session, MODELS};
-use runner::engine::{Admission, Engine, RowId};
 use runner::decode::{GenerateOptions, Sampling, TokenFilter};
+use runner::engine::{Admission, Engine, RowId};
 use runner::generate::generate_filtered;
 use std::cell::RefCell;
 use std::rc::Rc;

@@ -5,8 +5,8 @@
 //! timed out) fails its next token and leaves too.
 
 use crate::answer::confidence;
-use crate::engine::{Admission, Engine, RowId};
 use crate::decode::{Decoded, GenerateOptions, TokenFilter};
+use crate::engine::{Admission, Engine, RowId};
 use crate::session::NeedleSession;
 use anyhow::{anyhow, Result};
 use std::collections::HashMap;
