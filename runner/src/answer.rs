@@ -265,22 +265,8 @@ impl Runner {
         order.sort_by_key(|&i| texts[i].len());
         let mut out = vec![Vec::new(); texts.len()];
         for chunk in order.chunks(EMBED_BATCH) {
-            let width = chunk.iter().map(|&i| texts[i].len()).max().unwrap_or(0);
-            let mut step = StepInputs {
-                input_ids: Vec::with_capacity(chunk.len() * width),
-                attention_mask: Vec::with_capacity(chunk.len() * width),
-                position_ids: Vec::with_capacity(chunk.len() * width),
-                batch: chunk.len(),
-            };
-            for &i in chunk {
-                for p in 0..width {
-                    let id = texts[i].get(p);
-                    step.input_ids.push(id.map_or(0, |&id| i64::from(id)));
-                    step.attention_mask.push(i64::from(id.is_some()));
-                    step.position_ids
-                        .push(if id.is_some() { p as i64 } else { 0 });
-                }
-            }
+            let rows: Vec<&[u32]> = chunk.iter().map(|&i| &texts[i][..]).collect();
+            let step = StepInputs::right_padded(&rows, 0);
             let cache = session.empty_cache(chunk.len())?;
             let flat = session
                 .step(step, cache)?

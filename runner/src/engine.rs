@@ -449,26 +449,10 @@ fn prefill_together(
         let last = out.logits[out.logits.len() - vocab..].to_vec();
         return Ok((out.cache, vec![last]));
     }
-    let batch = prompts.len();
     let pad = i64::from(session.description.tokenizer.pad_id);
     let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
-    let mut inputs = StepInputs {
-        input_ids: Vec::with_capacity(batch * longest),
-        attention_mask: Vec::with_capacity(batch * longest),
-        position_ids: Vec::with_capacity(batch * longest),
-        batch,
-    };
-    for prompt in prompts {
-        for i in 0..longest {
-            let token = prompt.get(i);
-            inputs.input_ids.push(token.map_or(pad, |&t| i64::from(t)));
-            inputs.attention_mask.push(i64::from(token.is_some()));
-            inputs
-                .position_ids
-                .push(if token.is_some() { i as i64 } else { 0 });
-        }
-    }
-    let cache = session.preallocated_cache(batch, longest + most_new)?;
+    let inputs = StepInputs::right_padded(prompts, pad);
+    let cache = session.preallocated_cache(prompts.len(), longest + most_new)?;
     let step = session.step(inputs, cache)?;
     let logits = prompts
         .iter()

@@ -48,6 +48,30 @@ impl StepInputs {
             batch,
         }
     }
+
+    /// `rows` of different lengths from an empty cache, padded on the right to the longest
+    /// with `pad` (mask 0, position 0).
+    pub fn right_padded(rows: &[&[u32]], pad: i64) -> Self {
+        let batch = rows.len();
+        let longest = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+        let mut inputs = StepInputs {
+            input_ids: Vec::with_capacity(batch * longest),
+            attention_mask: Vec::with_capacity(batch * longest),
+            position_ids: Vec::with_capacity(batch * longest),
+            batch,
+        };
+        for row in rows {
+            for i in 0..longest {
+                let token = row.get(i);
+                inputs.input_ids.push(token.map_or(pad, |&t| i64::from(t)));
+                inputs.attention_mask.push(i64::from(token.is_some()));
+                inputs
+                    .position_ids
+                    .push(if token.is_some() { i as i64 } else { 0 });
+            }
+        }
+        inputs
+    }
 }
 
 /// Output of one step.
