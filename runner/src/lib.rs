@@ -1,5 +1,7 @@
-//! Runs exported Needle 2 graphs through onnxruntime: execution providers chosen at
-//! startup, the tokenizer, KV-cached generation and tool calling (`needle-run`).
+//! Runs exported Needle graphs of both generations (Needle 2 and Needle 3) through
+//! onnxruntime: execution providers chosen at startup, the tokenizer, KV-cached
+//! generation, continuous batching, tool calling and the OpenAI-compatible server
+//! (`needle-run`).
 pub mod answer;
 pub mod batch;
 pub mod cache;

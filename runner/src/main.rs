@@ -1,5 +1,6 @@
-//! `needle-run`: answer a tool-calling query (or continue raw text) with a Needle 2
-//! model through onnxruntime, on the execution provider chosen at startup.
+//! `needle-run`: answer tool-calling queries (one, a `--batch` file, or requests to
+//! `needle-run serve`) or continue raw text with a Needle 2 or Needle 3 model through
+//! onnxruntime, on the execution provider chosen at startup.
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};

@@ -1,6 +1,6 @@
 //! One Needle graph loaded in onnxruntime: what its metadata says about it, its run
 //! plan, and a `forward` that threads the typed [`Cache`] through the graph's
-//! `present_*` outputs.
+//! `present.*` outputs.
 
 use crate::cache::{Cache, LayerKv};
 use crate::plan::RunPlan;
