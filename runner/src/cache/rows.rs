@@ -4,7 +4,7 @@
 //! included), in order, and its own carried state (QKV-conv state). Put together, each
 //! row's tokens start at column 0 and the rest of its row is padding (mask 0, zeros): the
 //! right-padded layout a batched prefill leaves, which both attention variants are exact
-//! for (`tests/tests/batch.rs`).
+//! for (`tests/tests/padded_batch.rs`).
 
 use super::host::{host_bytes, host_bytes_mut};
 use super::Cache;
