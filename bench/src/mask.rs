@@ -12,7 +12,7 @@ use exporter::model::NeedleModel;
 use exporter::tokenizer::NeedleTokenizer;
 use graphs::contract::{AttentionKind, MatMulWeights, Precision, RuntimeTarget, Variant};
 use runner::constrain::{CallCount, ConstraintFactory};
-use runner::generate::{self, TokenFilter};
+use runner::decode::{self, TokenFilter};
 use runner::provider::{session_builder, Provider};
 use runner::session::NeedleSession;
 use std::path::Path;
@@ -57,7 +57,7 @@ pub fn run(model: &Path, threads: usize) -> Result<String> {
             let start = Instant::now();
             constraint.mask(&mut logits)?;
             masks.push(start.elapsed().as_secs_f64());
-            let token = runner::generate::argmax(&logits);
+            let token = runner::decode::argmax(&logits);
             if token == eos {
                 break;
             }
@@ -80,7 +80,7 @@ pub fn run(model: &Path, threads: usize) -> Result<String> {
     let mut session =
         NeedleSession::from_memory(&onnx, session_builder(env, Provider::Cpu, false, threads)?)?;
     let prompt = tokens(64, session.config().vocab(), 3);
-    let mut out = generate::prefill(&mut session, &prompt, 64 + STEPS + 1)?;
+    let mut out = decode::prefill(&mut session, &prompt, 64 + STEPS + 1)?;
     out = step(&mut session, out)?;
     let start = Instant::now();
     for _ in 0..STEPS {

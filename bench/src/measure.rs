@@ -7,7 +7,7 @@ use exporter::export::ExportOptions;
 use exporter::model::NeedleModel;
 use graphs::onnx::{data_type, ModelProto};
 use prost::Message;
-use runner::generate::{self, argmax};
+use runner::decode::{self, argmax};
 use runner::provider::Provider;
 use runner::session::{NeedleSession, StepOutput};
 use serde::{Deserialize, Serialize};
@@ -69,11 +69,11 @@ pub fn one_config(model: &Path, variant: Variant, threads: usize, plan: &Plan) -
     let mut prefill = Vec::new();
     for &t in &plan.prefill {
         let ids = tokens(t, vocab, t as u64);
-        generate::prefill(&mut session, &ids, t)?;
+        decode::prefill(&mut session, &ids, t)?;
         let mut best = f64::INFINITY;
         for _ in 0..plan.reps {
             let start = Instant::now();
-            generate::prefill(&mut session, &ids, t)?;
+            decode::prefill(&mut session, &ids, t)?;
             best = best.min(start.elapsed().as_secs_f64());
         }
         prefill.push((t, best));
@@ -83,7 +83,7 @@ pub fn one_config(model: &Path, variant: Variant, threads: usize, plan: &Plan) -
     for &past in &plan.decode_past {
         let ids = tokens(past, vocab, 1000 + past as u64);
         // As `runner::generate` does: room for the prompt and every step.
-        let out = generate::prefill(&mut session, &ids, past + plan.steps + 1)?;
+        let out = decode::prefill(&mut session, &ids, past + plan.steps + 1)?;
         let mut out = step(&mut session, out)?;
         let start = Instant::now();
         for _ in 0..plan.steps {

@@ -7,7 +7,7 @@ use anyhow::{anyhow, Context, Result};
 use exporter::export::ExportOptions;
 use exporter::model::NeedleModel;
 use graphs::contract::{AttentionKind, MatMulWeights, Precision, RuntimeTarget, Variant};
-use runner::generate;
+use runner::decode;
 use runner::provider::{session_builder, Provider};
 use runner::session::NeedleSession;
 use serde_json::Value;
@@ -46,7 +46,7 @@ pub fn run(model: &Path, threads: usize, plan: &Plan, dir: &Path) -> Result<()> 
         let mut session = NeedleSession::from_memory(&onnx, registered)?;
         let cpu = CpuShare::start();
         let vocab = session.config().vocab();
-        let out = generate::prefill(
+        let out = decode::prefill(
             &mut session,
             &tokens(past, vocab, 7),
             past + PROFILED_STEPS + 1,

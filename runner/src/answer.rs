@@ -4,8 +4,9 @@
 
 use crate::batch::generate_batch;
 use crate::constrain::{CallCount, ConstraintFactory, ToolConstraint};
+use crate::decode::{Decoded, GenerateOptions, Sampling, TokenFilter};
 use crate::engine::Admission;
-use crate::generate::{generate_filtered, GenerateOptions, Generation, Sampling, TokenFilter};
+use crate::generate::generate_filtered;
 use crate::load::{load, LoadOptions, LoadedModel, ModelSource};
 use crate::prompt::{parse_answer, render_prompt, IM_END};
 use crate::provider::{Provider, Unavailable};
@@ -185,8 +186,8 @@ impl Runner {
         tool_stop_ids(&self.model.tokenizer)
     }
 
-    /// Tool mode's answer of the generation `run` after prompt `ids`.
-    fn tool_response(&mut self, ids: &[u32], run: &Generation) -> Result<ToolResponse> {
+    /// Tool mode's answer of what `run` decoded after prompt `ids`.
+    fn tool_response(&mut self, ids: &[u32], run: &Decoded) -> Result<ToolResponse> {
         let answer = parse_answer(&self.model.tokenizer.decode(&run.generated_ids));
         let confidence = confidence(&mut self.model.session, &[ids, &run.generated_ids].concat())?;
         let (success, error) = match &answer.calls {
@@ -264,22 +265,8 @@ impl Runner {
         order.sort_by_key(|&i| texts[i].len());
         let mut out = vec![Vec::new(); texts.len()];
         for chunk in order.chunks(EMBED_BATCH) {
-            let width = chunk.iter().map(|&i| texts[i].len()).max().unwrap_or(0);
-            let mut step = StepInputs {
-                input_ids: Vec::with_capacity(chunk.len() * width),
-                attention_mask: Vec::with_capacity(chunk.len() * width),
-                position_ids: Vec::with_capacity(chunk.len() * width),
-                batch: chunk.len(),
-            };
-            for &i in chunk {
-                for p in 0..width {
-                    let id = texts[i].get(p);
-                    step.input_ids.push(id.map_or(0, |&id| i64::from(id)));
-                    step.attention_mask.push(i64::from(id.is_some()));
-                    step.position_ids
-                        .push(if id.is_some() { p as i64 } else { 0 });
-                }
-            }
+            let rows: Vec<&[u32]> = chunk.iter().map(|&i| &texts[i][..]).collect();
+            let step = StepInputs::right_padded(&rows, 0);
             let cache = session.empty_cache(chunk.len())?;
             let flat = session
                 .step(step, cache)?
@@ -314,7 +301,7 @@ impl Runner {
         stop_ids: Vec<u32>,
         max_new_tokens: usize,
         filter: Option<&mut dyn TokenFilter>,
-    ) -> Result<Generation> {
+    ) -> Result<Decoded> {
         let opts = GenerateOptions {
             max_new_tokens,
             stop_ids,
@@ -334,11 +321,11 @@ impl Runner {
             (None, Some(stream)) => Some(stream),
             (None, None) => None,
         };
-        let generation = generate_filtered(&mut self.model.session, ids, &opts, filter)?;
+        let decoded = generate_filtered(&mut self.model.session, ids, &opts, filter)?;
         if let Some(stream) = stream {
             stream.finish()?;
         }
-        Ok(generation)
+        Ok(decoded)
     }
 }
 

@@ -4,26 +4,26 @@
 //! prompt is [`crate::generate::generate_filtered`]'s single run; each row stops, samples
 //! and is constrained exactly as its single run.
 
+use crate::decode::{Decoded, TokenFilter};
 use crate::engine::{Admission, Engine, RowId};
-use crate::generate::{Generation, TokenFilter};
 use crate::session::NeedleSession;
 use anyhow::{anyhow, Result};
 use std::collections::HashMap;
 
 /// Generates after `count` prompts, `max_rows` at a time; `admission(i)` makes prompt
 /// `i` (with BOS if the caller wants it), its options and filter when its row joins, in
-/// order. Each generation's decode time is that of the steps its row was in. Returns them
+/// order. Each run's decode time is that of the steps its row was in. Returns them
 /// in the prompts' order.
 pub fn generate_batch<F: TokenFilter>(
     session: &mut NeedleSession,
     count: usize,
     max_rows: usize,
     mut admission: impl FnMut(usize) -> Result<Admission<F>>,
-) -> Result<Vec<Generation>> {
+) -> Result<Vec<Decoded>> {
     let mut engine = Engine::default();
     let mut next = 0;
     let mut index_of: HashMap<RowId, usize> = HashMap::new();
-    let mut done: Vec<Option<Generation>> = (0..count).map(|_| None).collect();
+    let mut done: Vec<Option<Decoded>> = (0..count).map(|_| None).collect();
     loop {
         let joining = (next..count).take(max_rows.max(1) - engine.len());
         let indices: Vec<usize> = joining.collect();
@@ -38,7 +38,7 @@ pub fn generate_batch<F: TokenFilter>(
             break;
         }
         for finished in engine.step(session)? {
-            done[index_of[&finished.id]] = Some(finished.generation?);
+            done[index_of[&finished.id]] = Some(finished.decoded?);
         }
     }
     done.into_iter()

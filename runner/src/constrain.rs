@@ -14,7 +14,7 @@
 //! onnxruntime-genai's and llama.cpp's structured output) compiles it and computes the
 //! allowed tokens each step over a token trie built from our tokenizer's pieces.
 
-use crate::generate::TokenFilter;
+use crate::decode::TokenFilter;
 use crate::prompt::{THINK_END, THINK_START, TOOL_CALL_END, TOOL_CALL_START};
 use anyhow::{anyhow, bail, Result};
 use exporter::tokenizer::{NeedleTokenizer, IM_END};

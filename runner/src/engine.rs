@@ -1,7 +1,7 @@
 //! Continuous batching: rows join a running batch at a step boundary and leave it when
 //! they are done. Newcomers are prefilled together (onnxruntime's GroupQueryAttention
 //! takes several tokens per row only with an empty cache), then put into the running
-//! batch's cache beside the rows already decoding ([`crate::cache_rows`]); every step
+//! batch's cache beside the rows already decoding ([`crate::cache::rows`]); every step
 //! decodes one token for every row. A row that is done leaves its slot behind as padding
 //! (a pad token, mask 0), so leaving copies nothing, and a newcomer takes a free slot,
 //! copying only its own part of the cache. The cache is laid out anew (every live row
@@ -11,9 +11,10 @@
 //! its answer is the one it gets alone. `needle-run --batch` and single runs are the case
 //! where every row is admitted at once; `needle-run serve` admits requests as they come.
 
-use crate::cache_rows::RowCache;
-use crate::generate::{self, check_prompt, GenerateOptions, Generation, Sampler, TokenFilter};
-use crate::session::{Cache, NeedleSession, StepInputs};
+use crate::cache::rows::{self, padded_mask, RowCache};
+use crate::cache::Cache;
+use crate::decode::{self, check_prompt, Decoded, GenerateOptions, Sampler, TokenFilter};
+use crate::session::{NeedleSession, StepInputs};
 use anyhow::{Context, Result};
 use std::time::Instant;
 
@@ -29,10 +30,10 @@ pub struct Admission<F> {
     pub filter: Option<F>,
 }
 
-/// A row that is done: its generation, or why it failed (its filter refused a token).
+/// A row that is done: what it decoded, or why it failed (its filter refused a token).
 pub struct Finished {
     pub id: RowId,
-    pub generation: Result<Generation>,
+    pub decoded: Result<Decoded>,
 }
 
 /// The running batch.
@@ -83,8 +84,8 @@ impl<F> Row<F> {
         self.generated.last().copied()
     }
 
-    fn finished(self) -> Generation {
-        Generation {
+    fn finished(self) -> Decoded {
+        Decoded {
             generated_ids: self.generated,
             stopped_on: self.stopped_on,
             prefill_tokens: self.prompt_len,
@@ -173,7 +174,7 @@ impl<F: TokenFilter> Engine<F> {
             .zip(logits)
             .zip(&ids)
             .map(|((a, logits), &id)| Slot {
-                mask: (0..width).map(|c| i64::from(c < a.prompt.len())).collect(),
+                mask: padded_mask(a.prompt.len(), width),
                 row: Some(Row {
                     id,
                     prompt_len: a.prompt.len(),
@@ -190,30 +191,23 @@ impl<F: TokenFilter> Engine<F> {
             })
             .collect();
         if self.is_empty() {
-            self.cache = Some(match prefilled {
-                Prefilled::Cache(cache) => cache,
-                Prefilled::Rows(rows) => session.join_rows(&rows, rows_budget(&newcomers))?.0,
-            });
             self.slots = newcomers;
+            match prefilled {
+                Prefilled::Cache(cache) => self.cache = Some(cache),
+                Prefilled::Rows(rows) => self.rejoin(session, rows)?,
+            }
             return Ok(ids);
         }
         let rows = match prefilled {
             Prefilled::Cache(cache) => {
                 let all: Vec<usize> = (0..newcomers.len()).collect();
-                session.split_rows(&cache, &masks(&newcomers), &all)?
+                let attention = session.description.variant.attention;
+                rows::split(&cache, attention, &masks(&newcomers), &all)?
             }
             Prefilled::Rows(rows) => rows,
         };
-        if !self.put_in_free_slots(session, &rows)? {
-            let running = self.cache.take().expect("a running batch has a cache");
-            let live = self.live();
-            let mut parts = session.split_rows(&running, &masks(&self.slots), &live)?;
-            drop(running);
-            parts.extend(rows);
-            let mut slots = std::mem::take(&mut self.slots);
-            self.slots = live.iter().map(|&i| take_slot(&mut slots[i])).collect();
-            self.slots.extend(newcomers);
-            self.rejoin(session, parts)?;
+        if !self.put_in_free_slots(&rows)? {
+            self.relayout(session, newcomers, rows)?;
             return Ok(ids);
         }
         let mut newcomers = newcomers.into_iter();
@@ -229,7 +223,7 @@ impl<F: TokenFilter> Engine<F> {
     /// Puts the newcomers' `rows` into free slots of the running cache (setting their
     /// masks), when there are enough free slots and each fits there without moving the
     /// rows generating; false if not (and nothing changed).
-    fn put_in_free_slots(&mut self, session: &NeedleSession, rows: &[RowCache]) -> Result<bool> {
+    fn put_in_free_slots(&mut self, rows: &[RowCache]) -> Result<bool> {
         let cache = self.cache.as_mut().expect("a running batch has a cache");
         let width = cache.len();
         let free: Vec<usize> = (0..self.slots.len())
@@ -241,7 +235,7 @@ impl<F: TokenFilter> Engine<F> {
             return Ok(false);
         }
         for (&i, row) in free.iter().zip(rows) {
-            self.slots[i].mask = session.put_row(cache, i, row)?;
+            self.slots[i].mask = rows::put(cache, i, row)?;
         }
         Ok(true)
     }
@@ -262,7 +256,7 @@ impl<F: TokenFilter> Engine<F> {
                     let row = slot.row.take().expect("a row");
                     finished.push(Finished {
                         id: row.id,
-                        generation: outcome.map(|_| row.finished()),
+                        decoded: outcome.map(|_| row.finished()),
                     });
                 }
             }
@@ -328,22 +322,37 @@ impl<F: TokenFilter> Engine<F> {
     }
 
     /// Lays the cache out anew with only the rows generating.
-    fn compact(&mut self, session: &mut NeedleSession) -> Result<()> {
+    fn compact(&mut self, session: &NeedleSession) -> Result<()> {
+        self.relayout(session, Vec::new(), Vec::new())
+    }
+
+    /// Lays the cache out anew: the rows generating, then `newcomers` (whose cache rows
+    /// are `rows`).
+    fn relayout(
+        &mut self,
+        session: &NeedleSession,
+        newcomers: Vec<Slot<F>>,
+        rows: Vec<RowCache>,
+    ) -> Result<()> {
         let running = self.cache.take().expect("a running batch has a cache");
         let live = self.live();
-        let parts = session.split_rows(&running, &masks(&self.slots), &live)?;
+        let attention = session.description.variant.attention;
+        let mut parts = rows::split(&running, attention, &masks(&self.slots), &live)?;
         drop(running);
+        parts.extend(rows);
         let mut slots = std::mem::take(&mut self.slots);
         self.slots = live.iter().map(|&i| take_slot(&mut slots[i])).collect();
+        self.slots.extend(newcomers);
         self.rejoin(session, parts)
     }
 
     /// Puts `parts` (the rows of `self.slots`, in order) into one cache, with room for
     /// every row to finish: between two layouts all rows grow together, so the batch
     /// never gets wider than its widest row's prompt and budget.
-    fn rejoin(&mut self, session: &mut NeedleSession, parts: Vec<RowCache>) -> Result<()> {
+    fn rejoin(&mut self, session: &NeedleSession, parts: Vec<RowCache>) -> Result<()> {
         let capacity = rows_budget(&self.slots);
-        let (cache, masks) = session.join_rows(&parts, capacity)?;
+        let zeroed = session.zeroed_cache(parts.len(), rows::width(&parts), capacity)?;
+        let (cache, masks) = rows::join(zeroed, &parts)?;
         for (slot, mask) in self.slots.iter_mut().zip(masks) {
             slot.mask = mask;
         }
@@ -410,24 +419,23 @@ fn prefill(
         let (cache, logits) = prefill_together(session, group, most_new)?;
         return Ok((Prefilled::Cache(cache), logits));
     }
-    let mut rows = Vec::with_capacity(prompts.len());
+    let attention = session.description.variant.attention;
+    let mut parts = Vec::with_capacity(prompts.len());
     let mut logits = Vec::with_capacity(prompts.len());
     for group in groups {
         let (cache, last) = prefill_together(session, group, most_new)?;
         let width = cache.len();
-        let masks: Vec<Vec<i64>> = group
-            .iter()
-            .map(|p| (0..width).map(|c| i64::from(c < p.len())).collect())
-            .collect();
+        let masks: Vec<Vec<i64>> = group.iter().map(|p| padded_mask(p.len(), width)).collect();
         let masks: Vec<&[i64]> = masks.iter().map(Vec::as_slice).collect();
-        rows.extend(session.split_rows(&cache, &masks, &(0..group.len()).collect::<Vec<_>>())?);
+        let all: Vec<usize> = (0..group.len()).collect();
+        parts.extend(rows::split(&cache, attention, &masks, &all)?);
         logits.extend(last);
     }
-    Ok((Prefilled::Rows(rows), logits))
+    Ok((Prefilled::Rows(parts), logits))
 }
 
 /// Runs `prompts` from an empty cache together (with room for `most_new` more tokens
-/// each): one prompt in the pieces the run plan says ([`generate::prefill`]), several in
+/// each): one prompt in the pieces the run plan says ([`decode::prefill`]), several in
 /// one call, padded on the right. Returns the cache and each prompt's last logits.
 fn prefill_together(
     session: &mut NeedleSession,
@@ -437,30 +445,14 @@ fn prefill_together(
     let vocab = session.config().output_vocab();
     if let [prompt] = prompts {
         let ids: Vec<i64> = prompt.iter().map(|&t| i64::from(t)).collect();
-        let out = generate::prefill(session, &ids, ids.len() + most_new)?;
+        let out = decode::prefill(session, &ids, ids.len() + most_new)?;
         let last = out.logits[out.logits.len() - vocab..].to_vec();
         return Ok((out.cache, vec![last]));
     }
-    let batch = prompts.len();
     let pad = i64::from(session.description.tokenizer.pad_id);
     let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
-    let mut inputs = StepInputs {
-        input_ids: Vec::with_capacity(batch * longest),
-        attention_mask: Vec::with_capacity(batch * longest),
-        position_ids: Vec::with_capacity(batch * longest),
-        batch,
-    };
-    for prompt in prompts {
-        for i in 0..longest {
-            let token = prompt.get(i);
-            inputs.input_ids.push(token.map_or(pad, |&t| i64::from(t)));
-            inputs.attention_mask.push(i64::from(token.is_some()));
-            inputs
-                .position_ids
-                .push(if token.is_some() { i as i64 } else { 0 });
-        }
-    }
-    let cache = session.preallocated_cache(batch, longest + most_new)?;
+    let inputs = StepInputs::right_padded(prompts, pad);
+    let cache = session.preallocated_cache(prompts.len(), longest + most_new)?;
     let step = session.step(inputs, cache)?;
     let logits = prompts
         .iter()

@@ -1,9 +1,12 @@
-//! Runs exported Needle 2 graphs through onnxruntime: execution providers chosen at
-//! startup, the tokenizer, KV-cached generation and tool calling (`needle-run`).
+//! Runs exported Needle graphs of both generations (Needle 2 and Needle 3) through
+//! onnxruntime: execution providers chosen at startup, the tokenizer, KV-cached
+//! generation, continuous batching, tool calling and the OpenAI-compatible server
+//! (`needle-run`).
 pub mod answer;
 pub mod batch;
-pub mod cache_rows;
+pub mod cache;
 pub mod constrain;
+pub mod decode;
 pub mod engine;
 pub mod generate;
 pub mod graph_cache;

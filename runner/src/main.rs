@@ -1,12 +1,13 @@
-//! `needle-run`: answer a tool-calling query (or continue raw text) with a Needle 2
-//! model through onnxruntime, on the execution provider chosen at startup.
+//! `needle-run`: answer tool-calling queries (one, a `--batch` file, or requests to
+//! `needle-run serve`) or continue raw text with a Needle 2 or Needle 3 model through
+//! onnxruntime, on the execution provider chosen at startup.
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use exporter::cli::spelled;
 use graphs::contract::{AttentionKind, MatMulWeights, Precision};
 use runner::answer::{Runner, ToolQuery};
-use runner::generate::Sampling;
+use runner::decode::Sampling;
 use runner::graph_cache;
 use runner::load::{is_onnx, load, LoadOptions, ModelSource, DEMO_TOOLS};
 use runner::provider::{Provider, Unavailable};

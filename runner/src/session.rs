@@ -1,7 +1,8 @@
 //! One Needle graph loaded in onnxruntime: what its metadata says about it, its run
 //! plan, and a `forward` that threads the typed [`Cache`] through the graph's
-//! `present_*` outputs.
+//! `present.*` outputs.
 
+use crate::cache::{Cache, LayerKv};
 use crate::plan::RunPlan;
 use crate::provider::{self, Provider, Registered};
 use anyhow::{anyhow, bail, Context, Result};
@@ -12,64 +13,6 @@ use graphs::description::ExportDescription;
 use ort::session::{Session, SessionInputValue, SessionOutputs};
 use ort::value::TensorElementType;
 use ort::value::{DynTensor, DynValue, Tensor};
-
-/// One layer's cache, `[batch, num_kv_heads, len or capacity, width]` each.
-pub struct LayerKv {
-    pub key: DynValue,
-    pub value: DynValue,
-}
-
-/// The state carried between steps.
-pub struct Cache {
-    /// Per layer, in layer order, then the token history (`names::token_history`).
-    layers: Vec<LayerKv>,
-    /// Needle 3's per-layer QKV-conv state, float32 `[batch, taps − 1, width]`; empty
-    /// without the conv.
-    qkv_conv: Vec<DynValue>,
-    len: usize,
-    /// `Some(tokens)`: the key/value tensors are buffers of that many positions, bound as
-    /// both `past_*` and `present.*` so attention appends in place (see
-    /// [`RunPlan::in_place_cache`]); `None`: exact-length tensors, replaced each step.
-    capacity: Option<usize>,
-}
-
-impl Cache {
-    /// Number of tokens already seen (`past_sequence`).
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// The preallocated positions, when the session updates the cache in place.
-    pub fn capacity(&self) -> Option<usize> {
-        self.capacity
-    }
-
-    /// True before the first token.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Each layer's key, then its value.
-    pub(crate) fn key_values(&self) -> impl Iterator<Item = &DynValue> {
-        self.layers.iter().flat_map(|kv| [&kv.key, &kv.value])
-    }
-
-    pub(crate) fn key_values_mut(&mut self) -> impl Iterator<Item = &mut DynValue> {
-        self.layers
-            .iter_mut()
-            .flat_map(|kv| [&mut kv.key, &mut kv.value])
-    }
-
-    /// The state carried beside the keys and values, `[batch, …]` each: each layer's
-    /// QKV-conv state.
-    pub(crate) fn states(&self) -> impl Iterator<Item = &DynValue> {
-        self.qkv_conv.iter()
-    }
-
-    pub(crate) fn states_mut(&mut self) -> impl Iterator<Item = &mut DynValue> {
-        self.qkv_conv.iter_mut()
-    }
-}
 
 /// A loaded Needle graph, what its metadata says about it, and how it runs.
 pub struct NeedleSession {
@@ -106,6 +49,30 @@ impl StepInputs {
             position_ids: row.repeat(batch),
             batch,
         }
+    }
+
+    /// `rows` of different lengths from an empty cache, padded on the right to the longest
+    /// with `pad` (mask 0, position 0).
+    pub fn right_padded(rows: &[&[u32]], pad: i64) -> Self {
+        let batch = rows.len();
+        let longest = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+        let mut inputs = StepInputs {
+            input_ids: Vec::with_capacity(batch * longest),
+            attention_mask: Vec::with_capacity(batch * longest),
+            position_ids: Vec::with_capacity(batch * longest),
+            batch,
+        };
+        for row in rows {
+            for i in 0..longest {
+                let token = row.get(i);
+                inputs.input_ids.push(token.map_or(pad, |&t| i64::from(t)));
+                inputs.attention_mask.push(i64::from(token.is_some()));
+                inputs
+                    .position_ids
+                    .push(if token.is_some() { i as i64 } else { 0 });
+            }
+        }
+        inputs
     }
 }
 
@@ -232,20 +199,18 @@ impl NeedleSession {
         self.new_cache(batch, None)
     }
 
-    /// A state of zeros for `batch` rows that have seen `len` tokens, with key/value
-    /// tensors of `positions` (a buffer updated in place where the plan says so, else
-    /// exactly `len`, which `positions` must then be).
-    pub(crate) fn zeroed_cache(&self, batch: usize, positions: usize, len: usize) -> Result<Cache> {
-        let capacity = self.plan.in_place_cache.then_some(positions);
-        if capacity.is_none() && positions != len {
-            bail!("an exact-length cache of {len} tokens cannot have {positions} positions");
-        }
+    /// A state of zeros for `batch` rows that have seen `len` tokens (padding included),
+    /// with room for `capacity` tokens where the plan updates the cache in place (else
+    /// exactly `len` positions): what [`crate::cache::rows::join`] puts rows into.
+    pub fn zeroed_cache(&self, batch: usize, len: usize, capacity: usize) -> Result<Cache> {
+        let positions = match self.plan.in_place_cache {
+            true => capacity.max(len).min(self.config().max_seq_len()),
+            false => len,
+        };
         let mut cache = self.new_cache(batch, Some(positions))?;
-        for tensor in cache.key_values_mut() {
-            crate::cache_rows::zero(tensor)?;
-        }
+        cache.zero_key_values()?;
         cache.len = len;
-        cache.capacity = capacity;
+        cache.capacity = self.plan.in_place_cache.then_some(positions);
         Ok(cache)
     }
 

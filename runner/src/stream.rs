@@ -3,7 +3,7 @@
 //! held back until a piece that is not one follows (or generation ends), since they may be
 //! the first bytes of a character the next pieces complete.
 
-use crate::generate::TokenFilter;
+use crate::decode::TokenFilter;
 use anyhow::Result;
 use exporter::tokenizer::NeedleTokenizer;
 use std::io::Write;

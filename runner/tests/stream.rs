@@ -4,7 +4,7 @@
 
 use exporter::model::NeedleModel;
 use exporter::tokenizer::NeedleTokenizer;
-use runner::generate::TokenFilter;
+use runner::decode::TokenFilter;
 use runner::stream::TextStream;
 use std::process::Command;
 use test_support::fixture;

@@ -99,14 +99,14 @@ pub fn cases(model: &str) -> Vec<Case> {
 
 /// One upstream greedy generation (`<model>.generate.json`): prompt ids with BOS, 32 new
 /// tokens or fewer when EOS came first.
-pub struct Generation {
+pub struct UpstreamGeneration {
     pub prompt_ids: Vec<u32>,
     pub generated_ids: Vec<u32>,
     pub stopped_on_eos: bool,
 }
 
 /// Every upstream generation of `model`.
-pub fn generations(model: &str) -> Vec<Generation> {
+pub fn generations(model: &str) -> Vec<UpstreamGeneration> {
     let text = std::fs::read_to_string(fixture(&format!("{model}.generate.json"))).unwrap();
     let refs: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
     let ids = |v: &serde_json::Value| -> Vec<u32> {
@@ -117,7 +117,7 @@ pub fn generations(model: &str) -> Vec<Generation> {
             .collect()
     };
     refs.iter()
-        .map(|r| Generation {
+        .map(|r| UpstreamGeneration {
             prompt_ids: ids(&r["prompt_ids"]),
             generated_ids: ids(&r["generated_ids"]),
             stopped_on_eos: r["stopped_on_eos"].as_bool().unwrap(),
@@ -126,11 +126,11 @@ pub fn generations(model: &str) -> Vec<Generation> {
 }
 
 /// The options upstream's fixtures were generated with: greedy, 32 tokens, EOS (id 1) stops.
-pub fn fixture_generate_options() -> runner::generate::GenerateOptions {
-    runner::generate::GenerateOptions {
+pub fn fixture_generate_options() -> runner::decode::GenerateOptions {
+    runner::decode::GenerateOptions {
         max_new_tokens: 32,
         stop_ids: vec![1],
-        sampling: runner::generate::Sampling::Greedy,
+        sampling: runner::decode::Sampling::Greedy,
     }
 }
 

@@ -110,7 +110,7 @@ fn fp16_graphs_stay_close_to_upstream() {
                 .unwrap()
                 .logits;
             let err = row_error(&got, &case.logits, case.seq, vocab);
-            let argmax = |v: &[f32]| runner::generate::argmax(v);
+            let argmax = |v: &[f32]| runner::decode::argmax(v);
             let agree = (0..case.seq)
                 .filter(|t| {
                     argmax(&got[t * vocab..(t + 1) * vocab])
@@ -145,7 +145,7 @@ fn a_preallocated_cache_refuses_tokens_past_its_capacity() {
 /// the sliding window (m64: 256) spanning several pieces.
 #[test]
 fn chunked_prefill_equals_the_full_forward() {
-    use runner::{generate::prefill, plan::CPU_PREFILL_CHUNK};
+    use runner::{decode::prefill, plan::CPU_PREFILL_CHUNK};
     let len = 2 * CPU_PREFILL_CHUNK - 9;
     let ids: Vec<i64> = (0..len as i64).map(|i| 4 + (i * 7919) % 250).collect();
     for kind in [FUSED, Reference] {

@@ -6,7 +6,7 @@
 
 use crate::answer::tool_prompt_ids;
 use crate::constrain::ConstraintFactory;
-use crate::generate::{GenerateOptions, Sampling};
+use crate::decode::{GenerateOptions, Sampling};
 use crate::prompt::{parse_answer, Answer};
 use crate::provider::Provider;
 use crate::serve::request::{self, ChatRequest};
@@ -219,7 +219,7 @@ async fn whole(
     .await;
     match outcome {
         Ok(Ok(done)) => {
-            let answer = parse_answer(&s.tokenizer.decode(&done.generation.generated_ids));
+            let answer = parse_answer(&s.tokenizer.decode(&done.decoded.generated_ids));
             let meta = Meta {
                 id,
                 created: now(),
@@ -315,7 +315,7 @@ impl Streamer {
                 }
                 Ok(Some(Event::Done(done))) => {
                     let answer =
-                        parse_answer(&self.s.tokenizer.decode(&done.generation.generated_ids));
+                        parse_answer(&self.s.tokenizer.decode(&done.decoded.generated_ids));
                     self.send_growth(&answer);
                     let calls = response::tool_call_deltas(&answer, &self.id);
                     let mut last = response::chunk(

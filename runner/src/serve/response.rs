@@ -18,7 +18,7 @@ pub struct Meta<'a> {
 pub fn finish_reason(answer: &Answer, done: &Done) -> &'static str {
     if !answer.function_calls().is_empty() {
         "tool_calls"
-    } else if done.generation.stopped_on.is_some() {
+    } else if done.decoded.stopped_on.is_some() {
         "stop"
     } else {
         "length"
@@ -53,15 +53,15 @@ fn content(answer: &Answer) -> Value {
 }
 
 pub fn usage(done: &Done) -> Value {
-    let prompt = done.generation.prefill_tokens;
-    let completion = done.generation.generated_ids.len();
+    let prompt = done.decoded.prefill_tokens;
+    let completion = done.decoded.generated_ids.len();
     json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
 }
 
 /// Needle's extras: the reasoning, the confidence head, whether the `<tool_call>` block
 /// parsed, the provider and where the time went.
 pub fn needle_extras(answer: &Answer, done: &Done, provider: Provider) -> Value {
-    let g = &done.generation;
+    let g = &done.decoded;
     let ms = |secs: f64| (secs * 1e4).round() / 10.0;
     json!({
         "reasoning": answer.reasoning,

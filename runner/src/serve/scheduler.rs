@@ -5,8 +5,8 @@
 //! timed out) fails its next token and leaves too.
 
 use crate::answer::confidence;
+use crate::decode::{Decoded, GenerateOptions, TokenFilter};
 use crate::engine::{Admission, Engine, RowId};
-use crate::generate::{GenerateOptions, Generation, TokenFilter};
 use crate::session::NeedleSession;
 use anyhow::{anyhow, Result};
 use std::collections::HashMap;
@@ -40,7 +40,7 @@ pub enum Event {
 
 #[derive(Debug)]
 pub struct Done {
-    pub generation: Generation,
+    pub decoded: Decoded,
     /// Seconds it waited in the queue before its prefill.
     pub queue_secs: f64,
     /// See [`crate::answer::ToolResponse::confidence`].
@@ -115,8 +115,8 @@ pub fn run(mut session: NeedleSession, jobs: Receiver<Job>, max_batch: usize) {
                     let Some(row) = running.remove(&f.id) else {
                         continue;
                     };
-                    let event = match f.generation {
-                        Ok(generation) => done(&mut session, &row, generation),
+                    let event = match f.decoded {
+                        Ok(decoded) => done(&mut session, &row, decoded),
                         Err(e) => Event::Failed(format!("{e:#}")),
                     };
                     let _ = row.events.send(event);
@@ -176,11 +176,11 @@ fn admit(
     }
 }
 
-fn done(session: &mut NeedleSession, row: &Running, generation: Generation) -> Event {
-    let ids = [&row.prompt[..], &generation.generated_ids].concat();
+fn done(session: &mut NeedleSession, row: &Running, decoded: Decoded) -> Event {
+    let ids = [&row.prompt[..], &decoded.generated_ids].concat();
     match confidence(session, &ids) {
         Ok(confidence) => Event::Done(Box::new(Done {
-            generation,
+            decoded,
             queue_secs: row.queue_secs,
             confidence,
         })),

@@ -2,11 +2,12 @@
 //! padding side the graphs record), against each row run alone (which matches upstream,
 //! `conformance.rs`): prefill and 16 decode steps, both variants, the fused one also with
 //! its in-place cache. A row that is all padding gives finite logits and changes nothing
-//! for the others.
+//! for the others. Rows joining and leaving a running batch are `continuous_batching.rs`.
 
 use graphs::contract::AttentionKind::{self, Reference};
 use needle_tests::{row_error, session, MODELS};
-use runner::session::{Cache, NeedleSession, StepInputs};
+use runner::cache::Cache;
+use runner::session::{NeedleSession, StepInputs};
 
 const FUSED: AttentionKind = AttentionKind::FUSED;
 const LENGTHS: [usize; 3] = [9, 23, 4];

@@ -1,0 +1,75 @@
+//! The state a Needle graph carries between steps ([`Cache`]: every layer's keys and
+//! values, the token history, Needle 3's QKV-conv state), and its row relayouts
+//! ([`rows`]), which let rows join and leave a running batch.
+
+mod host;
+pub mod rows;
+
+use anyhow::Result;
+use ort::value::DynValue;
+
+/// One layer's cache, `[batch, num_kv_heads, len or capacity, width]` each.
+pub struct LayerKv {
+    pub key: DynValue,
+    pub value: DynValue,
+}
+
+/// The state carried between steps.
+pub struct Cache {
+    /// Per layer, in layer order, then the token history (`names::token_history`).
+    pub(crate) layers: Vec<LayerKv>,
+    /// Needle 3's per-layer QKV-conv state, float32 `[batch, taps − 1, width]`; empty
+    /// without the conv.
+    pub(crate) qkv_conv: Vec<DynValue>,
+    pub(crate) len: usize,
+    /// `Some(tokens)`: the key/value tensors are buffers of that many positions, bound as
+    /// both `past_*` and `present.*` so attention appends in place (see
+    /// [`crate::plan::RunPlan::in_place_cache`]); `None`: exact-length tensors, replaced each step.
+    pub(crate) capacity: Option<usize>,
+}
+
+impl Cache {
+    /// Number of tokens already seen (`past_sequence`).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The preallocated positions, when the session updates the cache in place.
+    pub fn capacity(&self) -> Option<usize> {
+        self.capacity
+    }
+
+    /// True before the first token.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Each layer's key, then its value.
+    fn key_values(&self) -> impl Iterator<Item = &DynValue> {
+        self.layers.iter().flat_map(|kv| [&kv.key, &kv.value])
+    }
+
+    fn key_values_mut(&mut self) -> impl Iterator<Item = &mut DynValue> {
+        self.layers
+            .iter_mut()
+            .flat_map(|kv| [&mut kv.key, &mut kv.value])
+    }
+
+    /// The state carried beside the keys and values, `[batch, …]` each: each layer's
+    /// QKV-conv state.
+    fn states(&self) -> impl Iterator<Item = &DynValue> {
+        self.qkv_conv.iter()
+    }
+
+    fn states_mut(&mut self) -> impl Iterator<Item = &mut DynValue> {
+        self.qkv_conv.iter_mut()
+    }
+
+    /// Sets every key and value to zero.
+    pub(crate) fn zero_key_values(&mut self) -> Result<()> {
+        for tensor in self.key_values_mut() {
+            host::zero(tensor)?;
+        }
+        Ok(())
+    }
+}
