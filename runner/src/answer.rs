@@ -48,8 +48,11 @@ pub struct ToolResponse {
     /// Tokens generated, the stop token not counted (a run that hit the cap has
     /// `--max-new-tokens` of them).
     pub generated_tokens: usize,
+    #[serde(serialize_with = "one_decimal")]
     pub prefill_tps: f64,
+    #[serde(serialize_with = "one_decimal")]
     pub decode_tps: f64,
+    #[serde(serialize_with = "one_decimal_or_null")]
     pub peak_ram_mb: Option<f64>,
     /// `sigmoid` of the confidence head's logit over prompt + completion; `None` when
     /// the model has no confidence head.
@@ -72,8 +75,23 @@ pub struct RawResponse {
     pub generated_ids: Vec<u32>,
     pub text: String,
     pub provider: Provider,
+    #[serde(serialize_with = "one_decimal")]
     pub prefill_tps: f64,
+    #[serde(serialize_with = "one_decimal")]
     pub decode_tps: f64,
+}
+
+/// A rate or size as the answer prints it: one decimal (the measurement's noise is
+/// larger than that), so `8877.165343562494` reads `8877.2`.
+fn one_decimal<S: serde::Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64((v * 10.0).round() / 10.0)
+}
+
+fn one_decimal_or_null<S: serde::Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(v) => one_decimal(v, s),
+        None => s.serialize_none(),
+    }
 }
 
 impl Runner {

@@ -72,6 +72,9 @@ struct ModelArgs {
     /// Run the N-layer ladder rung of a Needle 3 `.cact` (2 to its depth).
     #[arg(long)]
     layers: Option<usize>,
+    /// Say on stderr why each provider `auto` tried before the one it uses is unavailable.
+    #[arg(long)]
+    verbose: bool,
 }
 
 #[derive(clap::Args)]
@@ -184,6 +187,12 @@ fn main() -> ExitCode {
 }
 
 impl ModelArgs {
+    /// Whether to say why a provider was unavailable: with `--verbose`, or when the user
+    /// named the provider (`--fallback` ran another).
+    fn reasons(&self) -> bool {
+        self.verbose || self.provider != Provider::Auto
+    }
+
     /// The model to load and how.
     fn load(&self) -> Result<(ModelSource, LoadOptions)> {
         if let (Some(model), Some(_)) = (&self.model, self.weights) {
@@ -214,18 +223,24 @@ impl ModelArgs {
     }
 }
 
-/// Says on stderr which provider runs the model when others were tried first.
-fn report_skipped(provider: Provider, skipped: &[Unavailable]) {
-    if !skipped.is_empty() {
-        let skipped: Vec<String> = skipped
-            .iter()
-            .map(|s| format!("{} ({})", s.provider, s.reason))
-            .collect();
-        eprintln!(
-            "needle-run: using {provider}; unavailable: {}",
-            skipped.join("; ")
-        );
+/// Says on stderr which provider runs the model when others were tried first: one short
+/// line, with onnxruntime's reason for each when `verbose` ([`ModelArgs::reasons`]).
+fn report_skipped(provider: Provider, skipped: &[Unavailable], verbose: bool) {
+    if skipped.is_empty() {
+        return;
     }
+    let skipped: Vec<String> = skipped
+        .iter()
+        .map(|s| match verbose {
+            true => format!("{} ({})", s.provider, s.reason),
+            false => s.provider.to_string(),
+        })
+        .collect();
+    let why = if verbose { "" } else { " (--verbose says why)" };
+    eprintln!(
+        "needle-run: using {provider}; unavailable: {}{why}",
+        skipped.join(if verbose { "; " } else { ", " })
+    );
 }
 
 fn serve(args: ServeArgs) -> Result<()> {
@@ -237,7 +252,11 @@ fn serve(args: ServeArgs) -> Result<()> {
         None => "needle-demo".to_string(),
     };
     let model = load(&source, &options)?;
-    report_skipped(model.session.provider(), &model.skipped);
+    report_skipped(
+        model.session.provider(),
+        &model.skipped,
+        args.model.reasons(),
+    );
     let opts = ServeOptions {
         addr: SocketAddr::new(args.host, args.port),
         model_name: name,
@@ -278,7 +297,7 @@ fn run(args: Args) -> Result<()> {
             seed: args.seed.unwrap_or(0),
         });
     }
-    report_skipped(runner.provider(), runner.skipped());
+    report_skipped(runner.provider(), runner.skipped(), args.model.reasons());
     let max_new = args.max_new_tokens as usize;
     if let Some(path) = &args.batch {
         let default_tools = Value::String(PyJson::Array(tools).dumps_compact());

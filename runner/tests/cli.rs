@@ -58,6 +58,36 @@ fn the_first_readme_command_answers_with_the_right_call() {
         assert!(r.get(key).is_some(), "missing {key}");
     }
     assert!(r["confidence"].is_null());
+    // Rates and sizes print with one decimal, as the README shows them.
+    for key in ["prefill_tps", "decode_tps", "peak_ram_mb"] {
+        let printed = r[key].to_string();
+        let decimals = printed.split_once('.').map_or(0, |(_, d)| d.len());
+        assert!(decimals <= 1, "{key} printed as {printed}");
+    }
+}
+
+/// `auto` says in one short line which providers it skipped; `--verbose` adds
+/// onnxruntime's reasons. (Where auto takes the first provider it tries, there is no line.)
+#[test]
+fn skipped_providers_are_one_short_line_unless_verbose() {
+    let skip_line = |o: &Output| {
+        String::from_utf8_lossy(&o.stderr)
+            .lines()
+            .find(|l| l.contains("unavailable:"))
+            .map(str::to_string)
+    };
+    let query = ["--query", "turn off the kitchen lights"];
+    let quiet = run(&query);
+    json_out(&quiet);
+    let Some(line) = skip_line(&quiet) else {
+        return;
+    };
+    assert!(line.len() <= 100, "{line}");
+    assert!(line.ends_with("(--verbose says why)"), "{line}");
+    let verbose = run(&[query[0], query[1], "--verbose"]);
+    json_out(&verbose);
+    let line = skip_line(&verbose).expect("the same providers are skipped");
+    assert!(line.contains(" (") && !line.contains("--verbose"), "{line}");
 }
 
 /// Exports the fixture `model` as a fused fp32 graph for `runtime` to `onnx`, beside its
