@@ -9,7 +9,7 @@
                                16-piece blob
 
 The header, directory record and tensor walk come from exporter/layout/needle2.json
-(rendered from the reader's own declaration, exporter/src/cact/layout.rs).
+(rendered from the reader's own declaration, exporter/src/cact/needle2/layout.rs).
 
 Usage: python3 fuzz/make_corpus.py   (from anywhere; the corpus is not committed)
 """

@@ -27,7 +27,7 @@ mod table;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
-use exporter::model::generation_of;
+use exporter::cact::generation_of;
 use graphs::contract::{
     parse_spelled, AttentionKind, Generation, MatMulWeights, Precision, RuntimeTarget, Spelled,
 };
@@ -411,7 +411,7 @@ fn make_full_model(root: &Path, model: &Path, shipped: bool) -> Result<()> {
         .args(shipped.then_some("--shipped"))
         .env("NEEDLE_TELEMETRY", "0")
         .status()
-        .context("cannot run .venv/bin/python (run scripts/setup)")?;
+        .context("cannot run .venv/bin/python (run scripts/setup-tests)")?;
     if !status.success() {
         bail!("bench/make_full_model.py failed ({status})");
     }
@@ -420,7 +420,7 @@ fn make_full_model(root: &Path, model: &Path, shipped: bool) -> Result<()> {
 
 /// Writes the full-size Needle 3 with upstream cactus-needle 3.2.8
 /// (`bench/make_full_needle3.py`), in `.venv-needle3` (made from requirements-needle3.txt
-/// when missing; scripts/setup does not make it).
+/// when missing; scripts/setup-tests does not make it).
 fn make_full_needle3(root: &Path, model: &Path) -> Result<()> {
     let venv = root.join(".venv-needle3");
     let python = venv.join("bin/python");

@@ -1,11 +1,7 @@
-//! A Needle model read from a file, whatever its generation: the one place that reads
-//! a `.cact` tag and picks the reader for that generation.
+//! A Needle model read from a file, whatever its generation: the one place that picks
+//! the reader for the generation a `.cact` tag names.
 
-use crate::cact::bytes::Reader;
-use crate::cact::layout::{NEEDLE3_TAG, TAG};
-use crate::cact::needle3::Cact3File;
-use crate::cact::{read_tag, CactError, CactFile, TokenizerSpec};
-use crate::output::file_name;
+use crate::cact::{file_generation, CactError, Needle2File, Needle3File, TokenizerSpec};
 use anyhow::Context;
 use graphs::config::ModelConfig;
 use graphs::contract::Generation;
@@ -30,9 +26,9 @@ impl NeedleModel {
     /// provenance; validates it completely and dequantizes its weights.
     pub fn from_bytes(file_name: &str, bytes: &[u8]) -> Result<Self, CactError> {
         let source = source_of(file_name, bytes);
-        match generation_of(read_tag(&mut Reader::new(bytes, 0))?)? {
+        match file_generation(bytes)? {
             Generation::Needle2 => {
-                let file = CactFile::parse(bytes)?;
+                let file = Needle2File::parse(bytes)?;
                 Ok(NeedleModel {
                     config: ModelConfig::Needle2(file.config()),
                     weights: ModelWeights::Needle2(Box::new(file.weights()?)),
@@ -42,7 +38,7 @@ impl NeedleModel {
                 })
             }
             Generation::Needle3 => {
-                let file = Cact3File::parse(bytes)?;
+                let file = Needle3File::parse(bytes)?;
                 Ok(NeedleModel {
                     config: ModelConfig::Needle3(file.config()),
                     weights: ModelWeights::Needle3(Box::new(file.weights()?)),
@@ -88,23 +84,11 @@ impl NeedleModel {
     /// [`Self::read`] of a file whose `bytes` the caller has read already.
     pub fn from_file_bytes(path: &Path, bytes: &[u8]) -> anyhow::Result<Self> {
         // Name the generation in errors once the tag says which it is.
-        let generation = read_tag(&mut Reader::new(bytes, 0))
-            .ok()
-            .and_then(|tag| generation_of(tag).ok());
-        let what = match generation {
-            Some(g) => format!("{} (Needle {g})", path.display()),
-            None => path.display().to_string(),
+        let what = match file_generation(bytes) {
+            Ok(g) => format!("{} (Needle {g})", path.display()),
+            Err(_) => path.display().to_string(),
         };
         Self::from_bytes(&file_name(path), bytes).with_context(|| what)
-    }
-}
-
-/// The generation a `.cact` tag names; an error for a generation this build cannot export.
-pub fn generation_of(tag: u32) -> Result<Generation, CactError> {
-    match tag {
-        TAG => Ok(Generation::Needle2),
-        NEEDLE3_TAG => Ok(Generation::Needle3),
-        found => Err(CactError::BadTag { found }),
     }
 }
 
@@ -122,4 +106,11 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+/// The last component of `path` as text (empty when it has none).
+pub fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }

@@ -353,7 +353,7 @@ fn what_the_onnxruntime_1_20_graph_cannot_be_is_one_error_line_and_no_output() {
     let dir = scratch("onnxruntime-1.20-refused");
     let one_key = dir.join("one-key-window.cact");
     let mut bytes = std::fs::read(fixture("m64w.cact")).unwrap();
-    let at = exporter::cact::layout::header_offset("kv_window") as usize;
+    let at = exporter::cact::needle2::layout::header_offset("kv_window") as usize;
     bytes[at..at + 4].copy_from_slice(&1u32.to_le_bytes());
     std::fs::write(&one_key, &bytes).unwrap();
     let target = ["--onnxruntime", "1.20"].map(Path::new);

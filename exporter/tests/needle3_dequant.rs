@@ -1,9 +1,9 @@
 //! Every tensor of every Needle 3 fixture (tests/fixtures/needle3/, upstream
-//! `cactus-needle==3.2.8`, written by make_needle3_fixtures.py), read by `Cact3File`,
+//! `cactus-needle==3.2.8`, written by make_needle3_fixtures.py), read by `Needle3File`,
 //! against upstream `read_export`: float tensors bit for bit, and the engram tables'
 //! CQ codes decoded the way the graph decodes them.
 
-use exporter::cact::needle3::Cact3File;
+use exporter::cact::Needle3File;
 use exporter::cact::Encoding;
 use graphs::blocks::weights::{CqRows, EngramTables};
 use graphs::needle3::HeadKind;
@@ -85,7 +85,7 @@ fn half_to_f64(h: u16) -> f64 {
 fn every_tensor_equals_upstream_read_export() {
     for model in models() {
         let bytes = std::fs::read(fixture(&format!("needle3/{model}.cact"))).unwrap();
-        let file = Cact3File::parse(&bytes).unwrap_or_else(|e| panic!("{model}: {e}"));
+        let file = Needle3File::parse(&bytes).unwrap_or_else(|e| panic!("{model}: {e}"));
         let blob = std::fs::read(fixture(&format!("needle3/{model}.dequant.safetensors"))).unwrap();
         let st = SafeTensors::deserialize(&blob).unwrap();
         let mut checked = 0;

@@ -3,8 +3,8 @@
 //! `m64.cact`) and upstream `RefTokenizer` plus sentencepiece's whitespace rule
 //! on rendered demo prompts (`tests/fixtures/prompt.cases.json`).
 
-use exporter::cact::needle3::Cact3File;
-use exporter::cact::CactFile;
+use exporter::cact::Needle3File;
+use exporter::cact::Needle2File;
 use exporter::tokenizer::NeedleTokenizer;
 use serde::Deserialize;
 use std::path::PathBuf;
@@ -49,7 +49,7 @@ fn read_json<T: for<'de> Deserialize<'de>>(relative: &str) -> T {
 }
 
 fn tokenizer(cact: &str) -> NeedleTokenizer {
-    let file = CactFile::read(repo_root().join(cact)).expect("fixture .cact parses");
+    let file = Needle2File::read(repo_root().join(cact)).expect("fixture .cact parses");
     NeedleTokenizer::from_spec(file.tokenizer(), true).expect("tokenizer builds")
 }
 
@@ -373,7 +373,7 @@ print(json.dumps(out))
 #[test]
 fn random_texts_and_ids_match_sentencepiece() {
     let file =
-        CactFile::read(repo_root().join("tests/fixtures/m64.cact")).expect("fixture .cact parses");
+        Needle2File::read(repo_root().join("tests/fixtures/m64.cact")).expect("fixture .cact parses");
     let (texts, ids) = random_inputs(file.tokenizer().pieces.len());
     let model = repo_root().join("tests/fixtures/tokenizer.model");
     let input = serde_json::json!({"model": model, "texts": texts, "ids": ids});
@@ -428,7 +428,7 @@ fn needle3_tokenizers_match_sentencepiece() {
         ("n3b", "tokenizer_nodummy.cases.json"),
     ] {
         let path = repo_root().join(format!("tests/fixtures/needle3/{cact}.cact"));
-        let file = Cact3File::parse(&std::fs::read(path).unwrap()).unwrap();
+        let file = Needle3File::parse(&std::fs::read(path).unwrap()).unwrap();
         let tok = NeedleTokenizer::from_spec(file.tokenizer(), true).unwrap();
         let cases: Vec<Needle3Case> = read_json(&format!("tests/fixtures/needle3/{cases}"));
         let mut failures = Vec::new();

@@ -1,5 +1,5 @@
 #![no_main]
-//! `CactFile::parse` on arbitrary bytes, then weights, probe heads and the
+//! `Needle2File::parse` on arbitrary bytes, then weights, probe heads and the
 //! tokenizer of whatever parses (see `needle_fuzz::cact_target`).
 
 use libfuzzer_sys::{fuzz_mutator, fuzz_target};

@@ -7,15 +7,13 @@
 //! the input's size in live heap (`-malloc_limit_mb` only catches single giant
 //! allocations); without it the allocation checks pass trivially.
 
-use exporter::cact::needle3::Cact3File;
-use exporter::cact::{CactError, CactFile, TokenizerSpec};
-use exporter::model::generation_of;
+use exporter::cact::{file_generation, CactError, Needle2File, Needle3File, TokenizerSpec};
 use exporter::tokenizer::NeedleTokenizer;
 use graphs::contract::Generation;
 
 use peak::measure;
 
-/// Most heap `CactFile::parse` / `TokenizerSpec::parse` may hold at once for
+/// Most heap `Needle2File::parse` / `TokenizerSpec::parse` may hold at once for
 /// an input of `len` bytes (the reader copies the file and keeps a few
 /// structs per 44-byte directory record or 7-byte piece record).
 pub fn parse_budget(len: usize) -> usize {
@@ -29,17 +27,11 @@ pub fn read_budget(len: usize) -> usize {
     64 * len + (16 << 20)
 }
 
-/// The file's generation, from its tag, as the exporter's dispatch reads it.
-fn generation(data: &[u8]) -> Option<Generation> {
-    let tag = u32::from_le_bytes(data.get(..4)?.try_into().ok()?);
-    generation_of(tag).ok()
-}
-
 /// Parses `data` with its generation's reader (the tag picks it; Needle 2's reports a bad tag).
 fn parse(data: &[u8]) -> Result<(), CactError> {
-    match generation(data) {
-        Some(Generation::Needle3) => Cact3File::parse(data).map(drop),
-        _ => CactFile::parse(data).map(drop),
+    match file_generation(data) {
+        Ok(Generation::Needle3) => Needle3File::parse(data).map(drop),
+        _ => Needle2File::parse(data).map(drop),
     }
 }
 
@@ -84,10 +76,10 @@ pub const TEXT: &str = "  <|im_start|>user\nHello,  wörld ab a\tb 日本 \u{1F6
 /// config, every weight (dequantized; Needle 3's engram tables as checked codes), the
 /// probe heads, and its tokenizer.
 pub fn cact(data: &[u8]) {
-    if generation(data) == Some(Generation::Needle3) {
+    if file_generation(data).ok() == Some(Generation::Needle3) {
         return cact3(data);
     }
-    let Ok(file) = CactFile::parse(data) else {
+    let Ok(file) = Needle2File::parse(data) else {
         return;
     };
     let _ = file.config();
@@ -102,7 +94,7 @@ pub fn cact(data: &[u8]) {
 }
 
 fn cact3(data: &[u8]) {
-    let Ok(file) = Cact3File::parse(data) else {
+    let Ok(file) = Needle3File::parse(data) else {
         return;
     };
     let _ = file.config();

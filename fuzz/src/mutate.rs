@@ -5,8 +5,10 @@
 //! the pieces, header ids, directory records or header fields, and write it back.
 
 use exporter::cact::layout::{
-    directory_start, header_element_offset, header_offset, record_element_offset,
-    record_field_offset, FieldType, RecordField, HEADER_FIELDS, RECORD_BYTES,
+    record_element_offset, record_field_offset, FieldType, RecordField, RECORD_BYTES,
+};
+use exporter::cact::needle2::layout::{
+    directory_start, header_element_offset, header_offset, HEADER_FIELDS,
 };
 use exporter::cact::{Piece, PieceKind, TokenizerSpec};
 

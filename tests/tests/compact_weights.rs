@@ -2,7 +2,7 @@
 //! teacher-forced greedy-token agreement with the exact model on the demo's held-out
 //! set (the exact model's own greedy answers), and the logit error on upstream case D.
 
-use exporter::cact::CactFile;
+use exporter::cact::Needle2File;
 use graphs::contract::AttentionKind;
 use graphs::contract::{MatMulWeights, Precision};
 use needle_tests::{cases, fixture, options, repo_root, row_error, session_of};
@@ -26,7 +26,7 @@ fn session(bytes: &[u8], weights: MatMulWeights) -> NeedleSession {
 fn agreement(weights: MatMulWeights) -> (usize, usize) {
     let bytes = std::fs::read(repo_root().join("runner/demo/needle-demo.cact")).unwrap();
     let tok =
-        NeedleTokenizer::from_spec(CactFile::parse(&bytes).unwrap().tokenizer(), true).unwrap();
+        NeedleTokenizer::from_spec(Needle2File::parse(&bytes).unwrap().tokenizer(), true).unwrap();
     let mut exact = session(&bytes, MatMulWeights::Float);
     let mut compact = session(&bytes, weights);
     let vocab = exact.config().output_vocab();

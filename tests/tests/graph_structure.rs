@@ -2,7 +2,7 @@
 //! unique node names in `/model/<scope>/<Op>` form, topological order, every
 //! initializer used, the contract's interface, and the domains per variant.
 
-use exporter::cact::CactFile;
+use exporter::cact::Needle2File;
 use graphs::contract::AttentionKind;
 use graphs::contract::{MatMulWeights, Precision, RuntimeTarget};
 use graphs::onnx::{DimensionValue, ModelProto, ValueInfoProto};
@@ -171,7 +171,7 @@ fn graphs_are_well_formed_and_follow_the_contract() {
 #[test]
 fn rms_normalization_scales_are_as_wide_as_their_axis() {
     let bytes = std::fs::read(fixture("m48.cact")).unwrap();
-    let cfg = CactFile::parse(&bytes).unwrap().config();
+    let cfg = Needle2File::parse(&bytes).unwrap().config();
     // q/k norms span a head, the block norms d_model, the hyper-connections' all lanes.
     let c = &cfg.common;
     let widths = [cfg.head_dim, c.d_model, c.mhc_lanes * c.d_model].map(|w| w as i64);
@@ -201,7 +201,7 @@ fn rms_normalization_scales_are_as_wide_as_their_axis() {
 #[test]
 fn the_fused_graph_for_onnxruntime_1_20_is_ir_10_opset_21_with_their_window() {
     let bytes = std::fs::read(fixture("m64w.cact")).unwrap();
-    let window = CactFile::parse(&bytes).unwrap().config().common.kv_window as i64;
+    let window = Needle2File::parse(&bytes).unwrap().config().common.kv_window as i64;
     for (runtime, ir, opset, rope_domain, local_window) in [
         (RuntimeTarget::Since1_24, 11, 23, "", window),
         (

@@ -71,3 +71,11 @@ impl<'a> Reader<'a> {
         Ok(f32::from_le_bytes(self.array(what)?))
     }
 }
+
+/// The whole file at `path`.
+pub(crate) fn read_file(path: &std::path::Path) -> Result<Vec<u8>, CactError> {
+    std::fs::read(path).map_err(|e| CactError::Io {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })
+}

@@ -9,7 +9,7 @@
 //! ```
 
 use super::directory::{index_bits, padded_in, Encoding, Entry, BINARY_BITS, TERNARY_BITS};
-use super::header::Codebooks;
+use super::codebooks::Codebooks;
 use super::CactError;
 use graphs::blocks::weights::CqRows;
 

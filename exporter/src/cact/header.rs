@@ -1,83 +1,13 @@
-//! The fixed 120-byte header (29 u32 + f32 `rope_theta`) and the codebooks after it.
+//! What both generations' headers hold and how they are checked: the header's bytes
+//! addressed by field name ([`RawHeader`]) and the fields they share ([`CommonHeader`]),
+//! each validated once, here, before anything is sized from it.
 
 use super::bytes::Reader;
-use super::layout::{
-    header_field_index, HeaderLayout, CODEBOOK_LEN, HEADER_BYTES, HEADER_FIELDS, NEEDLE2_HEADER,
-};
+use super::layout::{HeaderLayout, CODEBOOK_LEN};
+use super::tag::expect_generation;
 use super::CactError;
 use graphs::contract::Generation;
-
-/// The header, field for field, after validation. `engram_orders` and
-/// `engram_sites` hold only the `num_engram_orders` / `num_engram_sites` used entries.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Header {
-    pub num_tensors: u32,
-    pub codebook_len: u32,
-    /// Sliding attention window the model was trained with (0 = unlimited).
-    pub kv_window: u32,
-    /// KV-cache width the model was post-trained for (8 = int8, else 2/3/4).
-    pub kv_bits: u32,
-    pub vocab: u32,
-    pub d_model: u32,
-    pub num_heads: u32,
-    pub num_kv_heads: u32,
-    pub num_layers: u32,
-    pub head_dim: u32,
-    pub max_seq_len: u32,
-    /// `d_model` rounded up to a power of two.
-    pub hada_n: u32,
-    pub mhc_lanes: u32,
-    pub engram_slots: u32,
-    pub engram_sub_dim: u32,
-    pub num_engram_tables: u32,
-    pub engram_conv_taps: u32,
-    pub engram_conv_dilation: u32,
-    pub engram_orders: Vec<u32>,
-    pub engram_sites: Vec<u32>,
-    pub rope_theta: f32,
-}
-
-/// The Lloyd-Max codebooks stored after the header, already divided by
-/// `sqrt(group)` by the writer. Each is finite and ascending.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Codebooks {
-    pub cb2: [f32; 4],
-    pub cb3: [f32; 8],
-    pub cb4: [f32; 16],
-}
-
-impl Codebooks {
-    /// The codebook for a 2-, 3- or 4-bit CQ record.
-    pub fn for_bits(&self, bits: u32) -> Option<&[f32]> {
-        match bits {
-            2 => Some(&self.cb2),
-            3 => Some(&self.cb3),
-            4 => Some(&self.cb4),
-            _ => None,
-        }
-    }
-
-    /// The ternary (record bits 5) codebook, which the file does not store:
-    /// `{-c, 0, c} / sqrt(group)` with `c = 1.2240064`, computed in f64 and
-    /// rounded to f32 like upstream `_cq_codebook_np(1.58, group)`.
-    pub fn ternary(group: u32) -> [f32; 3] {
-        let c = (TERNARY_C / (group as f64).sqrt()) as f32;
-        [-c, 0.0, c]
-    }
-}
-
-impl Codebooks {
-    /// The binary (record bits 1, Needle 3) codebook, which the file does not store:
-    /// `{-c, c} / sqrt(group)` with `c = sqrt(2/pi)`, the centroids of a Gaussian's two
-    /// halves, computed in f64 and rounded to f32 like upstream `_cq_codebook_np(1, group)`.
-    pub fn binary(group: u32) -> [f32; 2] {
-        let c = ((2.0 / std::f64::consts::PI).sqrt() / (group as f64).sqrt()) as f32;
-        [-c, c]
-    }
-}
-
-/// Lloyd-Max centroid of the 3-level Gaussian quantizer (upstream `_TERNARY_CB`).
-const TERNARY_C: f64 = 1.224_006_4;
+use graphs::geometry::{CommonGeometry, EngramGeometry};
 
 /// A header's bytes, addressed by field name through its generation's layout.
 /// Holds exactly `layout.bytes()` bytes, so every field is in range.
@@ -88,12 +18,22 @@ pub(crate) struct RawHeader<'a> {
 }
 
 impl<'a> RawHeader<'a> {
-    /// The header at the start of `file`, which holds at least `layout.bytes()` bytes.
-    pub(crate) fn new(layout: HeaderLayout, file: &'a [u8]) -> Self {
-        RawHeader {
+    /// The header of `generation`, laid out as `layout`, at the start of `file`: the tag
+    /// checked, the bytes present. Also returns a reader at the codebooks after it.
+    pub(crate) fn read(
+        file: &'a [u8],
+        generation: Generation,
+        layout: HeaderLayout,
+    ) -> Result<(Self, Reader<'a>), CactError> {
+        let mut r = Reader::new(file, 0);
+        expect_generation(&mut r, generation)?;
+        let rest = (layout.bytes() - r.offset()) as usize;
+        r.take(rest, || "header".to_string())?;
+        let raw = RawHeader {
             layout,
             bytes: &file[..layout.bytes() as usize],
-        }
+        };
+        Ok((raw, r))
     }
 
     pub(crate) fn layout(&self) -> HeaderLayout {
@@ -142,38 +82,60 @@ impl<'a> RawHeader<'a> {
     }
 }
 
-impl Header {
-    /// Reads and validates the header and codebooks at the start of `file`;
-    /// also returns the header's bytes for the layout's tensor walk.
-    pub(crate) fn parse(file: &[u8]) -> Result<(Header, RawHeader<'_>, Codebooks), CactError> {
-        let mut r = Reader::new(file, 0);
-        // This is the Needle 2 reader: a file of another generation is refused here.
-        let found = crate::model::generation_of(super::read_tag(&mut r)?)?;
-        if found != Generation::Needle2 {
-            return Err(CactError::OtherGeneration {
-                found,
-                reader: Generation::Needle2,
-            });
-        }
-        let rest = (HEADER_BYTES - r.offset()) as usize;
-        r.take(rest, || "header".to_string())?;
-        let raw = RawHeader::new(NEEDLE2_HEADER, file);
-        let header = Self::from_fields(&raw)?;
-        let codebooks = read_codebooks(&mut r)?;
-        Ok((header, raw, codebooks))
-    }
+/// The header fields both generations store under the same names, after validation.
+/// `engram_orders` and `engram_sites` hold only the `num_engram_orders` /
+/// `num_engram_sites` used entries.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CommonHeader {
+    pub num_tensors: u32,
+    pub codebook_len: u32,
+    /// Sliding attention window the model was trained with (0 = unlimited).
+    pub kv_window: u32,
+    /// KV-cache width the model was post-trained for (8 = int8, else 2/3/4).
+    pub kv_bits: u32,
+    pub vocab: u32,
+    pub d_model: u32,
+    pub num_heads: u32,
+    pub num_kv_heads: u32,
+    pub num_layers: u32,
+    pub max_seq_len: u32,
+    /// `d_model` rounded up to a power of two.
+    pub hada_n: u32,
+    pub mhc_lanes: u32,
+    pub engram_slots: u32,
+    pub engram_sub_dim: u32,
+    pub num_engram_tables: u32,
+    pub engram_conv_taps: u32,
+    pub engram_conv_dilation: u32,
+    pub engram_orders: Vec<u32>,
+    pub engram_sites: Vec<u32>,
+    pub rope_theta: f32,
+}
 
-    fn from_fields(raw: &RawHeader<'_>) -> Result<Header, CactError> {
+/// A generation's own view of the shared checks: which of its fields are sizes that must
+/// be nonzero (in file order), and which field is the width RoPE rotates.
+pub(crate) struct HeaderRules {
+    pub sizes: &'static [&'static str],
+    pub rope_head: &'static str,
+}
+
+impl CommonHeader {
+    /// Reads the shared fields of `raw` and validates them by `rules`. The engram array
+    /// lengths are checked against the room the layout has before anything is read.
+    pub(crate) fn read(raw: &RawHeader<'_>, rules: &HeaderRules) -> Result<Self, CactError> {
         let num_orders = raw.u32("num_engram_orders");
         let num_sites = raw.u32("num_engram_sites");
-        if !(1..=4).contains(&num_orders) {
-            return Err(raw.bad("num_engram_orders", num_orders, "1..=4"));
+        let room = |name| raw.layout.fields[raw.layout.index(name)].count as u32;
+        if !(1..=room("engram_orders")).contains(&num_orders) {
+            let most = room("engram_orders");
+            return Err(raw.bad("num_engram_orders", num_orders, format!("1..={most}")));
         }
-        if num_sites > 4 {
-            return Err(raw.bad("num_engram_sites", num_sites, "0..=4"));
+        if num_sites > room("engram_sites") {
+            let most = room("engram_sites");
+            return Err(raw.bad("num_engram_sites", num_sites, format!("0..={most}")));
         }
         let array = |name, len| (0..len as usize).map(|i| raw.element(name, i)).collect();
-        let header = Header {
+        let header = CommonHeader {
             num_tensors: raw.u32("num_tensors"),
             codebook_len: raw.u32("codebook_len"),
             kv_window: raw.u32("kv_window"),
@@ -183,7 +145,6 @@ impl Header {
             num_heads: raw.u32("num_heads"),
             num_kv_heads: raw.u32("num_kv_heads"),
             num_layers: raw.u32("num_layers"),
-            head_dim: raw.u32("head_dim"),
             max_seq_len: raw.u32("max_seq_len"),
             hada_n: raw.u32("hada_n"),
             mhc_lanes: raw.u32("mhc_lanes"),
@@ -196,11 +157,11 @@ impl Header {
             engram_sites: array("engram_sites", num_sites),
             rope_theta: raw.f32("rope_theta"),
         };
-        header.validate(raw)?;
+        header.validate(raw, rules)?;
         Ok(header)
     }
 
-    fn validate(&self, raw: &RawHeader<'_>) -> Result<(), CactError> {
+    fn validate(&self, raw: &RawHeader<'_>, rules: &HeaderRules) -> Result<(), CactError> {
         if self.codebook_len != CODEBOOK_LEN {
             return Err(raw.bad(
                 "codebook_len",
@@ -211,125 +172,90 @@ impl Header {
         if ![2, 3, 4, 8].contains(&self.kv_bits) {
             return Err(raw.bad("kv_bits", self.kv_bits, "2, 3, 4 or 8"));
         }
-        // The geometry sizes, checked in file order.
-        let sizes = header_field_index("vocab")..=header_field_index("engram_conv_dilation");
-        for field in &HEADER_FIELDS[sizes] {
-            if raw.u32(field.name) == 0 {
-                return Err(raw.bad(field.name, 0, "a nonzero size"));
+        for &field in rules.sizes {
+            if raw.u32(field) == 0 {
+                return Err(raw.bad(field, 0, "a nonzero size"));
             }
         }
-        raw.check_heads(
-            [self.num_heads, self.num_kv_heads],
-            ("head_dim", self.head_dim),
-            [self.d_model, self.hada_n],
-        )?;
-        raw.check_engram_and_rope(
-            self.num_engram_tables,
-            &self.engram_orders,
-            &self.engram_sites,
-            self.num_layers,
-            self.rope_theta,
-        )
-    }
-}
-
-/// The header checks both generations make, in the order they make them.
-impl RawHeader<'_> {
-    /// KV heads divide the heads, the RoPE head width (`head_field`) is even, and
-    /// `hada_n` is `d_model` rounded up to a power of two.
-    pub(crate) fn check_heads(
-        &self,
-        [num_heads, num_kv_heads]: [u32; 2],
-        (head_field, head_dim): (&'static str, u32),
-        [d_model, hada_n]: [u32; 2],
-    ) -> Result<(), CactError> {
-        if !num_heads.is_multiple_of(num_kv_heads) {
-            return Err(self.bad(
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
+            return Err(raw.bad(
                 "num_kv_heads",
-                num_kv_heads,
-                format!("a divisor of num_heads ({num_heads})"),
+                self.num_kv_heads,
+                format!("a divisor of num_heads ({})", self.num_heads),
             ));
         }
-        if !head_dim.is_multiple_of(2) {
-            return Err(self.bad(head_field, head_dim, "even (RoPE rotates pairs)"));
+        let rope_head = raw.u32(rules.rope_head);
+        if !rope_head.is_multiple_of(2) {
+            return Err(raw.bad(rules.rope_head, rope_head, "even (RoPE rotates pairs)"));
         }
-        if d_model.checked_next_power_of_two() != Some(hada_n) {
-            return Err(self.bad(
+        if self.d_model.checked_next_power_of_two() != Some(self.hada_n) {
+            return Err(raw.bad(
                 "hada_n",
-                hada_n,
-                format!("d_model ({d_model}) rounded up to a power of two"),
+                self.hada_n,
+                format!("d_model ({}) rounded up to a power of two", self.d_model),
             ));
         }
-        Ok(())
-    }
-
-    /// The engram tables split evenly over the orders, orders are nonzero, sites name
-    /// layers, and `rope_theta` is finite and positive.
-    pub(crate) fn check_engram_and_rope(
-        &self,
-        num_engram_tables: u32,
-        orders: &[u32],
-        sites: &[u32],
-        num_layers: u32,
-        rope_theta: f32,
-    ) -> Result<(), CactError> {
-        let num_orders = orders.len() as u32;
-        if !num_engram_tables.is_multiple_of(num_orders) {
-            return Err(self.bad(
+        let num_orders = self.engram_orders.len() as u32;
+        if !self.num_engram_tables.is_multiple_of(num_orders) {
+            return Err(raw.bad(
                 "num_engram_tables",
-                num_engram_tables,
+                self.num_engram_tables,
                 format!("a multiple of num_engram_orders ({num_orders})"),
             ));
         }
-        for (i, &order) in orders.iter().enumerate() {
+        for (i, &order) in self.engram_orders.iter().enumerate() {
             if order == 0 {
-                return Err(self.bad_element("engram_orders", i, order, "a nonzero n-gram order"));
+                return Err(raw.bad_element("engram_orders", i, order, "a nonzero n-gram order"));
             }
         }
-        for (i, &site) in sites.iter().enumerate() {
-            if site >= num_layers {
-                return Err(self.bad_element(
+        for (i, &site) in self.engram_sites.iter().enumerate() {
+            if site >= self.num_layers {
+                return Err(raw.bad_element(
                     "engram_sites",
                     i,
                     site,
-                    format!("a layer index below num_layers ({num_layers})"),
+                    format!("a layer index below num_layers ({})", self.num_layers),
                 ));
             }
         }
-        if !(rope_theta.is_finite() && rope_theta > 0.0) {
-            return Err(self.bad("rope_theta", rope_theta, "a finite positive number"));
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return Err(raw.bad("rope_theta", self.rope_theta, "a finite positive number"));
         }
         Ok(())
     }
+
+    /// Hash heads per n-gram order: the tables split evenly over the orders.
+    pub fn heads_per_order(&self) -> u32 {
+        self.num_engram_tables / self.engram_orders.len() as u32
+    }
+
+    /// The geometry both generations' graphs share, with the engram hash seeds
+    /// `seed_stride` apart (each generation says how its file sets that).
+    pub fn geometry(&self, seed_stride: u32) -> CommonGeometry {
+        let us = |v: u32| v as usize;
+        CommonGeometry {
+            vocab: us(self.vocab),
+            d_model: us(self.d_model),
+            num_heads: us(self.num_heads),
+            num_kv_heads: us(self.num_kv_heads),
+            num_layers: us(self.num_layers),
+            max_seq_len: us(self.max_seq_len),
+            hada_n: us(self.hada_n),
+            mhc_lanes: us(self.mhc_lanes),
+            engram: EngramGeometry {
+                orders: self.engram_orders.iter().copied().map(us).collect(),
+                sites: self.engram_sites.iter().copied().map(us).collect(),
+                num_tables: us(self.num_engram_tables),
+                slots: us(self.engram_slots),
+                sub_dim: us(self.engram_sub_dim),
+                conv_taps: us(self.engram_conv_taps),
+                dilation: us(self.engram_conv_dilation),
+                seed_stride: us(seed_stride),
+            },
+            rope_theta: self.rope_theta,
+            kv_window: us(self.kv_window),
+            kv_bits: self.kv_bits,
+        }
+    }
 }
 
-pub(crate) fn read_codebooks(r: &mut Reader<'_>) -> Result<Codebooks, CactError> {
-    let start = r.offset();
-    let bytes = r.take(CODEBOOK_LEN as usize * 4, || "codebook".to_string())?;
-    let mut values = [0f32; CODEBOOK_LEN as usize];
-    for (v, b) in values.iter_mut().zip(bytes.chunks_exact(4)) {
-        *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-    }
-    let mut first = 0;
-    for len in [4, 8, 16] {
-        let cb = &values[first..first + len];
-        for i in 0..len {
-            let ascending = i == 0 || cb[i - 1] < cb[i];
-            if !cb[i].is_finite() || !ascending {
-                return Err(CactError::Codebook {
-                    index: first + i,
-                    offset: start + 4 * (first + i) as u64,
-                    found: cb[i],
-                });
-            }
-        }
-        first += len;
-    }
-    let mut cb2 = [0f32; 4];
-    let mut cb3 = [0f32; 8];
-    let mut cb4 = [0f32; 16];
-    cb2.copy_from_slice(&values[..4]);
-    cb3.copy_from_slice(&values[4..12]);
-    cb4.copy_from_slice(&values[12..]);
-    Ok(Codebooks { cb2, cb3, cb4 })
-}

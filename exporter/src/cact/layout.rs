@@ -1,21 +1,13 @@
-//! The Needle 2 `.cact` layout (`cactus-needle==2.0.15`, `needle/model/export.py`)
-//! declared once, as data: the header fields, the directory record and the
-//! positional tensor walk. The reader, the hostile-file tests and the fuzzer
-//! take every offset and name from here; `exporter/layout/needle2.json` is the
-//! rendering for the Python scripts (regenerated and checked by this module's test).
+//! What both generations' `.cact` layouts are made of, declared as data: packed
+//! little-endian fields, the header addressed by field name, the 44-byte directory
+//! record, and the positional tensor walk with the groups both generations store alike.
+//! Each generation's header and walk are in `needle2/layout.rs` and `needle3/layout.rs`;
+//! the reader, the hostile-file tests and the fuzzer take every offset and name from them.
 //!
 //! ```text
-//! header (120 B) | codebooks (28 f32) | directory (num_tensors x 44 B) | 64-aligned blobs
+//! header | codebooks (28 f32) | directory (num_tensors x 44 B) | 64-aligned blobs
 //! ```
 
-use super::directory::Slot;
-use super::header::RawHeader;
-use super::CactError;
-
-/// First u32 of a Needle 2 `.cact`.
-pub const TAG: u32 = 0x05E1_2A83;
-/// First u32 of a Needle 3 `.cact`, which this crate does not read.
-pub const NEEDLE3_TAG: u32 = 0x05E1_2A84;
 /// `codebook_len`: the f32 entries after the header, `cb2[4] | cb3[8] | cb4[16]`.
 pub const CODEBOOK_LEN: u32 = 28;
 /// Every blob starts on a multiple of this.
@@ -61,50 +53,23 @@ impl Field {
     }
 }
 
-const fn one(name: &'static str, ty: FieldType) -> Field {
+pub(crate) const fn one(name: &'static str, ty: FieldType) -> Field {
     Field { name, ty, count: 1 }
 }
 
-const fn u32s(name: &'static str, count: usize) -> Field {
+/// A u32 header word.
+pub(crate) const fn word(name: &'static str) -> Field {
+    one(name, FieldType::U32)
+}
+
+/// An array of `count` u32 words.
+pub(crate) const fn u32s(name: &'static str, count: usize) -> Field {
     Field {
         name,
         ty: FieldType::U32,
         count,
     }
 }
-
-/// The header fields in file order, packed (no padding). `engram_orders` and
-/// `engram_sites` always take 4 words; only the first `num_engram_orders` /
-/// `num_engram_sites` are used.
-pub const HEADER_FIELDS: [Field; 24] = [
-    one("tag", FieldType::U32),
-    one("num_tensors", FieldType::U32),
-    one("codebook_len", FieldType::U32),
-    one("kv_window", FieldType::U32),
-    one("kv_bits", FieldType::U32),
-    one("vocab", FieldType::U32),
-    one("d_model", FieldType::U32),
-    one("num_heads", FieldType::U32),
-    one("num_kv_heads", FieldType::U32),
-    one("num_layers", FieldType::U32),
-    one("head_dim", FieldType::U32),
-    one("max_seq_len", FieldType::U32),
-    one("hada_n", FieldType::U32),
-    one("mhc_lanes", FieldType::U32),
-    one("engram_slots", FieldType::U32),
-    one("engram_sub_dim", FieldType::U32),
-    one("num_engram_tables", FieldType::U32),
-    one("engram_conv_taps", FieldType::U32),
-    one("engram_conv_dilation", FieldType::U32),
-    one("num_engram_orders", FieldType::U32),
-    u32s("engram_orders", 4),
-    one("num_engram_sites", FieldType::U32),
-    u32s("engram_sites", 4),
-    one("rope_theta", FieldType::F32),
-];
-
-/// Size of the fixed header in bytes (120).
-pub const HEADER_BYTES: u64 = struct_bytes(&HEADER_FIELDS);
 
 /// A field of a directory record; its discriminant indexes [`RECORD_FIELDS`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -202,8 +167,15 @@ pub struct HeaderLayout {
     pub(crate) derived: &'static [DerivedSize],
 }
 
-/// A walk dimension computed from header fields: its symbol and how to compute it.
-pub(crate) type DerivedSize = (&'static str, fn(&RawHeader<'_>) -> u64);
+/// A walk dimension that is a function of one header field rather than a field itself.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DerivedSize {
+    /// The symbol the walk's shapes use.
+    pub name: &'static str,
+    /// The header field it is computed from.
+    pub field: &'static str,
+    pub size: fn(u64) -> u64,
+}
 
 impl HeaderLayout {
     /// Position of the field `name` in `fields`, if there is one.
@@ -246,38 +218,11 @@ impl HeaderLayout {
     pub const fn element_offset(&self, name: &str, element: usize) -> u64 {
         element_offset_in(self.fields, self.index(name), element)
     }
-}
 
-/// The Needle 2 header.
-pub const NEEDLE2_HEADER: HeaderLayout = HeaderLayout {
-    fields: &HEADER_FIELDS,
-    derived: &[],
-};
-
-/// Position of the Needle 2 header field `name` in [`HEADER_FIELDS`].
-///
-/// # Panics
-/// When no header field has that name (at compile time in a const context).
-pub const fn header_field_index(name: &str) -> usize {
-    NEEDLE2_HEADER.index(name)
-}
-
-/// File offset of Needle 2 header field `name` (its first element for the arrays),
-/// e.g. `header_offset("num_layers") == 36`.
-///
-/// # Panics
-/// When no header field has that name.
-pub const fn header_offset(name: &str) -> u64 {
-    NEEDLE2_HEADER.offset(name)
-}
-
-/// File offset of element `element` of Needle 2 header field `name`, e.g.
-/// `header_element_offset("engram_sites", 1) == 104`.
-///
-/// # Panics
-/// When no header field has that name or `element` is not below its count.
-pub const fn header_element_offset(name: &str, element: usize) -> u64 {
-    NEEDLE2_HEADER.element_offset(name, element)
+    /// File offset of the directory: after the header and `codebook_len` f32 codebook entries.
+    pub const fn directory_start(&self, codebook_len: u32) -> u64 {
+        self.bytes() + 4 * codebook_len as u64
+    }
 }
 
 /// Offset of `field` from the start of its directory record, e.g.
@@ -293,11 +238,6 @@ pub const fn record_field_offset(field: RecordField) -> u64 {
 /// When `element` is not below the field's count.
 pub const fn record_element_offset(field: RecordField, element: usize) -> u64 {
     element_offset_in(&RECORD_FIELDS, field as usize, element)
-}
-
-/// File offset of a Needle 2 directory: after the header and `codebook_len` f32 codebook entries.
-pub const fn directory_start(codebook_len: u32) -> u64 {
-    HEADER_BYTES + 4 * codebook_len as u64
 }
 
 /// One tensor of the walk. Each dimension is a product of header fields, integer
@@ -372,31 +312,6 @@ pub const EMBEDDING: TensorGroup = TensorGroup {
     tensors: &[tensor("embedding", &["vocab", "d_model"])],
 };
 
-/// The 14 tensors of each layer, `layer00.norm_in` first.
-pub const LAYER: TensorGroup = TensorGroup {
-    repeat: Repeat::Indexed {
-        count: "num_layers",
-        prefix: "layer",
-        digits: 2,
-    },
-    tensors: &[
-        tensor("norm_in", &["d_model"]),
-        tensor("q_proj", &["num_heads*head_dim", "d_model"]),
-        tensor("k_proj", &["num_kv_heads*head_dim", "d_model"]),
-        tensor("v_proj", &["num_kv_heads*head_dim", "d_model"]),
-        tensor("q_norm", &["head_dim"]),
-        tensor("k_norm", &["head_dim"]),
-        tensor("gate_proj", &["num_heads*head_dim", "d_model"]),
-        tensor("out_proj", &["d_model", "num_heads*head_dim"]),
-        tensor("post_norm", &["d_model"]),
-        tensor("attn_gate", &["1"]),
-        tensor("pre_hada", &["d_model"]),
-        tensor("d1", &["hada_n"]),
-        tensor("d2", &["hada_n"]),
-        tensor("d3", &["hada_n"]),
-    ],
-};
-
 /// The nine hyper-connection tensors, stacked over layers.
 pub const MHC: TensorGroup = TensorGroup {
     repeat: Repeat::Once,
@@ -449,145 +364,18 @@ pub const FINAL_NORM: TensorGroup = TensorGroup {
     tensors: &[tensor("final_norm", &["d_model"])],
 };
 
-/// The fixed part of the positional tensor order (upstream `export._tensors`),
-/// `embedding` through `final_norm`, every tensor FP16, FP32 or (matrices) CQ.
-/// After it come `heads.manifest` and the probe heads it lists, then the RAW
-/// `tokenizer`; those depend on the manifest and are read in `cact/mod.rs`.
-pub const CORE_WALK: [TensorGroup; 5] = [EMBEDDING, LAYER, MHC, ENGRAM, FINAL_NORM];
-
-/// Number of copies of `group` the header asks for.
-fn copies(group: &TensorGroup, header: &RawHeader<'_>) -> u64 {
-    match group.repeat {
-        Repeat::Once => 1,
-        Repeat::Indexed { count, .. } => header.u32(count).into(),
-    }
-}
-
-/// The tensors of `group` this header stores.
-fn stored<'g>(group: &'g TensorGroup, header: &RawHeader<'_>) -> Vec<&'g TensorSpec> {
-    group
-        .tensors
-        .iter()
-        .filter(|t| t.when.is_none_or(|field| header.u32(field) != 0))
-        .collect()
-}
-
-/// The value of one symbolic dimension, or the error naming the header field
-/// whose factor overflows 64 bits (only products of several factors can).
-fn dimension(dim: &str, header: &RawHeader<'_>) -> Result<u64, CactError> {
-    let layout = header.layout();
-    let mut value = 1u64;
-    let mut last_field = None;
-    for factor in dim.split('*') {
-        let size = match layout.find(factor) {
-            Some(index) => {
-                last_field = Some(layout.fields[index].name);
-                header.u32(factor).into()
-            }
-            None => factor
-                .parse::<u64>()
-                .ok()
-                .or_else(|| {
-                    let derived = layout.derived.iter().find(|(name, _)| *name == factor);
-                    derived.map(|(_, size)| size(header))
-                })
-                .expect("a walk names only header fields, literals and its derived sizes"),
-        };
-        value = value.checked_mul(size).ok_or_else(|| {
-            let field = last_field.unwrap_or(layout.fields[0].name);
-            header.bad(
-                field,
-                header.u32(field),
-                format!("small enough that {} fits in 64 bits", product_text(dim)),
-            )
-        })?;
-    }
-    Ok(value)
-}
-
-/// `a*b*b` as `a * b^2`.
-fn product_text(dim: &str) -> String {
-    let mut runs: Vec<(&str, usize)> = Vec::new();
-    for factor in dim.split('*') {
-        match runs.last_mut() {
-            Some((last, n)) if *last == factor => *n += 1,
-            _ => runs.push((factor, 1)),
-        }
-    }
-    let terms: Vec<String> = runs
-        .iter()
-        .map(|&(f, n)| {
-            if n == 1 {
-                f.to_string()
-            } else {
-                format!("{f}^{n}")
-            }
-        })
-        .collect();
-    terms.join(" * ")
-}
-
-/// Number of tensors the fixed walk `walk` holds for this header.
-pub(crate) fn core_count(walk: &[TensorGroup], header: &RawHeader<'_>) -> u64 {
-    walk.iter()
-        .map(|g| stored(g, header).len() as u64 * copies(g, header))
-        .sum()
-}
-
-/// Slots of the fixed walk `walk`; call only once `num_tensors` is known to fit in
-/// the file, since this allocates [`core_count`] slots. Every shape is evaluated
-/// before any slot is built, so an overflowing dimension is reported before anything
-/// else about the walk.
-pub(crate) fn core_slots(
-    walk: &[TensorGroup],
-    header: &RawHeader<'_>,
-) -> Result<Vec<Slot>, CactError> {
-    let groups = walk
-        .iter()
-        .map(|g| {
-            stored(g, header)
-                .into_iter()
-                .map(|t| {
-                    let shape = t.shape.iter().map(|d| dimension(d, header));
-                    Ok((t.name, shape.collect::<Result<Vec<u64>, CactError>>()?))
-                })
-                .collect::<Result<Vec<_>, CactError>>()
-        })
-        .collect::<Result<Vec<_>, CactError>>()?;
-    let mut out = Vec::with_capacity(core_count(walk, header) as usize);
-    for (group, tensors) in walk.iter().zip(&groups) {
-        for index in 0..copies(group, header) as usize {
-            for (name, shape) in tensors {
-                out.push(Slot::float(group.tensor_name(index, name), shape));
-            }
-        }
-    }
-    Ok(out)
-}
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::{json, Value};
 
     #[test]
-    fn sizes_and_offsets_are_upstreams() {
-        assert_eq!(HEADER_BYTES, 120);
+    fn record_is_upstreams() {
+        // struct.calcsize("<BBH4IQQII") and its field positions.
         assert_eq!(RECORD_BYTES, 44);
-        assert_eq!(header_offset("num_tensors"), 4);
-        assert_eq!(header_offset("num_engram_orders"), 76);
-        assert_eq!(header_element_offset("engram_sites", 1), 104);
-        assert_eq!(header_offset("rope_theta"), 116);
         assert_eq!(record_field_offset(RecordField::BlobOffset), 20);
         assert_eq!(record_element_offset(RecordField::Dims, 1), 8);
         assert_eq!(record_field_offset(RecordField::Bits), 40);
-        assert_eq!(directory_start(CODEBOOK_LEN), 232);
-    }
-
-    #[test]
-    fn every_header_field_is_one_word_wide() {
-        // The reader addresses the header as 4-byte words.
-        assert!(HEADER_FIELDS.iter().all(|f| f.ty.bytes() == 4));
     }
 
     #[test]
@@ -606,149 +394,5 @@ mod tests {
         for (field, name) in RecordField::ALL.into_iter().zip(names) {
             assert_eq!(field.spec().name, name, "{field:?}");
         }
-    }
-
-    #[test]
-    fn walk_names_header_fields_only() {
-        for group in CORE_WALK {
-            if let Repeat::Indexed { count, .. } = group.repeat {
-                header_field_index(count);
-            }
-            for t in group.tensors {
-                for factor in t.shape.iter().flat_map(|d| d.split('*')) {
-                    if factor.parse::<u64>().is_err() {
-                        header_field_index(factor);
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn products_read_as_powers() {
-        assert_eq!(
-            product_text("num_layers*mhc_lanes*mhc_lanes"),
-            "num_layers * mhc_lanes^2"
-        );
-        assert_eq!(product_text("d_model"), "d_model");
-    }
-
-    /// The element's code in a Python `struct` format.
-    fn struct_code(ty: FieldType) -> char {
-        match ty {
-            FieldType::U8 => 'B',
-            FieldType::U16 => 'H',
-            FieldType::U32 => 'I',
-            FieldType::U64 => 'Q',
-            FieldType::F32 => 'f',
-        }
-    }
-
-    fn type_name(ty: FieldType) -> &'static str {
-        match ty {
-            FieldType::U8 => "u8",
-            FieldType::U16 => "u16",
-            FieldType::U32 => "u32",
-            FieldType::U64 => "u64",
-            FieldType::F32 => "f32",
-        }
-    }
-
-    /// `<29If`: runs of one type merged.
-    fn struct_format(fields: &[Field]) -> String {
-        let mut runs: Vec<(char, usize)> = Vec::new();
-        for f in fields {
-            let code = struct_code(f.ty);
-            match runs.last_mut() {
-                Some((last, n)) if *last == code => *n += f.count,
-                _ => runs.push((code, f.count)),
-            }
-        }
-        let body: String = runs
-            .iter()
-            .map(|&(c, n)| {
-                if n == 1 {
-                    c.to_string()
-                } else {
-                    format!("{n}{c}")
-                }
-            })
-            .collect();
-        format!("<{body}")
-    }
-
-    fn fields_json(fields: &[Field]) -> Value {
-        let mut at = 0;
-        fields
-            .iter()
-            .map(|f| {
-                let v =
-                    json!({"name": f.name, "offset": at, "type": type_name(f.ty), "count": f.count});
-                at += f.bytes();
-                v
-            })
-            .collect()
-    }
-
-    fn group_json(g: &TensorGroup) -> Value {
-        let (count, name) = match g.repeat {
-            Repeat::Once => (Value::Null, "{tensor}".to_string()),
-            Repeat::Indexed {
-                count,
-                prefix,
-                digits,
-            } => {
-                let index = if digits == 0 {
-                    "{index}".to_string()
-                } else {
-                    format!("{{index:0{digits}}}")
-                };
-                (json!(count), format!("{prefix}{index}.{{tensor}}"))
-            }
-        };
-        let tensors: Vec<Value> = g
-            .tensors
-            .iter()
-            .map(|t| json!({"name": t.name, "shape": t.shape}))
-            .collect();
-        json!({"count": count, "name": name, "tensors": tensors})
-    }
-
-    fn render() -> String {
-        let layout = json!({
-            "about": "Needle 2 .cact layout, rendered from exporter/src/cact/layout.rs by its \
-                      unit test; regenerate with NEEDLE_WRITE_LAYOUT=1 cargo test -p exporter layout. \
-                      Little-endian, packed. Shapes are products of header fields (\"1\" is a \
-                      literal one). A group with a count repeats once per index below that header \
-                      field, its names formatted with str.format(index=, tensor=). After the walk: \
-                      heads.manifest and the probe heads it lists (if any), then the RAW tokenizer.",
-            "tag": TAG,
-            "needle3_tag": NEEDLE3_TAG,
-            "header_bytes": HEADER_BYTES,
-            "header_format": struct_format(&HEADER_FIELDS),
-            "header": fields_json(&HEADER_FIELDS),
-            "codebook_len": CODEBOOK_LEN,
-            "record_bytes": RECORD_BYTES,
-            "record_format": struct_format(&RECORD_FIELDS),
-            "record": fields_json(&RECORD_FIELDS),
-            "align": ALIGN,
-            "walk": CORE_WALK.iter().map(group_json).collect::<Vec<_>>(),
-        });
-        serde_json::to_string_pretty(&layout).unwrap() + "\n"
-    }
-
-    #[test]
-    fn layout_json_is_current() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/layout/needle2.json");
-        let rendered = render();
-        if std::env::var_os("NEEDLE_WRITE_LAYOUT").is_some() {
-            std::fs::write(path, &rendered).unwrap();
-        }
-        let committed = std::fs::read_to_string(path).unwrap_or_default();
-        assert!(
-            committed == rendered,
-            "{path} differs from cact/layout.rs; regenerate it with \
-             NEEDLE_WRITE_LAYOUT=1 cargo test -p exporter layout"
-        );
     }
 }

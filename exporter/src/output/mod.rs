@@ -8,7 +8,7 @@ pub mod target;
 
 use crate::export::ExportOptions;
 use crate::genai;
-use crate::model::{sha256_hex, NeedleModel};
+use crate::model::{file_name, sha256_hex, NeedleModel};
 use crate::tokenizer::{NeedleTokenizer, IM_END};
 use anyhow::{bail, Result};
 use graphs::config::ModelConfig;
@@ -215,11 +215,4 @@ fn stage_genai_files(
         written.push((path.clone(), text.len()));
     }
     Ok(written)
-}
-
-/// The last component of `p`, or "" when it has none.
-pub fn file_name(p: &Path) -> String {
-    p.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
 }

@@ -1,6 +1,6 @@
 //! The Needle 3 `.cact` layout (`cactus-needle==3.2.8`, `needle/model/export.py`,
-//! tag `0x05E12A84`) declared once, as data, with the same field and walk types as
-//! Needle 2's ([`crate::cact::layout`]). Upstream's docstring says the header is 120
+//! tag `0x05E12A84`) declared once, as data, with the field and walk types of
+//! [`crate::cact::layout`]. Upstream's docstring says the header is 120
 //! bytes; the writer packs `<48If>`, 196 bytes, and that is what this declares.
 //!
 //! ```text
@@ -9,11 +9,10 @@
 //!       | [heads.manifest, heads] | [Whistle audio section] | tokenizer
 //! ```
 
-use crate::cact::header::RawHeader;
-use crate::cact::layout::{tensor, tensor_if, Field, FieldType, HeaderLayout, Repeat, TensorGroup};
-
-/// First u32 of a Needle 3 `.cact`.
-pub const TAG: u32 = 0x05E1_2A84;
+use crate::cact::layout::{
+    one, tensor, tensor_if, u32s, word, DerivedSize, Field, FieldType, HeaderLayout, Repeat,
+    TensorGroup,
+};
 /// Layers the 64-bit global-attention mask can name.
 pub const MAX_LAYERS: u32 = 64;
 /// Engram sites the header has room for.
@@ -21,66 +20,57 @@ pub const MAX_SITES: usize = 16;
 /// First value of the Whistle `audio.manifest` tensor.
 pub const AUDIO_MAGIC: f32 = 3246.0;
 
-const fn one(name: &'static str) -> Field {
-    Field {
-        name,
-        ty: FieldType::U32,
-        count: 1,
-    }
-}
-
-const fn u32s(name: &'static str, count: usize) -> Field {
-    Field {
-        name,
-        ty: FieldType::U32,
-        count,
-    }
-}
-
 /// The header fields in file order, packed (`<48If>`). `engram_orders` takes 4 words
 /// and `engram_sites` 16; only the first `num_engram_orders` / `num_engram_sites` are used.
 pub const HEADER_FIELDS: [Field; 31] = [
-    one("tag"),
-    one("num_tensors"),
-    one("codebook_len"),
-    one("kv_window"),
-    one("kv_bits"),
-    one("vocab"),
-    one("out_vocab"),
-    one("d_model"),
-    one("num_heads"),
-    one("num_kv_heads"),
-    one("num_layers"),
-    one("qk_head_dim"),
-    one("v_head_dim"),
-    one("max_seq_len"),
-    one("hada_n"),
-    one("mhc_lanes"),
-    one("sliding_window"),
-    one("global_mask_lo"),
-    one("global_mask_hi"),
-    one("qkv_conv_taps"),
-    one("engram_slots"),
-    one("engram_sub_dim"),
-    one("num_engram_tables"),
-    one("engram_conv_taps"),
-    one("engram_conv_dilation"),
-    one("engram_seed_heads"),
-    one("num_engram_orders"),
+    word("tag"),
+    word("num_tensors"),
+    word("codebook_len"),
+    word("kv_window"),
+    word("kv_bits"),
+    word("vocab"),
+    word("out_vocab"),
+    word("d_model"),
+    word("num_heads"),
+    word("num_kv_heads"),
+    word("num_layers"),
+    word("qk_head_dim"),
+    word("v_head_dim"),
+    word("max_seq_len"),
+    word("hada_n"),
+    word("mhc_lanes"),
+    word("sliding_window"),
+    word("global_mask_lo"),
+    word("global_mask_hi"),
+    word("qkv_conv_taps"),
+    word("engram_slots"),
+    word("engram_sub_dim"),
+    word("num_engram_tables"),
+    word("engram_conv_taps"),
+    word("engram_conv_dilation"),
+    word("engram_seed_heads"),
+    word("num_engram_orders"),
     u32s("engram_orders", 4),
-    one("num_engram_sites"),
+    word("num_engram_sites"),
     u32s("engram_sites", MAX_SITES),
-    Field {
-        name: "rope_theta",
-        ty: FieldType::F32,
-        count: 1,
-    },
+    one("rope_theta", FieldType::F32),
 ];
 
 /// The Needle 3 header, with the Monarch factor sizes derived from `hada_n`.
 pub const HEADER: HeaderLayout = HeaderLayout {
     fields: &HEADER_FIELDS,
-    derived: &[("monarch_a", monarch_a), ("monarch_b", monarch_b)],
+    derived: &[
+        DerivedSize {
+            name: "monarch_a",
+            field: "hada_n",
+            size: monarch_a,
+        },
+        DerivedSize {
+            name: "monarch_b",
+            field: "hada_n",
+            size: monarch_b,
+        },
+    ],
 };
 
 /// Size of the fixed header in bytes (196).
@@ -101,7 +91,7 @@ pub const fn header_element_offset(name: &str, element: usize) -> u64 {
 
 /// File offset of the directory: after the header and `codebook_len` codebook entries.
 pub const fn directory_start(codebook_len: u32) -> u64 {
-    HEADER_BYTES + 4 * codebook_len as u64
+    HEADER.directory_start(codebook_len)
 }
 
 /// The two Monarch factor sizes `(a, b)` of a width-`n` MLP, `a * b = n`
@@ -112,12 +102,12 @@ pub fn monarch_blocks(n: u64) -> (u64, u64) {
     (a, n / a)
 }
 
-fn monarch_a(h: &RawHeader<'_>) -> u64 {
-    monarch_blocks(h.u32("hada_n").into()).0
+fn monarch_a(hada_n: u64) -> u64 {
+    monarch_blocks(hada_n).0
 }
 
-fn monarch_b(h: &RawHeader<'_>) -> u64 {
-    monarch_blocks(h.u32("hada_n").into()).1
+fn monarch_b(hada_n: u64) -> u64 {
+    monarch_blocks(hada_n).1
 }
 
 /// The 24 tensors of each layer (27 with the QKV conv taps), `layer00.norm_in` first.

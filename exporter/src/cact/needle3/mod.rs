@@ -1,20 +1,28 @@
-//! Reader for Needle 3 `.cact` files (`cactus-needle==3.2.8`), beside the Needle 2
-//! reader and sharing its primitives (byte reads, directory records, CQ decoding, the
-//! tokenizer blob). Validated completely before anything is dequantized.
+//! Reader for Needle 3 `.cact` files (`cactus-needle==3.2.8`, `needle/model/export.py`),
+//! validated completely before anything is dequantized. The byte layout is declared in
+//! [`layout`].
 
 pub mod header;
 pub mod layout;
 mod weights;
 
+use std::path::Path;
+
 use graphs::blocks::weights::{CqRows, Tensor};
 use graphs::needle3::HeadKind;
 
-use super::cq;
-use super::directory::{check_overlaps, DirectoryWalk, Encoding, Entry, Slot, NEEDLE3_CQ};
-use super::header::Codebooks;
-use super::layout::{core_count, core_slots, RECORD_BYTES};
-use super::{named_tensor, CactError, TokenizerSpec};
-pub use header::Header;
+use crate::cact::bytes::read_file;
+use crate::cact::codebooks::Codebooks;
+use crate::cact::cq;
+use crate::cact::directory::{
+    check_overlaps, DirectoryWalk, Encoding, Entry, Record, Slot, NEEDLE3_CQ,
+};
+use crate::cact::layout::RECORD_BYTES;
+use crate::cact::tensors::Tensors;
+use crate::cact::tokenizer_blob::TokenizerSpec;
+use crate::cact::walk::{core_count, core_slots};
+use crate::cact::CactError;
+pub use header::Needle3Header;
 use layout::{directory_start, header_offset, AUDIO_MAGIC, CORE_WALK};
 
 /// Values in the Whistle `audio.manifest`.
@@ -23,23 +31,31 @@ const AUDIO_MANIFEST_LEN: u32 = 13;
 /// A parsed and validated Needle 3 `.cact` file. Owns the file's bytes; tensors are
 /// decoded on request.
 #[derive(Clone)]
-pub struct Cact3File {
-    header: Header,
-    codebooks: Codebooks,
-    entries: Vec<Entry>,
+pub struct Needle3File {
+    header: Needle3Header,
     heads: Vec<HeadKind>,
     audio_tensors: usize,
     tokenizer: TokenizerSpec,
-    bytes: Vec<u8>,
+    tensors: Tensors,
 }
 
-impl Cact3File {
+impl Needle3File {
     /// Parses and validates a whole Needle 3 `.cact` file held in memory.
     pub fn parse(bytes: &[u8]) -> Result<Self, CactError> {
-        let file = bytes;
-        let (header, raw, codebooks) = Header::parse(file)?;
+        Self::from_bytes(bytes.to_vec())
+    }
+
+    /// Reads and parses the Needle 3 `.cact` file at `path`.
+    pub fn read(path: impl AsRef<Path>) -> Result<Self, CactError> {
+        Self::from_bytes(read_file(path.as_ref())?)
+    }
+
+    fn from_bytes(bytes: Vec<u8>) -> Result<Self, CactError> {
+        let file = &bytes[..];
+        let (header, raw, codebooks) = Needle3Header::parse(file)?;
+        let common = &header.common;
         let core = core_count(&CORE_WALK, &raw);
-        let num_tensors = u64::from(header.num_tensors);
+        let num_tensors = u64::from(common.num_tensors);
         if num_tensors < core + 1 {
             return Err(CactError::TensorCount {
                 offset: header_offset("num_tensors"),
@@ -47,7 +63,7 @@ impl Cact3File {
                 expected: format!("at least {} (through the tokenizer)", core + 1),
             });
         }
-        let dir_start = directory_start(header.codebook_len);
+        let dir_start = directory_start(common.codebook_len);
         let file_len = file.len() as u64;
         if dir_start + num_tensors * RECORD_BYTES > file_len {
             return Err(CactError::Truncated {
@@ -83,31 +99,35 @@ impl Cact3File {
         let tokenizer = TokenizerSpec::parse_at(blob.blob(file), blob.blob_offset)?;
         // Rows past the tokenizer's pieces are input-only code embeddings (upstream
         // `_pack_cact` refuses only a tokenizer larger than the vocabulary).
-        if tokenizer.pieces.len() as u64 > u64::from(header.vocab) {
+        if tokenizer.pieces.len() as u64 > u64::from(common.vocab) {
             return Err(CactError::TokenizerVocab {
                 offset: blob.blob_offset,
                 found: tokenizer.pieces.len() as u32,
-                vocab: header.vocab,
+                vocab: common.vocab,
             });
         }
-        Ok(Cact3File {
+        Ok(Needle3File {
             audio_tensors: t - audio_start,
             header,
-            codebooks,
-            entries,
             heads,
             tokenizer,
-            bytes: bytes.to_vec(),
+            tensors: Tensors::new(entries, codebooks, bytes),
         })
     }
 
-    pub fn header(&self) -> &Header {
+    /// The validated header.
+    pub fn header(&self) -> &Needle3Header {
         &self.header
+    }
+
+    /// The 2/3/4-bit codebooks stored after the header.
+    pub fn codebooks(&self) -> &Codebooks {
+        self.tensors.codebooks()
     }
 
     /// Every tensor in file order, named as upstream names it (audio tensors by position).
     pub fn entries(&self) -> &[Entry] {
-        &self.entries
+        self.tensors.entries()
     }
 
     /// The probe heads listed in `heads.manifest`, in file order (empty when none).
@@ -120,6 +140,7 @@ impl Cact3File {
         self.audio_tensors
     }
 
+    /// The tokenizer carried in the RAW `tokenizer` blob.
     pub fn tokenizer(&self) -> &TokenizerSpec {
         &self.tokenizer
     }
@@ -127,37 +148,30 @@ impl Cact3File {
     /// The float32 values of the tensor with upstream name `name`, CQ tensors
     /// dequantized exactly like upstream `read_export`.
     pub fn tensor(&self, name: &str) -> Result<Tensor, CactError> {
-        named_tensor(&self.entries, &self.bytes, &self.codebooks, name)
+        self.tensors.tensor(name)
     }
 
     /// The codes and norms of CQ tensor `name` as stored (`None` when it is not CQ).
     pub fn cq_rows(&self, name: &str) -> Result<Option<CqRows>, CactError> {
-        let entry = self
-            .entries
-            .iter()
-            .find(|e| e.name == name)
-            .ok_or_else(|| CactError::Missing {
-                tensor: name.to_string(),
-            })?;
-        cq::rows(entry, entry.blob(&self.bytes), &self.codebooks)
+        self.tensors.cq_rows(name)
     }
 }
 
-impl std::fmt::Debug for Cact3File {
+impl std::fmt::Debug for Needle3File {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Cact3File")
+        f.debug_struct("Needle3File")
             .field("header", &self.header)
-            .field("tensors", &self.entries.len())
+            .field("tensors", &self.entries().len())
             .field("heads", &self.heads)
             .field("audio_tensors", &self.audio_tensors)
-            .field("bytes", &self.bytes.len())
+            .field("bytes", &self.tensors.file_len())
             .finish_non_exhaustive()
     }
 }
 
 /// Whether a record looks like the Whistle manifest (13 FP32 values); the values are
 /// checked once the record is.
-fn is_audio_manifest(r: &super::directory::Record) -> bool {
+fn is_audio_manifest(r: &Record) -> bool {
     r.dtype == 2 && r.ndim == 1 && r.dims[0] == AUDIO_MANIFEST_LEN
 }
 
@@ -189,7 +203,7 @@ fn read_heads(
     walk: &mut DirectoryWalk<'_>,
     file: &[u8],
     codebooks: &Codebooks,
-    header: &Header,
+    header: &Needle3Header,
 ) -> Result<Vec<HeadKind>, CactError> {
     let i = walk.next(|r| Slot::float("heads.manifest", &[r.dims[0].into()]))?;
     let manifest = &walk.entries[i];
@@ -226,7 +240,10 @@ fn read_heads(
             }
         }
     }
-    let (rows, d) = (u64::from(header.num_layers) + 1, u64::from(header.d_model));
+    let (rows, d) = (
+        u64::from(header.common.num_layers) + 1,
+        u64::from(header.common.d_model),
+    );
     for &kind in &heads {
         let name = kind.name();
         // CQ heads store the probes as `[rows * k, d]`; the earlier FP16 layout as `[rows, k, d]`.

@@ -1,80 +1,42 @@
 //! From a validated Needle 3 file to the graph crate's typed, dequantized weights.
 
-use graphs::blocks::weights::{EngramTables, EngramWeights};
-use graphs::geometry::{CommonGeometry, EngramGeometry};
-use graphs::needle3::{Config, LayerWeights, MonarchWeights, ProbeHead, QkvTaps, Weights};
+use graphs::blocks::weights::EngramTables;
+use graphs::needle3::{Config, HeadKind, LayerWeights, MonarchWeights, ProbeHead, QkvTaps, Weights};
 
-use super::layout::{ENGRAM, LAYER};
-use super::Cact3File;
-use crate::cact::weights::mhc_weights;
+use super::layout::LAYER;
+use super::Needle3File;
+use crate::cact::weights::{decode_in_parallel, engram_weights, mhc_weights};
 use crate::cact::CactError;
 
-impl Cact3File {
+impl Needle3File {
     /// The model geometry, from the header (`out_vocab` and the seed stride resolved).
     pub fn config(&self) -> Config {
         let h = self.header();
         let us = |v: u32| v as usize;
-        let heads = h.num_engram_tables / h.engram_orders.len() as u32;
         Config {
-            common: CommonGeometry {
-                vocab: us(h.vocab),
-                d_model: us(h.d_model),
-                num_heads: us(h.num_heads),
-                num_kv_heads: us(h.num_kv_heads),
-                num_layers: us(h.num_layers),
-                max_seq_len: us(h.max_seq_len),
-                hada_n: us(h.hada_n),
-                mhc_lanes: us(h.mhc_lanes),
-                engram: EngramGeometry {
-                    orders: h.engram_orders.iter().copied().map(us).collect(),
-                    sites: h.engram_sites.iter().copied().map(us).collect(),
-                    num_tables: us(h.num_engram_tables),
-                    slots: us(h.engram_slots),
-                    sub_dim: us(h.engram_sub_dim),
-                    conv_taps: us(h.engram_conv_taps),
-                    dilation: us(h.engram_conv_dilation),
-                    seed_stride: us(if h.engram_seed_heads == 0 {
-                        heads
-                    } else {
-                        h.engram_seed_heads
-                    }),
-                },
-                rope_theta: h.rope_theta,
-                kv_window: us(h.kv_window),
-                kv_bits: h.kv_bits,
-            },
+            common: h.common.geometry(h.seed_stride()),
             out_vocab: us(h.output_rows()),
             qk_head_dim: us(h.qk_head_dim),
             v_head_dim: us(h.v_head_dim),
             sliding_window: us(h.sliding_window),
             global_layers: h.global_layers.iter().copied().map(us).collect(),
             qkv_conv_taps: us(h.qkv_conv_taps),
-            source_layers: (0..us(h.num_layers)).collect(),
+            source_layers: (0..us(h.common.num_layers)).collect(),
         }
     }
 
     /// Every weight of the logits graph, dequantized to float32 in the file layout.
     /// Fails on a NaN or infinite value, or permutations that are not permutations.
     pub fn weights(&self) -> Result<Weights, CactError> {
-        let layers = (0..self.header().num_layers as usize)
-            .map(|i| self.layer(i))
-            .collect::<Result<Vec<_>, _>>()?;
-        let engrams = (0..self.header().engram_sites.len())
-            .map(|s| {
-                let t = |name| self.tensor(&ENGRAM.tensor_name(s, name));
-                Ok(EngramWeights {
-                    tables: self.engram_tables(&ENGRAM.tensor_name(s, "tables"))?,
-                    key_proj: t("key_proj")?,
-                    value_proj: t("value_proj")?,
-                    taps: t("taps")?,
-                })
-            })
-            .collect::<Result<_, CactError>>()?;
-        let mhc = mhc_weights(|name| self.tensor(name))?;
+        let layers = decode_in_parallel(self.header().common.num_layers as usize, |i| {
+            self.layer(i)
+        })?;
+        let sites = self.header().common.engram_sites.len();
+        let engrams = engram_weights(&self.tensors, sites, |name| self.engram_tables(name))?;
         Ok(Weights {
             embedding: self.tensor("embedding")?,
             layers,
-            mhc,
+            mhc: mhc_weights(&self.tensors)?,
             hada_p1: self.permutation("hada_p1")?,
             hada_p2: self.permutation("hada_p2")?,
             engrams,
@@ -82,7 +44,7 @@ impl Cact3File {
             confidence: self
                 .probe_heads()?
                 .into_iter()
-                .find(|h| h.kind == graphs::needle3::HeadKind::Confidence),
+                .find(|h| h.kind == HeadKind::Confidence),
         })
     }
 
@@ -146,11 +108,7 @@ impl Cact3File {
         for (index, &v) in values.iter().enumerate() {
             let i = v as usize;
             if v.fract() != 0.0 || v < 0.0 || i >= n || seen[i] {
-                let entry = self
-                    .entries()
-                    .iter()
-                    .find(|e| e.name == name)
-                    .expect("read above");
+                let entry = self.tensors.entry(name)?;
                 return Err(CactError::Permutation {
                     tensor: name.to_string(),
                     offset: entry.blob_offset + 4 * index as u64,
@@ -187,7 +145,7 @@ impl Cact3File {
                     proj: t("proj")?,
                     bias: t("bias")?,
                     calibration: match kind {
-                        graphs::needle3::HeadKind::Router => Some(t("calibration")?),
+                        HeadKind::Router => Some(t("calibration")?),
                         _ => None,
                     },
                 })

@@ -1,8 +1,9 @@
-//! Every tensor of the three fixture models, read by `CactFile`, against
+//! Every tensor of the three fixture models, read by `Needle2File`, against
 //! upstream `read_export` (tests/fixtures/<model>.dequant.safetensors, written
 //! by tests/fixtures/make_dequant_reference.py).
 
-use exporter::cact::{CactFile, Codebooks, Encoding, HeadKind, PieceKind};
+use exporter::cact::{Codebooks, Encoding, Needle2File, PieceKind};
+use graphs::needle2::HeadKind;
 use graphs::blocks::weights::EngramTables;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
@@ -20,7 +21,7 @@ fn f32s(st: &SafeTensors, name: &str) -> (Vec<usize>, Vec<f32>) {
 }
 
 /// Checks every tensor bit for bit and prints the max |ours - upstream|.
-fn check_tensors(model: &str, file: &CactFile, st: &SafeTensors) {
+fn check_tensors(model: &str, file: &Needle2File, st: &SafeTensors) {
     let mut max_diff = 0f32;
     let mut differing = 0usize;
     for entry in file.entries() {
@@ -43,7 +44,7 @@ fn check_tensors(model: &str, file: &CactFile, st: &SafeTensors) {
     );
 }
 
-fn check_header(model: &str, file: &CactFile, st: &SafeTensors, meta: &Value) {
+fn check_header(model: &str, file: &Needle2File, st: &SafeTensors, meta: &Value) {
     let h = file.header();
     let words: Vec<u32> = st
         .tensor("header.u32")
@@ -53,37 +54,37 @@ fn check_header(model: &str, file: &CactFile, st: &SafeTensors, meta: &Value) {
         .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect();
     let mine = [
-        h.num_tensors,
-        h.codebook_len,
-        h.kv_window,
-        h.kv_bits,
-        h.vocab,
-        h.d_model,
-        h.num_heads,
-        h.num_kv_heads,
-        h.num_layers,
+        h.common.num_tensors,
+        h.common.codebook_len,
+        h.common.kv_window,
+        h.common.kv_bits,
+        h.common.vocab,
+        h.common.d_model,
+        h.common.num_heads,
+        h.common.num_kv_heads,
+        h.common.num_layers,
         h.head_dim,
-        h.max_seq_len,
-        h.hada_n,
-        h.mhc_lanes,
-        h.engram_slots,
-        h.engram_sub_dim,
-        h.num_engram_tables,
-        h.engram_conv_taps,
-        h.engram_conv_dilation,
+        h.common.max_seq_len,
+        h.common.hada_n,
+        h.common.mhc_lanes,
+        h.common.engram_slots,
+        h.common.engram_sub_dim,
+        h.common.num_engram_tables,
+        h.common.engram_conv_taps,
+        h.common.engram_conv_dilation,
     ];
     assert_eq!(mine.as_slice(), &words[1..19], "{model}: header words");
-    assert_eq!(words[19] as usize, h.engram_orders.len());
+    assert_eq!(words[19] as usize, h.common.engram_orders.len());
     assert_eq!(
-        &words[20..20 + h.engram_orders.len()],
-        h.engram_orders.as_slice()
+        &words[20..20 + h.common.engram_orders.len()],
+        h.common.engram_orders.as_slice()
     );
-    assert_eq!(words[24] as usize, h.engram_sites.len());
+    assert_eq!(words[24] as usize, h.common.engram_sites.len());
     assert_eq!(
-        &words[25..25 + h.engram_sites.len()],
-        h.engram_sites.as_slice()
+        &words[25..25 + h.common.engram_sites.len()],
+        h.common.engram_sites.as_slice()
     );
-    assert_eq!(f32s(st, "header.rope_theta").1, vec![h.rope_theta]);
+    assert_eq!(f32s(st, "header.rope_theta").1, vec![h.common.rope_theta]);
 
     let cfg = file.config();
     let c = &cfg.common;
@@ -138,7 +139,7 @@ fn check_header(model: &str, file: &CactFile, st: &SafeTensors, meta: &Value) {
     );
 }
 
-fn check_tokenizer(model: &str, file: &CactFile, want: &Value) {
+fn check_tokenizer(model: &str, file: &Needle2File, want: &Value) {
     let t = file.tokenizer();
     let id = |k: &str| want[k].as_u64().unwrap() as u32;
     assert_eq!(
@@ -174,7 +175,7 @@ fn check_tokenizer(model: &str, file: &CactFile, want: &Value) {
 }
 
 fn check_model(model: &str) {
-    let file = CactFile::read(fixture(&format!("{model}.cact"))).unwrap();
+    let file = Needle2File::read(fixture(&format!("{model}.cact"))).unwrap();
     let bytes = std::fs::read(fixture(&format!("{model}.dequant.safetensors"))).unwrap();
     let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
     let meta = meta.metadata().clone().unwrap();
@@ -221,7 +222,7 @@ fn m96_matches_upstream() {
 
 #[test]
 fn probe_heads_of_m64() {
-    let file = CactFile::read(fixture("m64.cact")).unwrap();
+    let file = Needle2File::read(fixture("m64.cact")).unwrap();
     let heads = file.probe_heads().unwrap();
     let kinds: Vec<HeadKind> = heads.iter().map(|h| h.kind).collect();
     assert_eq!(kinds, [HeadKind::Contrastive, HeadKind::Confidence]);
@@ -232,7 +233,7 @@ fn probe_heads_of_m64() {
     assert_eq!(heads[1].proj.shape, [1, 512]);
     assert_eq!(heads[1].bias.shape, [1]);
     for model in ["m48", "m96"] {
-        let file = CactFile::read(fixture(&format!("{model}.cact"))).unwrap();
+        let file = Needle2File::read(fixture(&format!("{model}.cact"))).unwrap();
         assert!(file.probe_heads().unwrap().is_empty(), "{model}");
     }
 }

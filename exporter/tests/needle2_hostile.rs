@@ -1,11 +1,9 @@
 //! Corrupted variants of the m64 fixture (and one of m48): each must give a
 //! specific one-line `CactError`, never a panic or a huge allocation.
 
-use exporter::cact::layout::{
-    self, directory_start, record_element_offset, RecordField, CODEBOOK_LEN, HEADER_BYTES,
-    NEEDLE3_TAG, RECORD_BYTES,
-};
-use exporter::cact::{CactError, CactFile};
+use exporter::cact::layout::{record_element_offset, RecordField, CODEBOOK_LEN, RECORD_BYTES};
+use exporter::cact::needle2::layout::{self, directory_start, HEADER_BYTES};
+use exporter::cact::{CactError, Needle2File, NEEDLE3_TAG};
 use graphs::contract::Generation;
 use test_support::read_fixture;
 
@@ -51,7 +49,7 @@ struct Map {
 impl Map {
     fn new(model: &str) -> Map {
         let bytes = read_fixture(&format!("{model}.cact"));
-        let file = CactFile::parse(&bytes).unwrap();
+        let file = Needle2File::parse(&bytes).unwrap();
         let names = file.entries().iter().map(|e| e.name.clone()).collect();
         let blobs = file
             .entries()
@@ -663,7 +661,7 @@ fn value_cases(map: &Map, cases: &mut Vec<Case>) {
 fn check(cases: Vec<Case>) {
     let mut failures = Vec::new();
     for c in &cases {
-        let result = CactFile::parse(&c.bytes).and_then(|f| match c.stage {
+        let result = Needle2File::parse(&c.bytes).and_then(|f| match c.stage {
             Stage::Parse => Ok(()),
             Stage::Weights => f.weights().map(|_| ()),
         });
@@ -712,7 +710,7 @@ fn ternary_crumb_code_2() {
     );
     let mut bytes = map.bytes.clone();
     bytes[start] = (bytes[start] & !0b11) | 0b10;
-    let err = CactFile::parse(&bytes).unwrap().weights().unwrap_err();
+    let err = Needle2File::parse(&bytes).unwrap().weights().unwrap_err();
     assert!(
         matches!(&err, CactError::TernaryCode { tensor, index: 0, offset } if tensor == "layer00.v_proj" && *offset == start as u64),
         "{err:?}"
@@ -729,7 +727,7 @@ fn every_header_and_directory_byte_flipped() {
     for at in 0..dir_end {
         for flip in [0x01, 0x80, 0xff] {
             bytes[at] ^= flip;
-            if let Err(e) = CactFile::parse(&bytes) {
+            if let Err(e) = Needle2File::parse(&bytes) {
                 assert!(!e.to_string().contains('\n'));
             }
             bytes[at] ^= flip;
@@ -741,6 +739,6 @@ fn every_header_and_directory_byte_flipped() {
 fn good_files_parse() {
     for model in ["m48", "m64", "m96"] {
         let bytes = read_fixture(&format!("{model}.cact"));
-        CactFile::parse(&bytes).unwrap().weights().unwrap();
+        Needle2File::parse(&bytes).unwrap().weights().unwrap();
     }
 }

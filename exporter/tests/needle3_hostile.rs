@@ -1,9 +1,9 @@
 //! Hostile Needle 3 files: each corruption of a valid fixture (`needle3/n3a.cact`) is one
 //! typed error naming what and where, never a panic, and the whole-model read agrees.
 
-use exporter::cact::layout::{RecordField, RECORD_BYTES};
+use exporter::cact::layout::{record_field_offset, RecordField, RECORD_BYTES};
 use exporter::cact::needle3::layout::{directory_start, header_offset};
-use exporter::cact::needle3::Cact3File;
+use exporter::cact::Needle3File;
 use exporter::cact::CactError;
 use exporter::model::NeedleModel;
 use test_support::read_fixture;
@@ -21,19 +21,19 @@ fn record(b: &[u8], index: u64, field: RecordField) -> u64 {
     let codebook_len = get_u32(b, header_offset("codebook_len"));
     directory_start(codebook_len)
         + index * RECORD_BYTES
-        + exporter::cact::layout::record_field_offset(field)
+        + record_field_offset(field)
 }
 
 /// Index of the tensor named `name` in the valid file.
 fn index_of(name: &str) -> u64 {
-    let file = Cact3File::parse(&read_fixture("needle3/n3a.cact")).unwrap();
+    let file = Needle3File::parse(&read_fixture("needle3/n3a.cact")).unwrap();
     file.entries().iter().position(|e| e.name == name).unwrap() as u64
 }
 
 fn check(what: &str, corrupt: impl Fn(&mut Vec<u8>), expected: impl Fn(&CactError) -> bool) {
     let mut bytes = read_fixture("needle3/n3a.cact");
     corrupt(&mut bytes);
-    let err = Cact3File::parse(&bytes)
+    let err = Needle3File::parse(&bytes)
         .and_then(|f| f.weights().map(|_| ()))
         .expect_err(what);
     assert!(expected(&err), "{what}: unexpected error {err:?}");
@@ -154,7 +154,7 @@ fn every_corruption_is_one_typed_error() {
 fn the_needle3_reader_refuses_another_generations_file() {
     let mut bytes = read_fixture("needle3/n3a.cact");
     put_u32(&mut bytes, 0, 0x05E1_2A83);
-    let err = Cact3File::parse(&bytes).unwrap_err();
+    let err = Needle3File::parse(&bytes).unwrap_err();
     assert_eq!(
         err.to_string(),
         "this is a Needle 2 .cact file; the Needle 3 reader cannot read it"
