@@ -236,7 +236,7 @@ pub fn jax(root: &Path, model: &Path, threads: usize, plan: &Plan) -> Result<Jax
         &plan.reps.to_string(),
     ]);
     cmd.env("NEEDLE_TELEMETRY", "0");
-    last_json_line(&mut cmd, "bench/jax_bench.py (run scripts/setup)")
+    last_json_line(&mut cmd, "bench/jax_bench.py (run scripts/setup-tests)")
 }
 
 /// Runs `cmd` and parses the last line it prints as JSON; `what` names it in errors.

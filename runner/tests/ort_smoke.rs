@@ -45,7 +45,7 @@ fn smoke_model() -> &'static Path {
             .arg(MAKE_MODEL)
             .arg(&path)
             .status()
-            .unwrap_or_else(|e| panic!("the venv python: {e}; run scripts/setup"));
+            .unwrap_or_else(|e| panic!("the venv python: {e}; run scripts/setup-tests"));
         assert!(status.success(), "making the smoke model failed");
         path
     })

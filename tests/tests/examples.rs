@@ -51,7 +51,7 @@ fn export(dir: &Path, model: &str, attention: AttentionKind) -> PathBuf {
 }
 
 /// onnxruntime-node (three models) and onnxruntime-web (wasm, m64) 1.30 (`examples/node`,
-/// installed by scripts/setup) on both variants, from upstream's prompt ids.
+/// installed by scripts/setup-tests) on both variants, from upstream's prompt ids.
 #[test]
 fn the_node_example_reproduces_upstream_generations_in_node_and_web() {
     let dir = scratch("example-node");
@@ -62,7 +62,7 @@ fn the_node_example_reproduces_upstream_generations_in_node_and_web() {
                 .join("examples/node/node_modules")
                 .join(package)
                 .exists(),
-            "examples/node has no {package}: run scripts/setup"
+            "examples/node has no {package}: run scripts/setup-tests"
         );
     }
     for model in ["m48", "m64", "m96"] {
@@ -84,7 +84,7 @@ fn the_node_example_reproduces_upstream_generations_in_node_and_web() {
 }
 
 /// The same example, unchanged, in a web page: onnxruntime-web's wasm build in headless
-/// Chromium (Debian's, driven by playwright-core; both installed by scripts/setup), m64,
+/// Chromium (Debian's, driven by playwright-core; both installed by scripts/setup-tests), m64,
 /// both variants.
 #[test]
 fn the_node_example_reproduces_upstream_generations_in_headless_chromium() {
@@ -92,14 +92,14 @@ fn the_node_example_reproduces_upstream_generations_in_headless_chromium() {
     let chromium = std::env::var_os("CHROMIUM").unwrap_or("/usr/bin/chromium".into());
     assert!(
         Path::new(&chromium).exists(),
-        "{} is missing: run scripts/setup",
+        "{} is missing: run scripts/setup-tests",
         chromium.to_string_lossy()
     );
     assert!(
         repo_root()
             .join("tests/browser/node_modules/playwright-core")
             .exists(),
-        "tests/browser has no playwright-core: run scripts/setup"
+        "tests/browser has no playwright-core: run scripts/setup-tests"
     );
     for attention in [AttentionKind::FUSED, AttentionKind::Reference] {
         let graph = export(&dir, "m64", attention);

@@ -26,19 +26,19 @@ pub fn read_fixture(name: &str) -> Vec<u8> {
     std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// The project venv's Python (`scripts/setup` makes it), with onnxruntime, onnx,
+/// The project venv's Python (`scripts/setup` makes it with onnxruntime; `scripts/setup-tests` adds onnx,
 /// sentencepiece, tokenizers and upstream's package.
 pub fn python() -> Command {
     python_in(".venv")
 }
 
-/// The Python of the venv `name` at the repository root (`scripts/setup` makes `.venv` and
+/// The Python of the venv `name` at the repository root (`scripts/setup-tests` makes `.venv` and
 /// one `.venv-ort-<version>` per older onnxruntime the graphs are checked on).
 pub fn python_in(name: &str) -> Command {
     let path = repo_root().join(name).join("bin/python");
     assert!(
         path.exists(),
-        "{} is missing: run scripts/setup",
+        "{} is missing: run scripts/setup-tests",
         path.display()
     );
     Command::new(path)
