@@ -7,6 +7,7 @@
                                fixtures whole and cut inside their header, directory and blobs
   fuzz/corpus/tokenizer_blob/  the fixtures' tokenizer blobs, truncations, and a
                                16-piece blob
+  fuzz/corpus/needle3_export/  the Needle 3 fixtures whole (the target exports what parses)
 
 The header, directory record and tensor walk come from exporter/layout/needle2.json
 (rendered from the reader's own declaration, exporter/src/cact/needle2/layout.rs).
@@ -169,6 +170,7 @@ def tiny_model(rng, codebooks, heads, with_site, cq_plan):
 
 def main():
     cact_dir, tok_dir = FUZZ / "corpus/cact", FUZZ / "corpus/tokenizer_blob"
+    export_dir = FUZZ / "corpus/needle3_export"
     m48 = FIXTURES[0].read_bytes()
     codebooks = m48[HEADER:HEADER + 4 * LAYOUT["codebook_len"]]
     for path in FIXTURES:
@@ -194,6 +196,7 @@ def main():
     for path in sorted((ROOT / "tests/fixtures/needle3").glob("*.cact")):
         b = path.read_bytes()
         write(cact_dir, path.stem, b)
+        write(export_dir, path.stem, b)
         for cut in (4, 100, 196, 400, len(b) // 2, len(b) - 1):
             write(cact_dir, f"{path.stem}-cut{cut}", b[:cut])
 
@@ -211,8 +214,9 @@ def main():
         write(cact_dir, f"{name}-cut", model[:records[-1]["blob_offset"] + 30])
     tok, _ = tokenizer_blob()
     write(tok_dir, "tiny", tok)
-    print(f"wrote {len(list(cact_dir.iterdir()))} cact and "
-          f"{len(list(tok_dir.iterdir()))} tokenizer_blob seeds under {FUZZ / 'corpus'}")
+    print(f"wrote {len(list(cact_dir.iterdir()))} cact, "
+          f"{len(list(tok_dir.iterdir()))} tokenizer_blob and "
+          f"{len(list(export_dir.iterdir()))} needle3_export seeds under {FUZZ / 'corpus'}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 //! Replays every input under `tests/fuzz_regressions/` (minimized crashes the
-//! `cargo fuzz` targets found; see `fuzz/README.md`) through both targets' calls,
+//! `cargo fuzz` targets found; see `fuzz/README.md`) through every target's calls,
 //! the same code the fuzzer runs: a file may be rejected, but nothing may
 //! panic or hold more heap than the targets allow.
 
@@ -27,6 +27,7 @@ fn fuzz_regressions_do_not_panic() {
     let targets = [
         ("cact", harness::cact_target as fn(&[u8])),
         ("tokenizer_blob", harness::tokenizer_blob_target),
+        ("needle3_export", harness::needle3_export_target),
     ];
     let mut failures = Vec::new();
     for path in &paths {

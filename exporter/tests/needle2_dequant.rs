@@ -3,8 +3,8 @@
 //! by tests/fixtures/make_dequant_reference.py).
 
 use exporter::cact::{Codebooks, Encoding, Needle2File, PieceKind};
-use graphs::needle2::HeadKind;
 use graphs::blocks::weights::EngramTables;
+use graphs::needle2::HeadKind;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 use test_support::fixture;

@@ -217,8 +217,8 @@ fn header_cases(map: &Map, cases: &mut Vec<Case>) {
     case(
         cases,
         map,
-        "num_layers u32::MAX",
-        |b| put_u32(b, field("num_layers"), u32::MAX),
+        "num_layers 256, the most the header allows",
+        |b| put_u32(b, field("num_layers"), 256),
         count,
     );
     case(
@@ -245,8 +245,8 @@ fn header_cases(map: &Map, cases: &mut Vec<Case>) {
     case(
         cases,
         map,
-        "vocab 2^31",
-        |b| put_u32(b, field("vocab"), 1 << 31),
+        "vocab 2^20, the most the header allows",
+        |b| put_u32(b, field("vocab"), 1 << 20),
         |e| matches!(e, CactError::Shape { tensor, .. } if tensor == "embedding"),
     );
     case(
@@ -284,6 +284,22 @@ fn header_cases(map: &Map, cases: &mut Vec<Case>) {
         |b| put_u32(b, field("num_engram_orders"), 9),
         header_field("num_engram_orders"),
     );
+    // Fields that size what the graph builds rather than what the file stores (the RoPE
+    // tables, the engram window, the n-gram hashes): each of these took all memory in
+    // needle-export before the header bounded it.
+    for (name, element, value) in [
+        ("max_seq_len", 0, u32::MAX),
+        ("engram_conv_dilation", 0, 0x7FFF_FFFF),
+        ("engram_orders", 0, 0x0010_0000),
+    ] {
+        case(
+            cases,
+            map,
+            format!("{name}[{element}] = {value:#x}"),
+            |b| put_u32(b, layout::header_element_offset(name, element) as usize, value),
+            header_field(name),
+        );
+    }
     case(
         cases,
         map,

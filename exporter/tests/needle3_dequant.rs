@@ -3,8 +3,8 @@
 //! against upstream `read_export`: float tensors bit for bit, and the engram tables'
 //! CQ codes decoded the way the graph decodes them.
 
-use exporter::cact::Needle3File;
 use exporter::cact::Encoding;
+use exporter::cact::Needle3File;
 use graphs::blocks::weights::{CqRows, EngramTables};
 use graphs::needle3::HeadKind;
 use safetensors::{Dtype, SafeTensors};

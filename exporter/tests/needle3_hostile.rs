@@ -2,9 +2,9 @@
 //! typed error naming what and where, never a panic, and the whole-model read agrees.
 
 use exporter::cact::layout::{record_field_offset, RecordField, RECORD_BYTES};
-use exporter::cact::needle3::layout::{directory_start, header_offset};
-use exporter::cact::Needle3File;
+use exporter::cact::needle3::layout::{directory_start, header_element_offset, header_offset};
 use exporter::cact::CactError;
+use exporter::cact::Needle3File;
 use exporter::model::NeedleModel;
 use test_support::read_fixture;
 
@@ -19,9 +19,7 @@ fn get_u32(b: &[u8], at: u64) -> u32 {
 /// File offset of field `field` of the directory record of the tensor at `index`.
 fn record(b: &[u8], index: u64, field: RecordField) -> u64 {
     let codebook_len = get_u32(b, header_offset("codebook_len"));
-    directory_start(codebook_len)
-        + index * RECORD_BYTES
-        + record_field_offset(field)
+    directory_start(codebook_len) + index * RECORD_BYTES + record_field_offset(field)
 }
 
 /// Index of the tensor named `name` in the valid file.
@@ -92,6 +90,22 @@ fn every_corruption_is_one_typed_error() {
         |b| put_u32(b, header_offset("qkv_conv_taps"), 1 << 30),
         header("qkv_conv_taps"),
     );
+    // Fields that size what the graph builds rather than what the file stores: each of
+    // these took all memory (or overflowed the hash seed) in needle-export before the
+    // header bounded it. The first is the 466 KB file of issue 26.
+    for (name, element, value) in [
+        ("engram_orders", 1, 0x7FFF_FFFF),
+        ("max_seq_len", 0, u32::MAX),
+        ("engram_conv_dilation", 0, 0x7FFF_FFFF),
+        ("engram_seed_heads", 0, 0xFF00_0000),
+        ("sliding_window", 0, u32::MAX),
+    ] {
+        check(
+            &format!("{name}[{element}] = {value:#x}"),
+            |b| put_u32(b, header_element_offset(name, element), value),
+            header(name),
+        );
+    }
     check(
         "tensor count far past the file",
         |b| put_u32(b, header_offset("num_tensors"), u32::MAX),

@@ -3,8 +3,8 @@
 //! `m64.cact`) and upstream `RefTokenizer` plus sentencepiece's whitespace rule
 //! on rendered demo prompts (`tests/fixtures/prompt.cases.json`).
 
-use exporter::cact::Needle3File;
 use exporter::cact::Needle2File;
+use exporter::cact::Needle3File;
 use exporter::tokenizer::NeedleTokenizer;
 use serde::Deserialize;
 use std::path::PathBuf;
@@ -372,8 +372,8 @@ print(json.dumps(out))
 
 #[test]
 fn random_texts_and_ids_match_sentencepiece() {
-    let file =
-        Needle2File::read(repo_root().join("tests/fixtures/m64.cact")).expect("fixture .cact parses");
+    let file = Needle2File::read(repo_root().join("tests/fixtures/m64.cact"))
+        .expect("fixture .cact parses");
     let (texts, ids) = random_inputs(file.tokenizer().pieces.len());
     let model = repo_root().join("tests/fixtures/tokenizer.model");
     let input = serde_json::json!({"model": model, "texts": texts, "ids": ids});

@@ -8,8 +8,12 @@
 //! allocations); without it the allocation checks pass trivially.
 
 use exporter::cact::{file_generation, CactError, Needle2File, Needle3File, TokenizerSpec};
+use exporter::export::ExportOptions;
+use exporter::model::NeedleModel;
 use exporter::tokenizer::NeedleTokenizer;
-use graphs::contract::Generation;
+use graphs::contract::{
+    AttentionKind, FusedOp, Generation, MatMulWeights, Precision, RuntimeTarget, Variant,
+};
 
 use peak::measure;
 
@@ -106,6 +110,34 @@ fn cact3(data: &[u8]) {
         }
     }
     tokenizer(file.tokenizer());
+}
+
+/// The `needle3_export` target: what `needle-export` does with a Needle 3 file, in memory —
+/// the whole-model read, the fused and the reference graph, and the smallest ladder rung's.
+/// Header fields that size no tensor still size the graph (RoPE tables, engram windows and
+/// hashes), so this, not the parse, is where a missing bound shows; libFuzzer's
+/// `-rss_limit_mb` bounds what building may take.
+pub fn needle3_export_target(data: &[u8]) {
+    if file_generation(data).ok() != Some(Generation::Needle3) {
+        return;
+    }
+    let Ok(model) = NeedleModel::from_bytes("fuzz.cact", data) else {
+        return;
+    };
+    let variant = |attention| Variant {
+        attention,
+        precision: Precision::Fp32,
+        matmul_weights: MatMulWeights::Float,
+        runtime: RuntimeTarget::Since1_24,
+    };
+    let fused = variant(AttentionKind::Fused(FusedOp::GroupQueryAttention));
+    let reference = variant(AttentionKind::Reference);
+    for v in [fused, reference] {
+        let _ = model.export(&ExportOptions::in_memory(v));
+    }
+    if let Ok(rung) = model.rung(2) {
+        let _ = rung.export(&ExportOptions::in_memory(fused));
+    }
 }
 
 /// The tokenizer blob parser on its own, then the tokenizer it describes.

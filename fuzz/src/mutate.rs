@@ -7,9 +7,9 @@
 use exporter::cact::layout::{
     record_element_offset, record_field_offset, FieldType, RecordField, RECORD_BYTES,
 };
-use exporter::cact::needle2::layout::{
-    directory_start, header_element_offset, header_offset, HEADER_FIELDS,
-};
+use exporter::cact::layout::HeaderLayout;
+use exporter::cact::{file_generation, needle2, needle3};
+use graphs::contract::Generation;
 use exporter::cact::{Piece, PieceKind, TokenizerSpec};
 
 const RECORD: usize = RECORD_BYTES as usize;
@@ -250,12 +250,21 @@ fn record_elements() -> Vec<(usize, usize)> {
         .collect()
 }
 
+/// The header layout of the generation the file's tag names (Needle 2's for any other).
+fn header_layout(file: &[u8]) -> HeaderLayout {
+    match file_generation(file) {
+        Ok(Generation::Needle3) => needle3::layout::HEADER,
+        _ => needle2::layout::HEADER,
+    }
+}
+
 /// File offsets of the header's u32 words after the tag.
-fn header_words() -> Vec<usize> {
-    HEADER_FIELDS
+fn header_words(layout: &HeaderLayout) -> Vec<usize> {
+    layout
+        .fields
         .iter()
         .filter(|f| f.name != "tag" && f.ty == FieldType::U32)
-        .flat_map(|f| (0..f.count).map(|element| header_element_offset(f.name, element) as usize))
+        .flat_map(|f| (0..f.count).map(|element| layout.element_offset(f.name, element) as usize))
         .collect()
 }
 
@@ -279,11 +288,13 @@ fn interesting(rng: &mut Rng, current: u64, file_len: usize) -> u64 {
 
 /// One structural change to a `.cact`: the tokenizer blob when it is the last
 /// thing in the file (its record's `nbytes` follows), a directory record field,
-/// or a header field. `None` when the directory cannot be located.
+/// or a header field, laid out as the file's generation lays them out. `None` when the
+/// directory cannot be located.
 pub fn mutate_cact(file: &[u8], rng: &mut Rng) -> Option<Vec<u8>> {
-    let n = get_u32(file, header_offset("num_tensors") as usize)? as usize;
-    let codebook_len = get_u32(file, header_offset("codebook_len") as usize)?;
-    let dir = directory_start(codebook_len) as usize;
+    let layout = header_layout(file);
+    let n = get_u32(file, layout.offset("num_tensors") as usize)? as usize;
+    let codebook_len = get_u32(file, layout.offset("codebook_len") as usize)?;
+    let dir = layout.directory_start(codebook_len) as usize;
     let blob_offset = record_field_offset(RecordField::BlobOffset) as usize;
     let nbytes_at = record_field_offset(RecordField::NBytes) as usize;
     let mut out = file.to_vec();
@@ -311,7 +322,7 @@ pub fn mutate_cact(file: &[u8], rng: &mut Rng) -> Option<Vec<u8>> {
             field.copy_from_slice(&value.to_le_bytes()[..width]);
         }
         _ => {
-            let at = *rng.pick(&header_words());
+            let at = *rng.pick(&header_words(&layout));
             let value = interesting(rng, get_u32(file, at)? as u64, file.len()) as u32;
             out.get_mut(at..at + 4)?
                 .copy_from_slice(&value.to_le_bytes());

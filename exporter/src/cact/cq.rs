@@ -8,8 +8,8 @@
 //!        one LSB-first bitstream per row) | out * in_pad/group FP16 norms
 //! ```
 
-use super::directory::{index_bits, padded_in, Encoding, Entry, BINARY_BITS, TERNARY_BITS};
 use super::codebooks::Codebooks;
+use super::directory::{index_bits, padded_in, Encoding, Entry, BINARY_BITS, TERNARY_BITS};
 use super::CactError;
 use graphs::blocks::weights::CqRows;
 

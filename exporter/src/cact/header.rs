@@ -4,6 +4,7 @@
 
 use super::bytes::Reader;
 use super::layout::{HeaderLayout, CODEBOOK_LEN};
+use super::limits::{FIELD_LIMITS, MAX_ENGRAM_ORDER};
 use super::tag::expect_generation;
 use super::CactError;
 use graphs::contract::Generation;
@@ -177,6 +178,15 @@ impl CommonHeader {
                 return Err(raw.bad(field, 0, "a nonzero size"));
             }
         }
+        for (field, most) in FIELD_LIMITS {
+            if raw.layout.find(field).is_none() {
+                continue;
+            }
+            let value = raw.u32(field);
+            if value > most {
+                return Err(raw.bad(field, value, format!("at most {most}")));
+            }
+        }
         if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(raw.bad(
                 "num_kv_heads",
@@ -204,8 +214,13 @@ impl CommonHeader {
             ));
         }
         for (i, &order) in self.engram_orders.iter().enumerate() {
-            if order == 0 {
-                return Err(raw.bad_element("engram_orders", i, order, "a nonzero n-gram order"));
+            if !(1..=MAX_ENGRAM_ORDER).contains(&order) {
+                return Err(raw.bad_element(
+                    "engram_orders",
+                    i,
+                    order,
+                    format!("an n-gram order in 1..={MAX_ENGRAM_ORDER}"),
+                ));
             }
         }
         for (i, &site) in self.engram_sites.iter().enumerate() {
@@ -258,4 +273,3 @@ impl CommonHeader {
         }
     }
 }
-

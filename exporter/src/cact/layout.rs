@@ -364,7 +364,6 @@ pub const FINAL_NORM: TensorGroup = TensorGroup {
     tensors: &[tensor("final_norm", &["d_model"])],
 };
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

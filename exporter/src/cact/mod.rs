@@ -11,6 +11,7 @@ pub mod directory;
 pub mod error;
 pub mod header;
 pub mod layout;
+pub mod limits;
 pub mod needle2;
 pub mod needle3;
 pub mod tag;

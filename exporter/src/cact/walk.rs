@@ -116,7 +116,6 @@ pub(crate) fn core_slots(
     Ok(out)
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,7 +133,12 @@ mod tests {
                 if let Repeat::Indexed { count, .. } = group.repeat {
                     assert!(layout.find(count).is_some(), "{count}");
                 }
-                for factor in group.tensors.iter().flat_map(|t| t.shape).flat_map(|d| d.split('*')) {
+                for factor in group
+                    .tensors
+                    .iter()
+                    .flat_map(|t| t.shape)
+                    .flat_map(|d| d.split('*'))
+                {
                     let derived = layout.derived.iter().any(|d| d.name == factor);
                     assert!(
                         factor.parse::<u64>().is_ok() || layout.find(factor).is_some() || derived,

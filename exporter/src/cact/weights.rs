@@ -55,7 +55,13 @@ pub(crate) fn decode_in_parallel<T: Send>(
     let chunks: Vec<Vec<Result<T, CactError>>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..count)
             .step_by(per_worker)
-            .map(|start| s.spawn(move || (start..(start + per_worker).min(count)).map(decode).collect()))
+            .map(|start| {
+                s.spawn(move || {
+                    (start..(start + per_worker).min(count))
+                        .map(decode)
+                        .collect()
+                })
+            })
             .collect();
         handles
             .into_iter()

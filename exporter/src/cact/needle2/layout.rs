@@ -8,7 +8,9 @@
 //! walk: embedding | layers | mHC | engram sites | final_norm | [heads.manifest, heads] | tokenizer
 //! ```
 
-use crate::cact::layout::{one, tensor, u32s, word, Field, FieldType, HeaderLayout, Repeat, TensorGroup};
+use crate::cact::layout::{
+    one, tensor, u32s, word, Field, FieldType, HeaderLayout, Repeat, TensorGroup,
+};
 
 /// The header fields in file order, packed (no padding). `engram_orders` and
 /// `engram_sites` always take 4 words; only the first `num_engram_orders` /

@@ -54,9 +54,8 @@ impl Needle2File {
     /// Every weight of the logits graph, dequantized to float32 in the file
     /// layout (matrices `[out, in]`). Fails on a NaN or infinite value.
     pub fn weights(&self) -> Result<Weights, CactError> {
-        let layers = decode_in_parallel(self.header().common.num_layers as usize, |i| {
-            self.layer(i)
-        })?;
+        let layers =
+            decode_in_parallel(self.header().common.num_layers as usize, |i| self.layer(i))?;
         let sites = self.header().common.engram_sites.len();
         let engrams = engram_weights(&self.tensors, sites, |name| {
             Ok(EngramTables::Dense(self.tensor(name)?))

@@ -81,9 +81,6 @@ impl Needle3Header {
                 format!("at most vocab ({})", self.common.vocab),
             ));
         }
-        if self.qkv_conv_taps > 16 {
-            return Err(raw.bad("qkv_conv_taps", self.qkv_conv_taps, "0..=16"));
-        }
         Ok(())
     }
 

@@ -1,7 +1,9 @@
 //! From a validated Needle 3 file to the graph crate's typed, dequantized weights.
 
 use graphs::blocks::weights::EngramTables;
-use graphs::needle3::{Config, HeadKind, LayerWeights, MonarchWeights, ProbeHead, QkvTaps, Weights};
+use graphs::needle3::{
+    Config, HeadKind, LayerWeights, MonarchWeights, ProbeHead, QkvTaps, Weights,
+};
 
 use super::layout::LAYER;
 use super::Needle3File;
@@ -28,9 +30,8 @@ impl Needle3File {
     /// Every weight of the logits graph, dequantized to float32 in the file layout.
     /// Fails on a NaN or infinite value, or permutations that are not permutations.
     pub fn weights(&self) -> Result<Weights, CactError> {
-        let layers = decode_in_parallel(self.header().common.num_layers as usize, |i| {
-            self.layer(i)
-        })?;
+        let layers =
+            decode_in_parallel(self.header().common.num_layers as usize, |i| self.layer(i))?;
         let sites = self.header().common.engram_sites.len();
         let engrams = engram_weights(&self.tensors, sites, |name| self.engram_tables(name))?;
         Ok(Weights {
