@@ -201,7 +201,11 @@ fn rms_normalization_scales_are_as_wide_as_their_axis() {
 #[test]
 fn the_fused_graph_for_onnxruntime_1_20_is_ir_10_opset_21_with_their_window() {
     let bytes = std::fs::read(fixture("m64w.cact")).unwrap();
-    let window = Needle2File::parse(&bytes).unwrap().config().common.kv_window as i64;
+    let window = Needle2File::parse(&bytes)
+        .unwrap()
+        .config()
+        .common
+        .kv_window as i64;
     for (runtime, ir, opset, rope_domain, local_window) in [
         (RuntimeTarget::Since1_24, 11, 23, "", window),
         (

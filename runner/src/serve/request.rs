@@ -3,6 +3,7 @@
 //! refused with a message naming the field, never silently dropped.
 
 use crate::constrain::CallCount;
+use crate::tool_schema::trained_form;
 use serde_json::{Map, Value};
 
 /// A request refused: the message and the field it is about (OpenAI's `param`).
@@ -36,7 +37,7 @@ pub enum ToolChoice {
 /// What a chat-completions request asks for.
 #[derive(Clone, Debug)]
 pub struct ChatRequest {
-    /// The tools in Needle's flat form (`{name, description, parameters}`), as declared.
+    /// The tools in the form Needle was trained on (`tool_schema::trained_form`).
     pub tools: Vec<Value>,
     pub query: String,
     pub system: Option<String>,
@@ -312,7 +313,7 @@ fn tools(tools: Option<&Value>) -> Result<Vec<Value>, Invalid> {
             }
             names.push(name);
             match function.get("parameters") {
-                None | Some(Value::Null | Value::Object(_)) => Ok(function.clone()),
+                None | Some(Value::Null | Value::Object(_)) => Ok(trained_form(function)),
                 Some(_) => Err(invalid(
                     "tools",
                     format!("tools[{i}].function.parameters must be a JSON schema object"),
