@@ -195,7 +195,10 @@ fn genai_chat_template_renders_upstream_render_example() {
         cases.len()
     );
     assert_eq!(differing, [FLOAT_DIGITS_CASE]);
-    assert_eq!(got[cases.len()].as_str(), Some(after_bos(float_case).as_str()));
+    assert_eq!(
+        got[cases.len()].as_str(),
+        Some(after_bos(float_case).as_str())
+    );
 }
 
 /// The demo model's held-out examples (`runner/demo/eval.jsonl`).

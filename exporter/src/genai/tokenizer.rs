@@ -71,7 +71,10 @@ pub fn tokenizer_json(tokenizer: &NeedleTokenizer, spec: &TokenizerSpec) -> Resu
 /// The BOS piece as a special added token (what extensions takes the BOS id from).
 fn bos_added_token(spec: &TokenizerSpec) -> Result<Value> {
     let Some(bos) = spec.pieces.get(spec.bos_id as usize) else {
-        bail!("the tokenizer's BOS id {} is not one of its pieces", spec.bos_id);
+        bail!(
+            "the tokenizer's BOS id {} is not one of its pieces",
+            spec.bos_id
+        );
     };
     Ok(json!({
         "id": spec.bos_id,
