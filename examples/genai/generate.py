@@ -2,7 +2,8 @@
 
 Usage: python generate.py DIR TOOLS.json "query" [MAX_NEW_TOKENS]
 Renders the tool prompt with the folder's chat template, encodes it with genai's tokenizer
-after the BOS (as needle-run does), generates greedily, prints the generated ids and text.
+(the template writes the BOS, so nothing is prepended: prepending bos_token_id would give
+two), generates greedily, prints the generated ids and text.
 """
 import json
 import sys
@@ -17,8 +18,7 @@ def main(folder, tools_path, query, max_new_tokens=128):
     messages = json.dumps([{"role": "user", "content": query}])
     tools = open(tools_path, encoding="utf-8").read()
     prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
-    bos = json.load(open(f"{folder}/genai_config.json"))["model"]["bos_token_id"]
-    ids = [bos] + list(tokenizer.encode(prompt))
+    ids = list(tokenizer.encode(prompt))
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=len(ids) + int(max_new_tokens))
     generator = og.Generator(model, params)

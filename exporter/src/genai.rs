@@ -2,8 +2,9 @@
 //! and `tokenizer_config.json` beside `model.onnx` (and its own `model.tokenizer.json`)
 //! that make a folder stock onnxruntime-genai runs. The graph is the same one plain
 //! onnxruntime callers get: genai carries the KV cache, and with it the token history
-//! (one more cache pair, so genai's `rewind_to` rewinds it too). Genai's tokenizer encodes like sentencepiece from its own
-//! `tokenizer.json` ([`tokenizer`]) and renders the tool prompt from the chat template.
+//! (one more cache pair, so genai's `rewind_to` rewinds it too). Genai's tokenizer encodes like
+//! sentencepiece from its own `tokenizer.json` ([`tokenizer`]) and renders the tool prompt,
+//! after the BOS, from the chat template.
 
 pub mod tokenizer;
 
@@ -72,9 +73,12 @@ pub fn config(desc: &ExportDescription, c: &Config, stop_ids: &[u32]) -> String 
     pretty(&config)
 }
 
-/// `tokenizer_config.json`: the special pieces and the chat template. Genai's `encode`
-/// adds no BOS (`add_bos_token` false): the caller prepends `bos_token_id`, as
-/// `needle-run` does.
+/// `tokenizer_config.json`: the special pieces and the chat template. The template writes
+/// the BOS piece first, which genai's `encode` turns into the BOS id (it is the genai
+/// tokenizer's one added token), so `encode(apply_chat_template(…))` is the model's input
+/// as `needle-run` builds it. `add_bos_token` stays false: genai's `encode` ignores it
+/// (it passes `add_special_tokens=false`), and a Hugging Face tokenizer that honours it would
+/// add a second BOS.
 pub fn tokenizer_config(desc: &ExportDescription, special: &SpecialPieces) -> String {
     pretty(&json!({
         "tokenizer_class": "LlamaTokenizer",

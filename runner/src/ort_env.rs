@@ -15,10 +15,10 @@ use ort::environment::Environment;
 
 /// File name of the onnxruntime library inside the pinned wheel.
 #[cfg(target_os = "macos")]
-pub const ORT_LIBRARY: &str = "libonnxruntime.1.31.1.dylib";
+pub const ORT_LIBRARY: &str = "libonnxruntime.1.32.0.dylib";
 /// File name of the onnxruntime library inside the pinned wheel.
 #[cfg(not(target_os = "macos"))]
-pub const ORT_LIBRARY: &str = "libonnxruntime.so.1.31.1";
+pub const ORT_LIBRARY: &str = "libonnxruntime.so.1.32.0";
 
 /// Environment variable naming the onnxruntime library explicitly.
 pub const ORT_DYLIB_PATH: &str = "ORT_DYLIB_PATH";

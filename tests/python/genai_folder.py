@@ -14,9 +14,9 @@ class GenaiFolder:
         self.tokenizer = og.Tokenizer(self.model)
 
     def prompt(self, messages, tools):
-        """The chat template's prompt and its ids from genai's tokenizer, after
-        genai_config.json's BOS as needle-run puts it."""
+        """The chat template's prompt and its ids from genai's ordinary encode, as genai's
+        example programs make them (the template writes the BOS)."""
         text = self.tokenizer.apply_chat_template(
             json.dumps(messages), tools=json.dumps(tools), add_generation_prompt=True
         )
-        return text, [self.config["bos_token_id"]] + [int(t) for t in self.tokenizer.encode(text)]
+        return text, [int(t) for t in self.tokenizer.encode(text)]

@@ -2,8 +2,8 @@
 
 Usage: genai_generate.py MODEL_DIR CHATS.json MAX_NEW_TOKENS BATCH
 CHATS.json: a list of {"messages": [...], "tools": [...]}. Each chat's prompt comes from the
-folder's chat template (Tokenizer.apply_chat_template) and its ids from genai's tokenizer,
-after genai_config.json's BOS as needle-run puts it. Runs the prompts greedily in groups of
+folder's chat template (Tokenizer.apply_chat_template) and its ids from genai's ordinary
+Tokenizer.encode of it, nothing prepended. Runs the prompts greedily in groups of
 BATCH (genai right-pads a group with pad_token_id) and prints one JSON list: per chat, its
 prompt, prompt_ids, the generated_ids up to, not including, the first stop token of
 genai_config.json, and their text as genai's tokenizer decodes them.

@@ -2,7 +2,7 @@
 
 Usage: genai_rewind.py MODEL_DIR CHATS.json MAX_NEW_TOKENS
 CHATS.json: a list of {"messages": [...], "tools": [...]}. For each chat's prompt (chat
-template, genai's tokenizer, genai_config.json's BOS first) it generates greedily, keeping
+template, genai's ordinary encode) it generates greedily, keeping
 the logits of every step, then on the same generator:
 - answer: rewind_to halfway through the answer and generate again;
 - prompt: rewind_to 5 tokens before the prompt's end, append those 5 again, generate;

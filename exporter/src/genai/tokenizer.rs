@@ -7,9 +7,15 @@
 //!   (`SpmTokenize`) and a `Strip " "` decoder makes it prepend `▁`, both as in the plain
 //!   `tokenizer.json`;
 //! - it prepends that `▁` to every stretch between added tokens, where sentencepiece puts
-//!   one at the start of the text. So this file has no added tokens: the chat markers are
-//!   plain vocabulary pieces, the whole text is one stretch, and the pre-tokenizer keeps
-//!   each marker a pre-token of its own, which is then found whole in the vocabulary;
+//!   one at the start of the text. So the chat markers are plain vocabulary pieces, not
+//!   added tokens, and the pre-tokenizer keeps each marker a pre-token of its own, which is
+//!   then found whole in the vocabulary. The one added token is the BOS piece (`<s>`),
+//!   which the chat template writes first: genai's `encode` passes
+//!   `add_special_tokens=false`, so `add_bos_token` would add nothing, and extensions takes
+//!   the BOS id only from an added token. The prompt after it is then one stretch, which
+//!   gets sentencepiece's `▁`, so `encode(template)` is `[BOS] + encode(prompt)`. A literal
+//!   `<s>` in a message becomes the BOS id too, as in Hugging Face tokenizers (sentencepiece
+//!   spells it out);
 //! - a top-level `Split` with a `Regex` is run with C++ `std::regex` (ECMAScript, over the
 //!   UTF-8 bytes): the next match is searched for and what lies before it is dropped;
 //! - each pre-token is looked up whole in the vocabulary, else byte-fallback BPE-merged.
@@ -51,7 +57,7 @@ pub fn tokenizer_json(tokenizer: &NeedleTokenizer, spec: &TokenizerSpec) -> Resu
     let regex = pre_tokenizer_regex(&markers, &names, tokenizer.remove_extra_whitespaces())?;
     let mut json: Value =
         serde_json::from_str(&tokenizer.to_json()).expect("a serialized tokenizer is JSON");
-    json["added_tokens"] = json!([]);
+    json["added_tokens"] = json!([bos_added_token(spec)?]);
     json["normalizer"] = Value::Null;
     json["pre_tokenizer"] = json!({
         "type": "Split",
@@ -60,6 +66,25 @@ pub fn tokenizer_json(tokenizer: &NeedleTokenizer, spec: &TokenizerSpec) -> Resu
         "invert": false,
     });
     Ok(json.to_string())
+}
+
+/// The BOS piece as a special added token (what extensions takes the BOS id from).
+fn bos_added_token(spec: &TokenizerSpec) -> Result<Value> {
+    let Some(bos) = spec.pieces.get(spec.bos_id as usize) else {
+        bail!(
+            "the tokenizer's BOS id {} is not one of its pieces",
+            spec.bos_id
+        );
+    };
+    Ok(json!({
+        "id": spec.bos_id,
+        "content": bos.text,
+        "single_word": false,
+        "lstrip": false,
+        "rstrip": false,
+        "normalized": false,
+        "special": true,
+    }))
 }
 
 /// The pre-tokenizer's alternatives, first match wins: a marker; the first character of a
