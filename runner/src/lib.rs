@@ -19,4 +19,5 @@ pub mod python_json;
 pub mod serve;
 pub mod session;
 pub mod stream;
+pub mod tool_list;
 pub use exporter::tokenizer;

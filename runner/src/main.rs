@@ -13,6 +13,7 @@ use runner::load::{is_onnx, load, LoadOptions, ModelSource, DEMO_TOOLS};
 use runner::provider::{Provider, Unavailable};
 use runner::python_json::{self, PyJson};
 use runner::serve::ServeOptions;
+use runner::tool_list::declared_tools;
 use serde_json::Value;
 use std::io::{stdout, Write};
 use std::net::{IpAddr, SocketAddr};
@@ -109,7 +110,9 @@ struct ServeArgs {
 struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// Tool list (a JSON array); default: the demo model's tools.json.
+    /// Tool list: a JSON array of tools in Needle's flat form (`{"name", "description",
+    /// "parameters"}`) or OpenAI's (`{"type": "function", "function": {…}}`); default: the
+    /// demo model's tools.json.
     #[arg(long)]
     tools: Option<PathBuf>,
     /// The user's request (tool mode).
@@ -352,7 +355,9 @@ fn read_batch(path: &PathBuf, default_tools: &Value) -> Result<Vec<ToolQuery>> {
             .ok_or_else(|| anyhow::anyhow!("{}: no \"query\" string", at()))?;
         let tools = match row.get("tools") {
             None | Some(Value::Null) => default_tools.clone(),
-            Some(list @ Value::Array(_)) => list.clone(),
+            Some(Value::Array(list)) => {
+                Value::Array(declared_tools(list).map_err(|e| anyhow::anyhow!("{}: {e}", at()))?)
+            }
             Some(_) => bail!("{}: \"tools\" is not a JSON array", at()),
         };
         queries.push(ToolQuery {
@@ -367,8 +372,8 @@ fn read_batch(path: &PathBuf, default_tools: &Value) -> Result<Vec<ToolQuery>> {
     Ok(queries)
 }
 
-/// Reads a tool list: a JSON array of objects, each with a string `name`, as Python's
-/// `json.loads` reads it.
+/// Reads a tool list as Python's `json.loads` reads it: a JSON array of tools in Needle's
+/// flat form or OpenAI's, as `serve` takes them ([`declared_tools`]).
 fn read_tools(path: &PathBuf) -> Result<Vec<PyJson>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("{}: cannot read", path.display()))?;
@@ -377,16 +382,5 @@ fn read_tools(path: &PathBuf) -> Result<Vec<PyJson>> {
     let PyJson::Array(list) = tools else {
         bail!("{}: the tool list must be a JSON array", path.display());
     };
-    for (i, t) in list.iter().enumerate() {
-        let named = match t {
-            PyJson::Object(members) => members
-                .iter()
-                .any(|(k, v)| k == "name" && matches!(v, PyJson::Str(_))),
-            _ => false,
-        };
-        if !named {
-            bail!("{}: tool {i} has no string \"name\"", path.display());
-        }
-    }
-    Ok(list)
+    declared_tools(&list).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }

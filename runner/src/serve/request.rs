@@ -3,6 +3,7 @@
 //! refused with a message naming the field, never silently dropped.
 
 use crate::constrain::CallCount;
+use crate::tool_list::declared_tools;
 use serde_json::{Map, Value};
 
 /// A request refused: the message and the field it is about (OpenAI's `param`).
@@ -278,48 +279,17 @@ fn content_text(content: Option<&Value>, i: usize) -> Result<String, Invalid> {
     }
 }
 
-/// OpenAI's `[{"type": "function", "function": {name, description, parameters}}]`, each
-/// tool rendered in the prompt as its `function` object, the form Needle was trained on.
+/// The tools in Needle's flat form ([`declared_tools`]: OpenAI's
+/// `[{"type": "function", "function": {name, description, parameters}}]`, each rendered in
+/// the prompt as its `function` object, the form Needle was trained on).
 fn tools(tools: Option<&Value>) -> Result<Vec<Value>, Invalid> {
-    let list = match tools {
-        None | Some(Value::Null) => return Ok(Vec::new()),
-        Some(Value::Array(list)) => list,
-        Some(_) => return Err(invalid("tools", "tools must be a list")),
-    };
-    let mut names = Vec::new();
-    list.iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let function = match (t.get("type").and_then(Value::as_str), t.get("function")) {
-                (Some("function"), Some(f @ Value::Object(_))) => f,
-                _ => {
-                    return Err(invalid(
-                        "tools",
-                        format!(
-                            "tools[{i}] is not {{\"type\": \"function\", \"function\": {{…}}}}"
-                        ),
-                    ))
-                }
-            };
-            let name = tool_name(function)
-                .filter(|n| !n.is_empty())
-                .ok_or_else(|| invalid("tools", format!("tools[{i}].function has no name")))?;
-            if names.contains(&name) {
-                return Err(invalid(
-                    "tools",
-                    format!("tools[{i}]: {name:?} is declared twice"),
-                ));
-            }
-            names.push(name);
-            match function.get("parameters") {
-                None | Some(Value::Null | Value::Object(_)) => Ok(function.clone()),
-                Some(_) => Err(invalid(
-                    "tools",
-                    format!("tools[{i}].function.parameters must be a JSON schema object"),
-                )),
-            }
-        })
-        .collect()
+    match tools {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(list)) => {
+            declared_tools(list).map_err(|e| invalid("tools", e.to_string()))
+        }
+        Some(_) => Err(invalid("tools", "tools must be a list")),
+    }
 }
 
 fn tool_choice(choice: Option<&Value>, tools: &[Value]) -> Result<ToolChoice, Invalid> {
