@@ -12,6 +12,7 @@ use runner::graph_cache;
 use runner::load::{is_onnx, load, LoadOptions, ModelSource, DEMO_TOOLS};
 use runner::provider::{Provider, Unavailable};
 use runner::python_json::{self, PyJson};
+use runner::serve::auth::ApiKey;
 use runner::serve::ServeOptions;
 use runner::tool_list::declared_tools;
 use serde_json::Value;
@@ -35,7 +36,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the model as an OpenAI-compatible chat-completions endpoint with tools
-    /// (POST /v1/chat/completions, GET /v1/models, GET /health); requests are decoded
+    /// (POST /v1/chat/completions, GET /v1/models[/{id}], GET /metrics, GET /health);
+    /// requests are decoded
     /// together by continuous batching. SIGTERM or Ctrl-C finishes the requests in flight,
     /// then exits.
     Serve(ServeArgs),
@@ -103,6 +105,10 @@ struct ServeArgs {
     /// max_tokens of a request that does not say.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     max_tokens: u32,
+    /// Require `Authorization: Bearer KEY` on every route but /health (401 without it);
+    /// default: $NEEDLE_API_KEY, else no key.
+    #[arg(long)]
+    api_key: Option<String>,
 }
 
 /// A tool-calling query (or raw text) to answer.
@@ -260,8 +266,19 @@ fn serve(args: ServeArgs) -> Result<()> {
         &model.skipped,
         args.model.reasons(),
     );
+    let api_key = match args
+        .api_key
+        .or_else(|| std::env::var("NEEDLE_API_KEY").ok())
+    {
+        None => None,
+        Some(key) => Some(
+            ApiKey::new(&key)
+                .context("the API key (--api-key or NEEDLE_API_KEY) must not be empty")?,
+        ),
+    };
     let opts = ServeOptions {
         addr: SocketAddr::new(args.host, args.port),
+        api_key,
         model_name: name,
         max_batch: args.max_batch as usize,
         queue: args.queue as usize,

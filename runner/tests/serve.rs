@@ -23,9 +23,15 @@ struct Server {
 
 impl Server {
     fn start(extra: &[&str]) -> Server {
+        Server::start_with_env(extra, &[])
+    }
+
+    fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_needle-run"))
             .args(["serve", "--provider", "cpu", "--port", "0"])
             .args(extra)
+            .env_remove("NEEDLE_API_KEY")
+            .envs(env.iter().copied())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
@@ -35,7 +41,12 @@ impl Server {
         let log = stderr.clone();
         let reader = std::thread::spawn(move || {
             for line in lines.lines().map_while(Result::ok) {
-                if let Some(url) = line.split(" on ").nth(1).and_then(|s| s.split(' ').next()) {
+                let serving = line.starts_with("needle-run: serving ");
+                if let Some(url) = serving
+                    .then(|| line.split(" on ").nth(1))
+                    .flatten()
+                    .and_then(|s| s.split(' ').next())
+                {
                     let _ = tx.send(url.to_string());
                 }
                 log.lock().unwrap().push_str(&format!("{line}\n"));
@@ -330,4 +341,172 @@ fn sigterm_lets_the_request_in_flight_finish_then_stops() {
         .lock()
         .unwrap()
         .contains("needle-run: stopped"));
+}
+
+/// A metric's value as prometheus_client's parser read it (`name{label=value,…}`); 0 when
+/// the series is not there yet.
+fn sample(scrape: &Value, key: &str) -> f64 {
+    scrape["samples"][key].as_f64().unwrap_or(0.0)
+}
+
+fn requests(scrape: &Value, route: &str, status: u16) -> f64 {
+    sample(
+        scrape,
+        &format!("needle_http_requests_total{{route={route},status={status}}}"),
+    )
+}
+
+fn usage_sum(answers: &[Value], key: &str) -> f64 {
+    answers
+        .iter()
+        .map(|a| a["usage"][key].as_f64().unwrap())
+        .sum()
+}
+
+/// `GET /v1/models/{id}` as `client.models.retrieve` reads it, unknown model names 404
+/// `model_not_found` as OpenAI's API answers them, and `/metrics` as a Prometheus server
+/// scrapes it (read by prometheus_client's parser): each counter moves by what the requests
+/// did, as their answers report it, and while eight long answers run on a batch of two, two
+/// rows decode and the rest wait in the queue.
+#[test]
+fn models_by_id_unknown_models_and_metrics() {
+    let server = Server::start(&["--max-batch", "2"]);
+    let got = server.client("models_and_metrics", json!({"queries": held_out(1)}));
+    assert_eq!(
+        got["retrieved"],
+        json!({"id": "needle-demo", "object": "model", "owned_by": "needle-onnx"})
+    );
+    for key in ["unknown_retrieve", "unknown_chat"] {
+        let r = &got[key];
+        refused(r, 404, Some("model"), "gpt-4o");
+        assert_eq!(r["code"], "model_not_found", "{r}");
+        assert_eq!(r["exception"], "NotFoundError", "{r}");
+    }
+    assert_eq!(got["no_route"], 404);
+
+    let (before, after, end) = (&got["before"], &got["after"], &got["end"]);
+    assert!(
+        after["content_type"]
+            .as_str()
+            .unwrap()
+            .starts_with("text/plain; version=0.0.4"),
+        "{after}"
+    );
+    let chat = "/v1/chat/completions";
+    let moved =
+        |route: &str, status: u16| requests(after, route, status) - requests(before, route, status);
+    assert_eq!(moved(chat, 200), 2.0);
+    assert_eq!(moved(chat, 404), 1.0);
+    assert_eq!(moved("/v1/models/{id}", 200), 1.0);
+    assert_eq!(moved("/v1/models/{id}", 404), 1.0);
+    assert_eq!(moved("unmatched", 404), 1.0);
+    assert_eq!(
+        moved("/metrics", 200),
+        1.0,
+        "the first scrape, counted once answered"
+    );
+    let answers = got["answers"].as_array().unwrap();
+    let tokens = |s: &Value, kind: &str| sample(s, &format!("needle_{kind}_tokens_total{{}}"));
+    for (kind, usage) in [
+        ("prompt", "prompt_tokens"),
+        ("completion", "completion_tokens"),
+    ] {
+        assert_eq!(
+            tokens(after, kind) - tokens(before, kind),
+            usage_sum(answers, usage),
+            "{kind}"
+        );
+    }
+    for name in ["time_to_first_token", "request_duration"] {
+        let series = |s: &Value, part: &str| sample(s, &format!("needle_{name}_seconds_{part}"));
+        assert_eq!(series(after, "count{}"), 2.0, "{name}");
+        assert_eq!(series(after, "bucket{le=+Inf}"), 2.0, "{name}");
+        assert!(series(after, "sum{}") > 0.0, "{name}");
+    }
+    assert!(
+        sample(after, "needle_request_duration_seconds_sum{}")
+            >= sample(after, "needle_time_to_first_token_seconds_sum{}")
+    );
+
+    let burst = got["burst"].as_array().unwrap();
+    assert!(
+        burst.iter().all(|a| a["finish_reason"] != Value::Null),
+        "{burst:?}"
+    );
+    assert_eq!(got["seen"]["batch_rows"], 2.0, "{}", got["seen"]);
+    assert!(
+        got["seen"]["queue_depth"].as_f64().unwrap() >= 1.0,
+        "{}",
+        got["seen"]
+    );
+    assert_eq!(sample(end, "needle_batch_rows{}"), 0.0);
+    assert_eq!(sample(end, "needle_queue_depth{}"), 0.0);
+    assert_eq!(sample(end, "needle_batch_capacity{}"), 2.0);
+    assert_eq!(
+        tokens(end, "completion") - tokens(after, "completion"),
+        usage_sum(burst, "completion_tokens")
+    );
+    assert_eq!(
+        sample(end, "needle_time_to_first_token_seconds_count{}"),
+        10.0
+    );
+}
+
+/// `--api-key`: the official client with another key gets 401 `invalid_api_key` on every
+/// route (`AuthenticationError`), and so does a request with no key; `/health` answers
+/// anyone; with the key (here from NEEDLE_API_KEY) everything works. A non-loopback
+/// `--host` warns only without a key, and an empty key is refused.
+#[test]
+fn an_api_key_guards_every_route_but_health() {
+    let key = "sk-needle-test-4b1d";
+    let server = Server::start_with_env(&["--host", "0.0.0.0"], &[("NEEDLE_API_KEY", key)]);
+    let got = server.client("auth", json!({"queries": held_out(1), "key": key}));
+    assert!(!server.stderr.lock().unwrap().contains("warning"));
+    for (what, r) in got["wrong_key"].as_object().unwrap() {
+        refused(r, 401, None, "API key");
+        assert_eq!(r["code"], "invalid_api_key", "{what}: {r}");
+        assert_eq!(r["exception"], "AuthenticationError", "{what}: {r}");
+    }
+    let no_key = &got["no_key"];
+    assert_eq!(no_key["chat"]["status"], 401, "{no_key}");
+    assert_eq!(no_key["chat"]["error"]["code"], "invalid_api_key");
+    for route in ["metrics", "models", "unknown_route"] {
+        assert_eq!(no_key[route], 401, "{route}: {no_key}");
+    }
+    assert_eq!(got["health"], 200);
+    let with_key = &got["with_key"];
+    assert_eq!(with_key["models"], json!(["needle-demo"]));
+    let mut runner = Runner::new(&ModelSource::Demo, &LoadOptions::default()).unwrap();
+    let want = one_at_a_time(&mut runner, &held_out(1)[0], None);
+    assert_eq!(calls(&with_key["answer"]), want);
+    let metrics = json!({"samples": with_key["metrics"]});
+    assert_eq!(
+        requests(&metrics, "/v1/chat/completions", 401),
+        3.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        requests(&metrics, "/v1/chat/completions", 200),
+        1.0,
+        "{metrics}"
+    );
+    drop(server);
+
+    let open = Server::start(&["--host", "0.0.0.0"]);
+    let stderr = open.stderr.lock().unwrap().clone();
+    assert!(
+        stderr.contains("needle-run: warning: --host 0.0.0.0") && stderr.contains("--api-key"),
+        "{stderr}"
+    );
+    drop(open);
+    let empty = Command::new(env!("CARGO_BIN_EXE_needle-run"))
+        .args(["serve", "--provider", "cpu", "--port", "0", "--api-key", ""])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&empty.stderr);
+    assert_eq!(empty.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("NEEDLE_API_KEY") && err.contains("empty"),
+        "{err}"
+    );
 }

@@ -17,6 +17,7 @@ import urllib.request
 
 import openai
 from openai import OpenAI
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def openai_tools(tools):
@@ -86,7 +87,14 @@ def refusal(call):
         call()
     except openai.APIStatusError as e:
         body = e.body if isinstance(e.body, dict) else {}
-        return {"status": e.status_code, "message": body.get("message"), "param": body.get("param")}
+        return {
+            "status": e.status_code,
+            "message": body.get("message"),
+            "param": body.get("param"),
+            "code": body.get("code"),
+            "type": body.get("type"),
+            "exception": type(e).__name__,
+        }
     return {"status": 200}
 
 
@@ -97,6 +105,32 @@ def raw_post(base_url, data, content_type="application/json"):
             return {"status": r.status, "error": None}
     except urllib.error.HTTPError as e:
         return {"status": e.code, "error": json.loads(e.read() or b"{}").get("error")}
+
+
+def raw_get(url, headers=None):
+    """A GET outside the client: its status, content type and body text."""
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return {"status": r.status, "content_type": r.headers.get("Content-Type"), "text": r.read().decode()}
+    except urllib.error.HTTPError as e:
+        return {"status": e.code, "content_type": e.headers.get("Content-Type"), "text": e.read().decode()}
+
+
+def root(spec):
+    return spec["base_url"].removesuffix("/v1")
+
+
+def scrape(spec, headers=None):
+    """/metrics as prometheus_client's parser reads it: {"name{label=value,...}": value}."""
+    got = raw_get(root(spec) + "/metrics", headers)
+    assert got["status"] == 200, got
+    samples = {}
+    for family in text_string_to_metric_families(got["text"]):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            samples[f"{s.name}{{{labels}}}"] = s.value
+    return {"content_type": got["content_type"], "samples": samples}
 
 
 def answers(spec):
@@ -127,10 +161,10 @@ def answers(spec):
     user = [{"role": "user", "content": q["query"]}]
     out["bad"] = {
         "not_json": raw_post(client.base_url.__str__().rstrip("/"), b"{not json"),
-        "no_messages": refusal(lambda: client.chat.completions.create(model="m", messages=[])),
+        "no_messages": refusal(lambda: client.chat.completions.create(model="needle-demo", messages=[])),
         "assistant_turn": refusal(
             lambda: client.chat.completions.create(
-                model="m", messages=user + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "again"}]
+                model="needle-demo", messages=user + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "again"}]
             )
         ),
         "unknown_function": refusal(
@@ -139,7 +173,7 @@ def answers(spec):
         "n2": refusal(lambda: ask(client, q, n=2)),
         "bad_temperature": refusal(lambda: ask(client, q, temperature=7)),
         "too_long": refusal(
-            lambda: client.chat.completions.create(model="m", messages=[{"role": "user", "content": "lights " * 900}])
+            lambda: client.chat.completions.create(model="needle-demo", messages=[{"role": "user", "content": "lights " * 900}])
         ),
     }
     out["health_after"] = json.loads(urllib.request.urlopen(spec["base_url"].removesuffix("/v1") + "/health").read())
@@ -196,7 +230,87 @@ def drain(spec):
     return {"chunks": chunks, "finish_reason": finish, "after": after}
 
 
+def models_and_metrics(spec):
+    """GET /v1/models/{id}, unknown model names, and /metrics before, during and after
+    requests (a server run with --max-batch 2)."""
+    client = OpenAI(base_url=spec["base_url"], api_key="not-needed", max_retries=0)
+    q = spec["queries"][0]
+    before = scrape(spec)
+    retrieved = client.models.retrieve("needle-demo")
+    out = {
+        "retrieved": {"id": retrieved.id, "object": retrieved.object, "owned_by": retrieved.owned_by},
+        "unknown_retrieve": refusal(lambda: client.models.retrieve("gpt-4o")),
+        "unknown_chat": refusal(
+            lambda: client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": q["query"]}])
+        ),
+        "answers": [message_of(ask(client, q)), streamed(client, q)],
+        "no_route": raw_get(root(spec) + "/v1/embeddings")["status"],
+    }
+    out["after"] = scrape(spec)
+    # Eight long answers on a batch of two: scraped while they run, two rows decode and
+    # the rest wait in the queue.
+    long_answer = dict(temperature=2.0, seed=11, max_tokens=250)
+    seen = {"batch_rows": 0, "queue_depth": 0}
+    running = threading.Event()
+    running.set()
+
+    def watch():
+        while running.is_set():
+            samples = scrape(spec)["samples"]
+            seen["batch_rows"] = max(seen["batch_rows"], samples["needle_batch_rows{}"])
+            seen["queue_depth"] = max(seen["queue_depth"], samples["needle_queue_depth{}"])
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        burst = list(pool.map(lambda i: message_of(ask(client, q, **{**long_answer, "seed": i})), range(8)))
+    running.clear()
+    watcher.join()
+    out["burst"] = burst
+    out["seen"] = seen
+    out["before"] = before
+    out["end"] = scrape(spec)
+    return out
+
+
+def auth(spec):
+    """A server run with --api-key: the client with the key, with another, and raw
+    requests without one."""
+    good = OpenAI(base_url=spec["base_url"], api_key=spec["key"], max_retries=0)
+    bad = OpenAI(base_url=spec["base_url"], api_key="sk-wrong", max_retries=0)
+    q = spec["queries"][0]
+    bearer = {"Authorization": "Bearer " + spec["key"]}
+    no_key_chat = raw_post(spec["base_url"], json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode())
+    return {
+        "wrong_key": {
+            "models": refusal(lambda: bad.models.list()),
+            "retrieve": refusal(lambda: bad.models.retrieve("needle-demo")),
+            "chat": refusal(lambda: ask(bad, q)),
+            "stream": refusal(lambda: list(ask(bad, q, stream=True))),
+        },
+        "no_key": {
+            "chat": no_key_chat,
+            "metrics": raw_get(root(spec) + "/metrics")["status"],
+            "models": raw_get(spec["base_url"] + "/models")["status"],
+            "unknown_route": raw_get(root(spec) + "/v1/nothing")["status"],
+        },
+        "health": raw_get(root(spec) + "/health")["status"],
+        "with_key": {
+            "models": [m.id for m in good.models.list()],
+            "answer": message_of(ask(good, q)),
+            "metrics": scrape(spec, bearer)["samples"],
+        },
+    }
+
+
 if __name__ == "__main__":
     spec = json.load(sys.stdin)
-    scenario = {"answers": answers, "limits": limits, "timeout": timeout, "drain": drain}[spec["scenario"]]
+    scenario = {
+        "answers": answers,
+        "limits": limits,
+        "timeout": timeout,
+        "drain": drain,
+        "models_and_metrics": models_and_metrics,
+        "auth": auth,
+    }[spec["scenario"]]
     json.dump(scenario(spec), sys.stdout)

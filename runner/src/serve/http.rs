@@ -1,5 +1,5 @@
 //! The HTTP side: `POST /v1/chat/completions` (whole or streamed as server-sent events),
-//! `GET /v1/models`, `GET /health`. A handler reads and checks its request, tokenizes the
+//! `GET /v1/models[/{id}]`, `GET /metrics`, `GET /health`. A handler reads and checks its request, tokenizes the
 //! prompt, compiles the answer's grammar when it has one, queues the job for the decoding
 //! thread and turns what comes back into OpenAI's objects. Every refusal is OpenAI's error
 //! object with a status saying whose fault it is.
@@ -9,14 +9,17 @@ use crate::constrain::ConstraintFactory;
 use crate::decode::{GenerateOptions, Sampling};
 use crate::prompt::{parse_answer, Answer};
 use crate::provider::Provider;
+use crate::serve::auth::{self, ApiKey};
+use crate::serve::metrics::{self, Metrics};
 use crate::serve::request::{self, ChatRequest};
 use crate::serve::response::{self, Meta};
 use crate::serve::scheduler::{Event, Job, RowFilter};
 use crate::stream::stable_text;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
-use axum::http::StatusCode;
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::middleware;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -44,22 +47,40 @@ pub struct Shared {
     pub queue: usize,
     pub timeout: Duration,
     pub completions: AtomicU64,
+    /// When the server started (the model object's `created`).
+    pub started: u64,
+    pub metrics: Arc<Metrics>,
 }
 
-pub fn router(shared: Arc<Shared>, max_body: usize) -> Router {
-    Router::new()
+/// The routes, `/health` aside behind `api_key` when there is one, every answer counted.
+pub fn router(shared: Arc<Shared>, max_body: usize, api_key: Option<ApiKey>) -> Router {
+    let metrics = shared.metrics.clone();
+    let mut app = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
+        .route("/metrics", get(metrics_text))
         .route("/health", get(health))
         .fallback(|| async {
             refuse(
                 StatusCode::NOT_FOUND,
-                "no such endpoint (POST /v1/chat/completions, GET /v1/models, GET /health)",
+                "no such endpoint (POST /v1/chat/completions, GET /v1/models, GET /v1/models/{id}, \
+                 GET /metrics, GET /health)",
                 None,
             )
         })
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
-        .with_state(shared)
+        .with_state(shared);
+    if let Some(key) = api_key {
+        app = app.layer(middleware::from_fn_with_state(
+            Arc::new(key),
+            auth::require_key,
+        ));
+    }
+    app.layer(middleware::from_fn_with_state(
+        metrics,
+        metrics::count_requests,
+    ))
 }
 
 type AppState = State<Arc<Shared>>;
@@ -69,9 +90,52 @@ async fn health(State(s): AppState) -> Json<Value> {
 }
 
 async fn models(State(s): AppState) -> Json<Value> {
-    Json(
-        json!({"object": "list", "data": [{"id": s.model, "object": "model", "created": now(), "owned_by": "needle-onnx"}]}),
-    )
+    Json(json!({"object": "list", "data": [model_object(&s)]}))
+}
+
+fn model_object(s: &Shared) -> Value {
+    json!({"id": s.model, "object": "model", "created": s.started, "owned_by": "needle-onnx"})
+}
+
+/// `GET /v1/models/{id}`: the one model, or 404 `model_not_found` for any other name.
+async fn model(State(s): AppState, Path(id): Path<String>) -> Response {
+    match id == s.model {
+        true => Json(model_object(&s)).into_response(),
+        false => unknown_model(&s, &id),
+    }
+}
+
+async fn metrics_text(State(s): AppState) -> Response {
+    let content_type = "text/plain; version=0.0.4; charset=utf-8";
+    ([(header::CONTENT_TYPE, content_type)], s.metrics.render()).into_response()
+}
+
+/// OpenAI's and vLLM's answer to a model the server does not have. Answering as the one
+/// model whatever the name (llama.cpp's server) would hide a client configured for another
+/// server; a request that names no model gets the one model.
+fn unknown_model(s: &Shared, name: &str) -> Response {
+    let message = format!(
+        "The model `{name}` does not exist; this server serves `{}`",
+        s.model
+    );
+    let mut body = response::error(&message, "invalid_request_error", Some("model"));
+    body["error"]["code"] = "model_not_found".into();
+    (StatusCode::NOT_FOUND, Json(body)).into_response()
+}
+
+/// The refusal of a request body whose `model` is not the one served; `None` when it is
+/// (or says none).
+fn wrong_model(s: &Shared, body: &Value) -> Option<Response> {
+    match body.get("model") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(name)) if *name == s.model => None,
+        Some(Value::String(name)) => Some(unknown_model(s, name)),
+        Some(_) => Some(refuse(
+            StatusCode::BAD_REQUEST,
+            "model must be a string",
+            Some("model"),
+        )),
+    }
 }
 
 fn refuse(status: StatusCode, message: &str, param: Option<&str>) -> Response {
@@ -83,13 +147,15 @@ fn refuse(status: StatusCode, message: &str, param: Option<&str>) -> Response {
     (status, Json(response::error(message, kind, param))).into_response()
 }
 
-fn now() -> u64 {
+/// Seconds since the Unix epoch (OpenAI's `created`).
+pub fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
 async fn chat_completions(State(s): AppState, body: Result<Bytes, BytesRejection>) -> Response {
+    let arrived = Instant::now();
     let body = match body {
         Ok(body) => body,
         Err(rejection) => {
@@ -107,6 +173,9 @@ async fn chat_completions(State(s): AppState, body: Result<Bytes, BytesRejection
             )
         }
     };
+    if let Some(refusal) = wrong_model(&s, &value) {
+        return refusal;
+    }
     let request = match request::parse(&value) {
         Ok(request) => request,
         Err(e) => return refuse(StatusCode::BAD_REQUEST, &e.message, e.param),
@@ -115,7 +184,13 @@ async fn chat_completions(State(s): AppState, body: Result<Bytes, BytesRejection
         Ok(prepared) => prepared,
         Err(e) => return refuse(StatusCode::BAD_REQUEST, &e, None),
     };
-    match s.jobs.try_send(job) {
+    // Counted before it is sent, so that the decoder never takes out what was not counted in.
+    s.metrics.queued();
+    let sent = s.jobs.try_send(job);
+    if sent.is_err() {
+        s.metrics.dequeued();
+    }
+    match sent {
         Ok(()) => {}
         Err(TrySendError::Full(_)) => {
             let message = format!(
@@ -136,8 +211,8 @@ async fn chat_completions(State(s): AppState, body: Result<Bytes, BytesRejection
     let id = format!("chatcmpl-{:x}{n:06x}", now());
     let deadline = tokio::time::Instant::now() + s.timeout;
     match request.stream {
-        true => stream(s, id, request.include_usage, events, deadline).into_response(),
-        false => whole(&s, &id, events, deadline).await,
+        true => stream(s, id, request.include_usage, events, deadline, arrived).into_response(),
+        false => whole(&s, &id, events, deadline, arrived).await,
     }
 }
 
@@ -205,11 +280,17 @@ async fn whole(
     id: &str,
     mut events: UnboundedReceiver<Event>,
     deadline: tokio::time::Instant,
+    arrived: Instant,
 ) -> Response {
+    let mut first = true;
     let outcome = tokio::time::timeout_at(deadline, async {
         loop {
             match events.recv().await {
-                Some(Event::Token(_)) => continue,
+                Some(Event::Token(_)) => {
+                    if std::mem::take(&mut first) {
+                        s.metrics.first_token(arrived.elapsed());
+                    }
+                }
                 Some(Event::Done(done)) => return Ok(done),
                 Some(Event::Failed(why)) => return Err(why),
                 None => return Err("the decoder stopped".to_string()),
@@ -217,6 +298,7 @@ async fn whole(
         }
     })
     .await;
+    s.metrics.request_done(arrived.elapsed());
     match outcome {
         Ok(Ok(done)) => {
             let answer = parse_answer(&s.tokenizer.decode(&done.decoded.generated_ids));
@@ -242,6 +324,7 @@ fn stream(
     include_usage: bool,
     events: UnboundedReceiver<Event>,
     deadline: tokio::time::Instant,
+    arrived: Instant,
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
     let created = now();
     let first = response::chunk(
@@ -268,6 +351,8 @@ fn stream(
         },
         pending: VecDeque::from([first.to_string()]),
         finished: false,
+        arrived,
+        first_token: true,
     };
     let events = futures_util::stream::unfold(state, |mut state| async move {
         let data = state.next().await?;
@@ -288,6 +373,9 @@ struct Streamer {
     sent: Answer,
     pending: VecDeque<String>,
     finished: bool,
+    arrived: Instant,
+    /// Whether the first token is still to come.
+    first_token: bool,
 }
 
 impl Streamer {
@@ -309,6 +397,9 @@ impl Streamer {
             }
             match tokio::time::timeout_at(self.deadline, self.events.recv()).await {
                 Ok(Some(Event::Token(token))) => {
+                    if std::mem::take(&mut self.first_token) {
+                        self.s.metrics.first_token(self.arrived.elapsed());
+                    }
                     self.ids.push(token);
                     let partial = parse_answer(&stable_text(&self.s.tokenizer, &self.ids));
                     self.send_growth(&partial);
@@ -377,6 +468,7 @@ impl Streamer {
     }
 
     fn end(&mut self) {
+        self.s.metrics.request_done(self.arrived.elapsed());
         self.pending.push_back("[DONE]".to_string());
         self.finished = true;
     }

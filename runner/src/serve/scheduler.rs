@@ -7,6 +7,7 @@
 use crate::answer::confidence;
 use crate::decode::{Decoded, GenerateOptions, TokenFilter};
 use crate::engine::{Admission, Engine, RowId};
+use crate::serve::metrics::Metrics;
 use crate::session::NeedleSession;
 use anyhow::{anyhow, Result};
 use std::collections::HashMap;
@@ -80,7 +81,7 @@ struct Running {
 
 /// Decodes the jobs of `jobs` until every sender is gone and the last one is done, at
 /// most `max_batch` at once.
-pub fn run(mut session: NeedleSession, jobs: Receiver<Job>, max_batch: usize) {
+pub fn run(mut session: NeedleSession, jobs: Receiver<Job>, max_batch: usize, metrics: &Metrics) {
     let mut engine: Engine<Notify> = Engine::default();
     let mut running: HashMap<RowId, Running> = HashMap::new();
     let mut open = true;
@@ -88,13 +89,19 @@ pub fn run(mut session: NeedleSession, jobs: Receiver<Job>, max_batch: usize) {
         let mut joining = Vec::new();
         if engine.is_empty() {
             match jobs.recv() {
-                Ok(job) => joining.push(job),
+                Ok(job) => {
+                    metrics.dequeued();
+                    joining.push(job)
+                }
                 Err(_) => return,
             }
         }
         while open && engine.len() + joining.len() < max_batch {
             match jobs.try_recv() {
-                Ok(job) => joining.push(job),
+                Ok(job) => {
+                    metrics.dequeued();
+                    joining.push(job)
+                }
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => open = false,
             }
@@ -102,6 +109,7 @@ pub fn run(mut session: NeedleSession, jobs: Receiver<Job>, max_batch: usize) {
         joining.retain(|job| !job.events.is_closed());
         if !joining.is_empty() {
             admit(&mut session, &mut engine, &mut running, joining);
+            metrics.batch_rows(engine.len());
         }
         if engine.is_empty() {
             if !open {
@@ -116,7 +124,10 @@ pub fn run(mut session: NeedleSession, jobs: Receiver<Job>, max_batch: usize) {
                         continue;
                     };
                     let event = match f.decoded {
-                        Ok(decoded) => done(&mut session, &row, decoded),
+                        Ok(decoded) => {
+                            metrics.tokens(decoded.prefill_tokens, decoded.generated_ids.len());
+                            done(&mut session, &row, decoded)
+                        }
                         Err(e) => Event::Failed(format!("{e:#}")),
                     };
                     let _ = row.events.send(event);
@@ -132,6 +143,7 @@ pub fn run(mut session: NeedleSession, jobs: Receiver<Job>, max_batch: usize) {
                 engine = Engine::default();
             }
         }
+        metrics.batch_rows(engine.len());
     }
 }
 
