@@ -510,3 +510,60 @@ fn an_api_key_guards_every_route_but_health() {
         "{err}"
     );
 }
+
+/// `stop`, as OpenAI specifies it: the answer ends before the first stop sequence in the
+/// decoded text, which is not returned, with finish_reason `stop`, whole and streamed (where
+/// a tail that could begin a sequence is held back). Judged against the one-at-a-time
+/// answer's reasoning cut at the sequence's first occurrence, and its call block.
+#[test]
+fn stop_sequences_end_the_answer_before_them() {
+    let queries = held_out(1);
+    let q = &queries[0];
+    let mut runner = Runner::new(&ModelSource::Demo, &LoadOptions::default()).unwrap();
+    let alone = runner
+        .complete(&q["tools"], q["query"].as_str().unwrap(), None, 256)
+        .unwrap();
+    assert!(!alone.function_calls.is_empty(), "{}", alone.reasoning);
+    let reasoning = alone.reasoning.as_str();
+    let words: Vec<&str> = reasoning
+        .split_whitespace()
+        .filter(|w| w.len() >= 3)
+        .collect();
+    let word = words[words.len() / 2];
+    assert!(!"<think>".contains(word), "{word}");
+    let before_word = reasoning[..reasoning.find(word).unwrap()].trim();
+    assert!(!before_word.is_empty(), "{reasoning}");
+    let server = Server::start(&[]);
+    let got = server.client(
+        "stops",
+        json!({"queries": queries, "stops": {
+            "in_reasoning": word,
+            "in_calls": ["never written by the model", "\"arguments\""],
+        }}),
+    );
+    for mode in ["whole", "stream"] {
+        let cut = &got["in_reasoning"][mode];
+        let said = match mode {
+            "whole" => &cut["needle"]["reasoning"],
+            _ => &cut["reasoning"],
+        };
+        assert_eq!(said, before_word, "{mode}: {cut}");
+        assert_eq!(cut["finish_reason"], "stop", "{mode}: {cut}");
+        assert_eq!(cut["tool_calls"], json!([]), "{mode}: {cut}");
+        assert_eq!(cut["content"], "", "{mode}: {cut}");
+        let used = cut["usage"]["completion_tokens"].as_u64().unwrap();
+        assert!(used < alone.generated_tokens as u64, "{mode}: {cut}");
+
+        let cut = &got["in_calls"][mode];
+        let said = match mode {
+            "whole" => &cut["needle"]["reasoning"],
+            _ => &cut["reasoning"],
+        };
+        assert_eq!(said, reasoning, "{mode}: {cut}");
+        assert_eq!(cut["finish_reason"], "stop", "{mode}: {cut}");
+        assert_eq!(cut["tool_calls"], json!([]), "{mode}: {cut}");
+        assert_eq!(cut["needle"]["success"], false, "{mode}: {cut}");
+    }
+    refused(&got["too_many"], 400, Some("stop"), "at most 4");
+    refused(&got["empty"], 400, Some("stop"), "empty");
+}

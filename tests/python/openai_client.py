@@ -273,6 +273,19 @@ def models_and_metrics(spec):
     return out
 
 
+def stops(spec):
+    """`stop` in each of the spec's forms, whole and streamed, and too many sequences."""
+    client = OpenAI(base_url=spec["base_url"], api_key="not-needed", max_retries=0)
+    q = spec["queries"][0]
+    out = {
+        name: {"whole": message_of(ask(client, q, stop=stop)), "stream": streamed(client, q, stop=stop)}
+        for name, stop in spec["stops"].items()
+    }
+    out["too_many"] = refusal(lambda: ask(client, q, stop=["a", "b", "c", "d", "e"]))
+    out["empty"] = refusal(lambda: ask(client, q, stop=[""]))
+    return out
+
+
 def auth(spec):
     """A server run with --api-key: the client with the key, with another, and raw
     requests without one."""
@@ -312,5 +325,6 @@ if __name__ == "__main__":
         "drain": drain,
         "models_and_metrics": models_and_metrics,
         "auth": auth,
+        "stops": stops,
     }[spec["scenario"]]
     json.dump(scenario(spec), sys.stdout)

@@ -13,7 +13,8 @@ use crate::serve::auth::{self, ApiKey};
 use crate::serve::metrics::{self, Metrics};
 use crate::serve::request::{self, ChatRequest};
 use crate::serve::response::{self, Meta};
-use crate::serve::scheduler::{Event, Job, RowFilter};
+use crate::serve::scheduler::{Done, Event, Job, RowFilter};
+use crate::serve::stop::{StopTexts, StopWatch};
 use crate::stream::stable_text;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -211,8 +212,8 @@ async fn chat_completions(State(s): AppState, body: Result<Bytes, BytesRejection
     let id = format!("chatcmpl-{:x}{n:06x}", now());
     let deadline = tokio::time::Instant::now() + s.timeout;
     match request.stream {
-        true => stream(s, id, request.include_usage, events, deadline, arrived).into_response(),
-        false => whole(&s, &id, events, deadline, arrived).await,
+        true => stream(s, id, &request, events, deadline, arrived).into_response(),
+        false => whole(&s, &id, &request.stop, events, deadline, arrived).await,
     }
 }
 
@@ -261,6 +262,8 @@ fn prepare(s: &Shared, request: &ChatRequest) -> Result<(Job, UnboundedReceiver<
             sampling,
         },
         filter,
+        stop: (!request.stop.is_empty())
+            .then(|| StopWatch::new(s.tokenizer.clone(), request.stop.clone())),
         events,
         queued_at: Instant::now(),
     };
@@ -274,10 +277,17 @@ fn timed_out(s: &Shared) -> String {
     )
 }
 
+/// The answer of a finished generation: its decoded text, cut at the first stop sequence.
+fn final_answer(s: &Shared, done: &Done, stops: &StopTexts) -> Answer {
+    let text = s.tokenizer.decode(&done.decoded.generated_ids);
+    parse_answer(stops.cut(&text).0)
+}
+
 /// A non-streamed answer: waits for the whole generation.
 async fn whole(
     s: &Shared,
     id: &str,
+    stops: &StopTexts,
     mut events: UnboundedReceiver<Event>,
     deadline: tokio::time::Instant,
     arrived: Instant,
@@ -301,7 +311,7 @@ async fn whole(
     s.metrics.request_done(arrived.elapsed());
     match outcome {
         Ok(Ok(done)) => {
-            let answer = parse_answer(&s.tokenizer.decode(&done.decoded.generated_ids));
+            let answer = final_answer(s, &done, stops);
             let meta = Meta {
                 id,
                 created: now(),
@@ -321,7 +331,7 @@ async fn whole(
 fn stream(
     s: Arc<Shared>,
     id: String,
-    include_usage: bool,
+    request: &ChatRequest,
     events: UnboundedReceiver<Event>,
     deadline: tokio::time::Instant,
     arrived: Instant,
@@ -340,7 +350,8 @@ fn stream(
         s,
         id,
         created,
-        include_usage,
+        include_usage: request.include_usage,
+        stops: request.stop.clone(),
         events,
         deadline,
         ids: Vec::new(),
@@ -366,6 +377,7 @@ struct Streamer {
     id: String,
     created: u64,
     include_usage: bool,
+    stops: StopTexts,
     events: UnboundedReceiver<Event>,
     deadline: tokio::time::Instant,
     ids: Vec<u32>,
@@ -401,12 +413,12 @@ impl Streamer {
                         self.s.metrics.first_token(self.arrived.elapsed());
                     }
                     self.ids.push(token);
-                    let partial = parse_answer(&stable_text(&self.s.tokenizer, &self.ids));
+                    let text = stable_text(&self.s.tokenizer, &self.ids);
+                    let partial = parse_answer(self.stops.shown(&text));
                     self.send_growth(&partial);
                 }
                 Ok(Some(Event::Done(done))) => {
-                    let answer =
-                        parse_answer(&self.s.tokenizer.decode(&done.decoded.generated_ids));
+                    let answer = final_answer(&self.s, &done, &self.stops);
                     self.send_growth(&answer);
                     let calls = response::tool_call_deltas(&answer, &self.id);
                     let mut last = response::chunk(

@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod request;
 pub mod response;
 pub mod scheduler;
+pub mod stop;
 
 use crate::answer::tool_stop_ids;
 use crate::constrain::ConstraintFactory;

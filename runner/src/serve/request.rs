@@ -3,6 +3,7 @@
 //! refused with a message naming the field, never silently dropped.
 
 use crate::constrain::CallCount;
+use crate::serve::stop::StopTexts;
 use crate::tool_list::declared_tools;
 use serde_json::{Map, Value};
 
@@ -54,6 +55,8 @@ pub struct ChatRequest {
     /// `parallel_tool_calls` (default true); false allows one call at most, which only the
     /// grammar can hold the model to.
     pub parallel_tool_calls: bool,
+    /// `stop`: the answer ends before the first of these in its decoded text.
+    pub stop: StopTexts,
 }
 
 impl ChatRequest {
@@ -159,6 +162,7 @@ pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
         }
     };
     let parallel_tool_calls = flag(body.get("parallel_tool_calls"), "parallel_tool_calls", true)?;
+    let stop = stop_texts(body.get("stop"))?;
     Ok(ChatRequest {
         tools,
         query,
@@ -171,7 +175,32 @@ pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
         include_usage,
         constrain,
         parallel_tool_calls,
+        stop,
     })
+}
+
+/// `stop`: a string or a list of up to 4, none empty (an empty one would stop at once).
+fn stop_texts(stop: Option<&Value>) -> Result<StopTexts, Invalid> {
+    let shape = || invalid("stop", "stop must be a string or a list of up to 4 strings");
+    let list: Vec<String> = match stop {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|item| item.as_str().map(str::to_string).ok_or_else(shape))
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(shape()),
+    };
+    if list.len() > 4 {
+        return Err(invalid(
+            "stop",
+            format!("stop has {} sequences; at most 4", list.len()),
+        ));
+    }
+    if list.iter().any(String::is_empty) {
+        return Err(invalid("stop", "a stop sequence must not be empty"));
+    }
+    Ok(StopTexts(list))
 }
 
 /// Fields whose meaning this server cannot honour.
@@ -183,16 +212,6 @@ fn refuse_unsupported(body: &Map<String, Value>) -> Result<(), Invalid> {
     }
     if body.get("logprobs").and_then(Value::as_bool) == Some(true) {
         return Err(invalid("logprobs", "logprobs are not supported"));
-    }
-    match body.get("stop") {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(a)) if a.is_empty() => {}
-        Some(_) => {
-            return Err(invalid(
-                "stop",
-                "stop sequences are not supported (answers end at <|im_end|>)",
-            ))
-        }
     }
     match body.get("response_format").and_then(|f| f.get("type")).and_then(Value::as_str) {
         None | Some("text") => {}
@@ -379,7 +398,12 @@ mod tests {
             ),
             (json!({"messages": []}), "messages"),
             (json!({"messages": [user], "n": 2}), "n"),
-            (json!({"messages": [user], "stop": ["\n"]}), "stop"),
+            (
+                json!({"messages": [user], "stop": ["a", "b", "c", "d", "e"]}),
+                "stop",
+            ),
+            (json!({"messages": [user], "stop": [""]}), "stop"),
+            (json!({"messages": [user], "stop": 3}), "stop"),
             (
                 json!({"messages": [user], "tool_choice": "required"}),
                 "tool_choice",

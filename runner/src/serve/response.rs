@@ -13,12 +13,12 @@ pub struct Meta<'a> {
     pub model: &'a str,
 }
 
-/// Why the answer ended (`finish_reason`): it calls tools, it ended itself, or it ran
-/// into `max_tokens` or the context's end.
+/// Why the answer ended (`finish_reason`): it calls tools, it ended itself or at a stop
+/// sequence, or it ran into `max_tokens` or the context's end.
 pub fn finish_reason(answer: &Answer, done: &Done) -> &'static str {
     if !answer.function_calls().is_empty() {
         "tool_calls"
-    } else if done.decoded.stopped_on.is_some() {
+    } else if done.decoded.stopped_on.is_some() || done.decoded.completed_by_filter {
         "stop"
     } else {
         "length"

@@ -8,6 +8,7 @@ use crate::answer::confidence;
 use crate::decode::{Decoded, GenerateOptions, TokenFilter};
 use crate::engine::{Admission, Engine, RowId};
 use crate::serve::metrics::Metrics;
+use crate::serve::stop::StopWatch;
 use crate::session::NeedleSession;
 use anyhow::{anyhow, Result};
 use std::collections::HashMap;
@@ -24,6 +25,8 @@ pub struct Job {
     pub opts: GenerateOptions,
     /// The constraint the answer is decoded under, if any.
     pub filter: Option<RowFilter>,
+    /// Ends the row at the request's stop sequences, if it has any.
+    pub stop: Option<StopWatch>,
     pub events: UnboundedSender<Event>,
     pub queued_at: Instant,
 }
@@ -52,6 +55,7 @@ pub struct Done {
 /// batch) once the handler is gone.
 struct Notify {
     inner: Option<RowFilter>,
+    stop: Option<StopWatch>,
     events: UnboundedSender<Event>,
 }
 
@@ -67,9 +71,16 @@ impl TokenFilter for Notify {
         if let Some(inner) = self.inner.as_mut() {
             inner.accept(token)?;
         }
+        if let Some(stop) = self.stop.as_mut() {
+            stop.accept(token)?;
+        }
         self.events
             .send(Event::Token(token))
             .map_err(|_| anyhow!("the request was abandoned"))
+    }
+
+    fn complete(&self) -> bool {
+        self.stop.as_ref().is_some_and(StopWatch::complete)
     }
 }
 
@@ -167,6 +178,7 @@ fn admit(
                 opts: job.opts,
                 filter: Some(Notify {
                     inner: job.filter,
+                    stop: job.stop,
                     events: job.events,
                 }),
             }
