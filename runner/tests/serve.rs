@@ -4,8 +4,10 @@
 //! one-at-a-time answers (the in-process `Runner`, which the CLI tests check against
 //! upstream) or against what the OpenAI API specifies.
 
-use runner::answer::Runner;
-use runner::load::{LoadOptions, ModelSource};
+use runner::answer::{tool_prompt_ids, Runner};
+use runner::constrain::{CallCount, ConstraintFactory, ToolConstraint};
+use runner::decode::{prefill, TokenFilter};
+use runner::load::{load, LoadOptions, ModelSource};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
@@ -285,7 +287,7 @@ fn the_openai_client_gets_needle_runs_answers() {
         Some("tool_choice"),
         "no_such_tool",
     );
-    refused(&bad["n2"], 400, Some("n"), "n = 1");
+    refused(&bad["n_past_batch"], 400, Some("n"), "--max-batch");
     refused(&bad["bad_temperature"], 400, Some("temperature"), "0 to 2");
     refused(&bad["too_long"], 400, None, "context is 512 tokens");
     assert_eq!(got["health_after"]["status"], "ok");
@@ -566,4 +568,215 @@ fn stop_sequences_end_the_answer_before_them() {
     }
     refused(&got["too_many"], 400, Some("stop"), "at most 4");
     refused(&got["empty"], 400, Some("stop"), "empty");
+}
+
+/// A choice without what differs between rows that answer alike (call ids) and between
+/// whole and streamed answers (a stream's content of calls is "", not null).
+fn same_answer(choice: &Value) -> Value {
+    json!({
+        "calls": calls(choice),
+        "content": choice["content"].as_str().unwrap_or_default(),
+        "finish_reason": choice["finish_reason"],
+    })
+}
+
+/// The log-softmax of the model's logits after `ids` (prompt and generated so far), fed
+/// whole from an empty cache, with `mask`'s disallowed tokens left out: the reference for
+/// the server's cached, batched logprobs.
+fn reference_logprobs(
+    model: &mut runner::load::LoadedModel,
+    ids: &[u32],
+    mask: Option<&mut ToolConstraint>,
+) -> Vec<f64> {
+    let vocab = model.session.config().output_vocab();
+    let ids: Vec<i64> = ids.iter().map(|&t| i64::from(t)).collect();
+    let out = prefill(&mut model.session, &ids, ids.len()).unwrap();
+    let mut last = out.logits[out.logits.len() - vocab..].to_vec();
+    if let Some(mask) = mask {
+        mask.mask(&mut last).unwrap();
+    }
+    let max = last.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let total: f64 = last.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let log_total = f64::from(max) + total.ln();
+    last.iter().map(|&l| f64::from(l) - log_total).collect()
+}
+
+/// Checks the server's `entries` token by token against the greedy reference under
+/// `mask` (teacher-forced by the reference's own picks): each token the argmax, its
+/// logprob and the top `k` the reference's. Returns the tokens.
+fn check_logprobs(
+    model: &mut runner::load::LoadedModel,
+    prompt: &[u32],
+    entries: &[Value],
+    k: usize,
+    mut mask: Option<&mut ToolConstraint>,
+) -> Vec<u32> {
+    let token_bytes = model.tokenizer.text_bytes();
+    let close = |a: &Value, b: f64| (a.as_f64().unwrap() - b).abs() < 1e-4;
+    let mut ids = prompt.to_vec();
+    for (at, entry) in entries.iter().enumerate() {
+        let reference = reference_logprobs(model, &ids, mask.as_deref_mut());
+        let id = (0..reference.len())
+            .max_by(|&a, &b| reference[a].total_cmp(&reference[b]).then(b.cmp(&a)))
+            .unwrap();
+        let bytes = token_bytes[id].clone().unwrap_or_default();
+        assert_eq!(entry["bytes"], json!(bytes), "token {at}: {entry}");
+        assert!(
+            close(&entry["logprob"], reference[id]),
+            "token {at}: {entry} vs {}",
+            reference[id]
+        );
+        let top = entry["top"].as_array().unwrap();
+        let mut best: Vec<f64> = reference
+            .iter()
+            .copied()
+            .filter(|l| l.is_finite())
+            .collect();
+        best.sort_by(|a, b| b.total_cmp(a));
+        assert_eq!(top.len(), k.min(best.len()), "token {at}: {entry}");
+        for (alt, want) in top.iter().zip(&best) {
+            assert!(close(&alt["logprob"], *want), "token {at}: {alt} vs {want}");
+        }
+        if let Some(mask) = mask.as_deref_mut() {
+            mask.accept(id as u32).unwrap();
+        }
+        ids.push(id as u32);
+    }
+    ids.split_off(prompt.len())
+}
+
+/// `n`: each choice is a row of the batch, the answer a single request with the choice's
+/// seed gets (seed + index), whole and streamed, greedy choices all the one-at-a-time
+/// answer; usage counts the prompt once and every choice's tokens. `logprobs`: each token's
+/// log-probability and top 5 are the model's log-softmax after the tokens before it (fed
+/// whole, from an empty cache, by the test), whole and streamed; under a named tool's
+/// grammar they are the masked distribution's, never below the model's own and above it
+/// where the grammar forces a token the model would not pick.
+#[test]
+fn n_choices_are_rows_and_logprobs_are_the_models() {
+    let queries = held_out(1);
+    let q = &queries[0];
+    let mut runner = Runner::new(&ModelSource::Demo, &LoadOptions::default()).unwrap();
+    let want = one_at_a_time(&mut runner, q, None);
+    let called: Vec<&Value> = want.iter().map(|c| &c["name"]).collect();
+    let forced = q["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| &t["name"])
+        .find(|name| !called.contains(name))
+        .unwrap()
+        .clone();
+    let server = Server::start(&[]);
+    let got = server.client(
+        "choices",
+        json!({"queries": queries, "forced_tool": forced}),
+    );
+
+    let n3 = got["n3"]["choices"].as_array().unwrap();
+    let singles = got["singles"].as_array().unwrap();
+    assert_eq!(n3.len(), 3);
+    for (i, (choice, single)) in n3.iter().zip(singles).enumerate() {
+        assert_eq!(choice["index"], i);
+        assert_eq!(same_answer(choice), same_answer(single), "choice {i}");
+        assert_eq!(
+            choice["needle"]["reasoning"], single["needle"]["reasoning"],
+            "choice {i}"
+        );
+    }
+    assert!(
+        n3.iter().any(|c| same_answer(c) != same_answer(&n3[0])) || {
+            let reasons: Vec<&Value> = n3.iter().map(|c| &c["needle"]["reasoning"]).collect();
+            reasons.windows(2).any(|w| w[0] != w[1])
+        },
+        "three samples at temperature 1 with different seeds: {n3:?}"
+    );
+    let usage = &got["n3"]["usage"];
+    assert_eq!(usage["prompt_tokens"], singles[0]["usage"]["prompt_tokens"]);
+    assert_eq!(
+        usage["completion_tokens"].as_f64().unwrap(),
+        usage_sum(singles, "completion_tokens")
+    );
+    let ids: Vec<&Value> = n3
+        .iter()
+        .flat_map(|c| c["tool_calls"].as_array().unwrap())
+        .map(|c| &c["id"])
+        .collect();
+    assert!(
+        ids.iter().enumerate().all(|(i, id)| !ids[..i].contains(id)),
+        "{ids:?}"
+    );
+    let streamed = got["n3_stream"]["choices"].as_array().unwrap();
+    assert_eq!(streamed.len(), 3);
+    for (choice, whole) in streamed.iter().zip(n3) {
+        assert_eq!(same_answer(choice), same_answer(whole));
+        assert_eq!(choice["reasoning"], whole["needle"]["reasoning"]);
+    }
+    assert_eq!(got["n3_stream"]["usage"], got["n3"]["usage"]);
+    for choice in got["greedy_n2"]["choices"].as_array().unwrap() {
+        assert_eq!(calls(choice), want);
+    }
+
+    assert!(got["no_logprobs"].is_null());
+    let mut model = load(&ModelSource::Demo, &LoadOptions::default()).unwrap();
+    let prompt = tool_prompt_ids(
+        &model.tokenizer,
+        &q["tools"],
+        q["query"].as_str().unwrap(),
+        None,
+    );
+    let whole = got["logprobs"]["logprobs"].as_array().unwrap();
+    assert_eq!(
+        whole.len() as u64,
+        got["logprobs"]["usage"]["completion_tokens"]
+            .as_u64()
+            .unwrap()
+    );
+    assert_eq!(
+        got["logprobs_stream"]["logprobs"].as_array().unwrap(),
+        whole
+    );
+    check_logprobs(&mut model, &prompt, whole, 5, None);
+
+    // Under the named tool's grammar, built here as the server builds it (the tool alone,
+    // at least one call, the server's budget of 256 tokens or the context's rest).
+    let forced_tool: Vec<Value> = q["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["name"] == forced)
+        .cloned()
+        .collect();
+    let budget = 256.min(model.session.config().max_seq_len() - prompt.len());
+    let mut grammar = ConstraintFactory::new(&model.tokenizer)
+        .unwrap()
+        .for_tools(
+            &Value::Array(forced_tool),
+            CallCount {
+                at_least: 1,
+                at_most: None,
+            },
+            budget,
+        )
+        .unwrap();
+    let forced_answer = &got["logprobs_forced"];
+    assert!(
+        calls(forced_answer).iter().all(|c| c["name"] == forced),
+        "{forced_answer}"
+    );
+    let entries = forced_answer["logprobs"].as_array().unwrap();
+    let generated = check_logprobs(&mut model, &prompt, entries, 3, Some(&mut grammar));
+    // The unmasked model would not have picked the forced tool's name: somewhere the
+    // reported probability is the mask's, far above the model's own.
+    let mut ids = prompt.clone();
+    let mut raised = 0.0f64;
+    for (entry, &id) in entries.iter().zip(&generated) {
+        let own = reference_logprobs(&mut model, &ids, None);
+        raised = raised.max(entry["logprob"].as_f64().unwrap() - own[id as usize]);
+        ids.push(id);
+    }
+    assert!(
+        raised > 0.1,
+        "the grammar forced {forced}: the largest gain was {raised}"
+    );
 }

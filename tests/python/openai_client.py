@@ -24,18 +24,43 @@ def openai_tools(tools):
     return [{"type": "function", "function": t} for t in tools]
 
 
-def message_of(completion):
-    choice = completion.choices[0]
+def logprobs_of(logprobs):
+    """A choice's `logprobs.content` as plain lists; None when there are none."""
+    if logprobs is None or logprobs.content is None:
+        return None
+    return [
+        {
+            "token": t.token,
+            "bytes": t.bytes,
+            "logprob": t.logprob,
+            "top": [{"token": a.token, "bytes": a.bytes, "logprob": a.logprob} for a in t.top_logprobs],
+        }
+        for t in logprobs.content
+    ]
+
+
+def choice_of(choice):
     calls = [
         {"id": c.id, "name": c.function.name, "arguments": json.loads(c.function.arguments)}
         for c in (choice.message.tool_calls or [])
     ]
     return {
+        "index": choice.index,
         "content": choice.message.content,
         "tool_calls": calls,
         "finish_reason": choice.finish_reason,
+        "logprobs": logprobs_of(choice.logprobs),
+        "needle": (choice.model_extra or {}).get("needle"),
+    }
+
+
+def message_of(completion):
+    """The first choice, the usage and Needle's extras."""
+    return {
+        **choice_of(completion.choices[0]),
         "usage": completion.usage.model_dump() if completion.usage else None,
         "needle": (completion.model_extra or {}).get("needle"),
+        "choices": [choice_of(c) for c in completion.choices],
     }
 
 
@@ -49,36 +74,40 @@ def ask(client, q, **kw):
 
 
 def streamed(client, q, **kw):
-    content, reasoning, calls, finish, usage, needle, chunks = "", "", {}, None, None, None, 0
+    """A stream put together as a client does, choice by choice: the first choice's at the
+    top, every choice under "choices"."""
+    choices, usage, chunks = {}, None, 0
     for chunk in ask(client, q, stream=True, stream_options={"include_usage": True}, **kw):
         chunks += 1
-        extra = chunk.model_extra or {}
-        needle = extra.get("needle", needle)
         if chunk.usage:
             usage = chunk.usage.model_dump()
         for choice in chunk.choices:
+            got = choices.setdefault(
+                choice.index,
+                {"content": "", "reasoning": "", "calls": {}, "finish_reason": None, "needle": None, "logprobs": None},
+            )
+            got["needle"] = (chunk.model_extra or {}).get("needle", got["needle"])
             delta = choice.delta
-            content += delta.content or ""
-            reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+            got["content"] += delta.content or ""
+            got["reasoning"] += (delta.model_extra or {}).get("reasoning_content") or ""
             for c in delta.tool_calls or []:
-                call = calls.setdefault(c.index, {"id": None, "name": "", "arguments": ""})
+                call = got["calls"].setdefault(c.index, {"id": None, "name": "", "arguments": ""})
                 call["id"] = c.id or call["id"]
                 call["name"] += c.function.name or ""
                 call["arguments"] += c.function.arguments or ""
-            finish = choice.finish_reason or finish
-    tool_calls = [
-        {"id": c["id"], "name": c["name"], "arguments": json.loads(c["arguments"])}
-        for _, c in sorted(calls.items())
-    ]
-    return {
-        "content": content,
-        "reasoning": reasoning,
-        "tool_calls": tool_calls,
-        "finish_reason": finish,
-        "usage": usage,
-        "needle": needle,
-        "chunks": chunks,
-    }
+            got["finish_reason"] = choice.finish_reason or got["finish_reason"]
+            entries = logprobs_of(choice.logprobs)
+            if entries is not None:
+                got["logprobs"] = (got["logprobs"] or []) + entries
+    assembled = []
+    for index, got in sorted(choices.items()):
+        calls = got.pop("calls")
+        got["tool_calls"] = [
+            {"id": c["id"], "name": c["name"], "arguments": json.loads(c["arguments"])} for _, c in sorted(calls.items())
+        ]
+        got["index"] = index
+        assembled.append(got)
+    return {**assembled[0], "usage": usage, "chunks": chunks, "choices": assembled}
 
 
 def refusal(call):
@@ -170,7 +199,7 @@ def answers(spec):
         "unknown_function": refusal(
             lambda: ask(client, q, tool_choice={"type": "function", "function": {"name": "no_such_tool"}})
         ),
-        "n2": refusal(lambda: ask(client, q, n=2)),
+        "n_past_batch": refusal(lambda: ask(client, q, n=17)),
         "bad_temperature": refusal(lambda: ask(client, q, temperature=7)),
         "too_long": refusal(
             lambda: client.chat.completions.create(model="needle-demo", messages=[{"role": "user", "content": "lights " * 900}])
@@ -286,6 +315,25 @@ def stops(spec):
     return out
 
 
+def choices(spec):
+    """`n` (sampled and greedy, whole and streamed) against single requests with each
+    choice's seed, and `logprobs` whole, streamed and under a named tool's grammar."""
+    client = OpenAI(base_url=spec["base_url"], api_key="not-needed", max_retries=0)
+    q = spec["queries"][0]
+    sampled = dict(temperature=1.0, seed=5, max_tokens=80)
+    forced = {"type": "function", "function": {"name": spec["forced_tool"]}}
+    return {
+        "n3": message_of(ask(client, q, n=3, **sampled)),
+        "singles": [message_of(ask(client, q, **{**sampled, "seed": 5 + i})) for i in range(3)],
+        "n3_stream": streamed(client, q, n=3, **sampled),
+        "greedy_n2": message_of(ask(client, q, n=2)),
+        "logprobs": message_of(ask(client, q, logprobs=True, top_logprobs=5)),
+        "logprobs_stream": streamed(client, q, logprobs=True, top_logprobs=5),
+        "logprobs_forced": message_of(ask(client, q, logprobs=True, top_logprobs=3, tool_choice=forced)),
+        "no_logprobs": message_of(ask(client, q))["logprobs"],
+    }
+
+
 def auth(spec):
     """A server run with --api-key: the client with the key, with another, and raw
     requests without one."""
@@ -326,5 +374,6 @@ if __name__ == "__main__":
         "models_and_metrics": models_and_metrics,
         "auth": auth,
         "stops": stops,
+        "choices": choices,
     }[spec["scenario"]]
     json.dump(scenario(spec), sys.stdout)

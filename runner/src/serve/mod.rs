@@ -5,11 +5,16 @@
 //! stops accepting connections, lets the requests in flight finish, then exits.
 
 pub mod auth;
+pub mod chat;
+pub mod chat_stream;
 pub mod http;
+pub mod logprobs;
 pub mod metrics;
+pub mod models;
 pub mod request;
 pub mod response;
 pub mod scheduler;
+pub mod shared;
 pub mod stop;
 
 use crate::answer::tool_stop_ids;
@@ -50,10 +55,11 @@ pub fn serve(model: LoadedModel, opts: &ServeOptions) -> Result<()> {
     } = model;
     let (jobs, queue) = std::sync::mpsc::sync_channel(opts.queue);
     let metrics = Arc::new(Metrics::new(opts.max_batch));
-    let shared = Arc::new(http::Shared {
+    let shared = Arc::new(shared::Shared {
         jobs,
         constraints: ConstraintFactory::new(&tokenizer)?,
         stop_ids: tool_stop_ids(&tokenizer)?,
+        token_bytes: tokenizer.text_bytes(),
         tokenizer: Arc::new(tokenizer),
         model: opts.model_name.clone(),
         provider: session.provider(),
@@ -62,7 +68,8 @@ pub fn serve(model: LoadedModel, opts: &ServeOptions) -> Result<()> {
         queue: opts.queue,
         timeout: opts.timeout,
         completions: AtomicU64::new(0),
-        started: http::now(),
+        started: shared::now(),
+        max_batch: opts.max_batch,
         metrics: metrics.clone(),
     });
     let provider = session.provider();

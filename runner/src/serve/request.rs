@@ -57,6 +57,10 @@ pub struct ChatRequest {
     pub parallel_tool_calls: bool,
     /// `stop`: the answer ends before the first of these in its decoded text.
     pub stop: StopTexts,
+    /// `n`: answers to generate, each a row of the batch.
+    pub n: usize,
+    /// `logprobs: true`, with `top_logprobs` (0 to 20) alternatives per token.
+    pub top_logprobs: Option<usize>,
 }
 
 impl ChatRequest {
@@ -163,6 +167,11 @@ pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
     };
     let parallel_tool_calls = flag(body.get("parallel_tool_calls"), "parallel_tool_calls", true)?;
     let stop = stop_texts(body.get("stop"))?;
+    let n = match body.get("n") {
+        None | Some(Value::Null) => 1,
+        Some(v) => positive(v, "n")?,
+    };
+    let top_logprobs = top_logprobs(body)?;
     Ok(ChatRequest {
         tools,
         query,
@@ -176,7 +185,31 @@ pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
         constrain,
         parallel_tool_calls,
         stop,
+        n,
+        top_logprobs,
     })
+}
+
+/// `logprobs` and `top_logprobs` together: `Some(k)` when log-probabilities are asked for.
+fn top_logprobs(body: &Map<String, Value>) -> Result<Option<usize>, Invalid> {
+    let wanted = flag(body.get("logprobs"), "logprobs", false)?;
+    let top = match body.get("top_logprobs") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(k) if k <= 20 => Some(k as usize),
+            _ => {
+                return Err(invalid(
+                    "top_logprobs",
+                    "top_logprobs must be an integer from 0 to 20",
+                ))
+            }
+        },
+    };
+    match (wanted, top) {
+        (true, top) => Ok(Some(top.unwrap_or(0))),
+        (false, None) => Ok(None),
+        (false, Some(_)) => Err(invalid("top_logprobs", "top_logprobs needs logprobs: true")),
+    }
 }
 
 /// `stop`: a string or a list of up to 4, none empty (an empty one would stop at once).
@@ -205,14 +238,6 @@ fn stop_texts(stop: Option<&Value>) -> Result<StopTexts, Invalid> {
 
 /// Fields whose meaning this server cannot honour.
 fn refuse_unsupported(body: &Map<String, Value>) -> Result<(), Invalid> {
-    if let Some(n) = body.get("n").filter(|n| !n.is_null()) {
-        if n.as_u64() != Some(1) {
-            return Err(invalid("n", "only n = 1 is supported"));
-        }
-    }
-    if body.get("logprobs").and_then(Value::as_bool) == Some(true) {
-        return Err(invalid("logprobs", "logprobs are not supported"));
-    }
     match body.get("response_format").and_then(|f| f.get("type")).and_then(Value::as_str) {
         None | Some("text") => {}
         Some(other) => {
@@ -397,7 +422,15 @@ mod tests {
                 "messages",
             ),
             (json!({"messages": []}), "messages"),
-            (json!({"messages": [user], "n": 2}), "n"),
+            (json!({"messages": [user], "n": 0}), "n"),
+            (
+                json!({"messages": [user], "top_logprobs": 3}),
+                "top_logprobs",
+            ),
+            (
+                json!({"messages": [user], "logprobs": true, "top_logprobs": 21}),
+                "top_logprobs",
+            ),
             (
                 json!({"messages": [user], "stop": ["a", "b", "c", "d", "e"]}),
                 "stop",

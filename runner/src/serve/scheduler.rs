@@ -7,6 +7,7 @@
 use crate::answer::confidence;
 use crate::decode::{Decoded, GenerateOptions, TokenFilter};
 use crate::engine::{Admission, Engine, RowId};
+use crate::serve::logprobs::{Distribution, TokenLogprobs};
 use crate::serve::metrics::Metrics;
 use crate::serve::stop::StopWatch;
 use crate::session::NeedleSession;
@@ -27,15 +28,30 @@ pub struct Job {
     pub filter: Option<RowFilter>,
     /// Ends the row at the request's stop sequences, if it has any.
     pub stop: Option<StopWatch>,
-    pub events: UnboundedSender<Event>,
+    /// Which of the request's choices (`n`) this row is; its events say so.
+    pub choice: usize,
+    /// Report each token's log-probability, with this many most likely alternatives.
+    pub top_logprobs: Option<usize>,
+    pub events: Events,
     pub queued_at: Instant,
+}
+
+/// Where a request's rows send their events, each with its choice's index.
+pub type Events = UnboundedSender<(usize, Event)>;
+
+/// A token a row generated.
+#[derive(Debug)]
+pub struct Sampled {
+    pub id: u32,
+    /// When the request asked for them.
+    pub logprobs: Option<TokenLogprobs>,
 }
 
 /// What a request hears back.
 #[derive(Debug)]
 pub enum Event {
     /// A token it generated, in order.
-    Token(u32),
+    Token(Sampled),
     /// It is done.
     Done(Box<Done>),
     /// It failed: why.
@@ -51,20 +67,28 @@ pub struct Done {
     pub confidence: Option<f64>,
 }
 
-/// Sends each accepted token to the request's handler; fails (so the row leaves the
-/// batch) once the handler is gone.
+/// Sends each accepted token (with its log-probabilities, from the logits left after the
+/// constraint's mask) to the request's handler; fails (so the row leaves the batch) once
+/// the handler is gone.
 struct Notify {
     inner: Option<RowFilter>,
     stop: Option<StopWatch>,
-    events: UnboundedSender<Event>,
+    choice: usize,
+    top_logprobs: Option<usize>,
+    /// The distribution the next token is picked from, when log-probabilities are asked for.
+    next: Option<Distribution>,
+    events: Events,
 }
 
 impl TokenFilter for Notify {
     fn mask(&mut self, logits: &mut [f32]) -> Result<()> {
-        match self.inner.as_mut() {
-            Some(inner) => inner.mask(logits),
-            None => Ok(()),
+        if let Some(inner) = self.inner.as_mut() {
+            inner.mask(logits)?;
         }
+        if self.top_logprobs.is_some() {
+            self.next = Some(Distribution::of(logits));
+        }
+        Ok(())
     }
 
     fn accept(&mut self, token: u32) -> Result<()> {
@@ -74,8 +98,16 @@ impl TokenFilter for Notify {
         if let Some(stop) = self.stop.as_mut() {
             stop.accept(token)?;
         }
+        let logprobs = match (self.next.take(), self.top_logprobs) {
+            (Some(d), Some(k)) => Some(d.picked(token, k)),
+            _ => None,
+        };
+        let sampled = Sampled {
+            id: token,
+            logprobs,
+        };
         self.events
-            .send(Event::Token(token))
+            .send((self.choice, Event::Token(sampled)))
             .map_err(|_| anyhow!("the request was abandoned"))
     }
 
@@ -85,7 +117,8 @@ impl TokenFilter for Notify {
 }
 
 struct Running {
-    events: UnboundedSender<Event>,
+    events: Events,
+    choice: usize,
     prompt: Vec<u32>,
     queue_secs: f64,
 }
@@ -141,15 +174,14 @@ pub fn run(mut session: NeedleSession, jobs: Receiver<Job>, max_batch: usize, me
                         }
                         Err(e) => Event::Failed(format!("{e:#}")),
                     };
-                    let _ = row.events.send(event);
+                    let _ = row.events.send((row.choice, event));
                 }
             }
             Err(e) => {
                 // onnxruntime failed: every running request fails with it, the server goes on.
                 for (_, row) in running.drain() {
-                    let _ = row
-                        .events
-                        .send(Event::Failed(format!("decoding failed: {e:#}")));
+                    let failed = Event::Failed(format!("decoding failed: {e:#}"));
+                    let _ = row.events.send((row.choice, failed));
                 }
                 engine = Engine::default();
             }
@@ -170,6 +202,7 @@ fn admit(
         .map(|job| {
             rows.push(Running {
                 events: job.events.clone(),
+                choice: job.choice,
                 prompt: job.prompt.clone(),
                 queue_secs: job.queued_at.elapsed().as_secs_f64(),
             });
@@ -179,6 +212,9 @@ fn admit(
                 filter: Some(Notify {
                     inner: job.filter,
                     stop: job.stop,
+                    choice: job.choice,
+                    top_logprobs: job.top_logprobs,
+                    next: None,
                     events: job.events,
                 }),
             }
@@ -191,9 +227,8 @@ fn admit(
             // the batch may be half rebuilt, so every request fails and decoding restarts.
             let failed = rows.into_iter().chain(running.drain().map(|(_, row)| row));
             for row in failed {
-                let _ = row
-                    .events
-                    .send(Event::Failed(format!("prefill failed: {e:#}")));
+                let failed = Event::Failed(format!("prefill failed: {e:#}"));
+                let _ = row.events.send((row.choice, failed));
             }
             *engine = Engine::default();
         }
