@@ -195,6 +195,18 @@ fn the_openai_client_gets_needle_runs_answers() {
     assert_eq!(stream["content"], "");
     assert_eq!(stream["usage"], call["usage"]);
     assert!(stream["chunks"].as_u64().unwrap() > 5, "{stream}");
+    // Each call announced whole (id, type, name) in its first delta, then its arguments in
+    // pieces as they are decoded, not at the end in one.
+    for (call, streamed) in calls(stream)
+        .iter()
+        .zip(stream["call_streams"].as_array().unwrap())
+    {
+        let announced = &streamed["announced"];
+        assert_eq!(announced["name"], call["name"], "{stream}");
+        assert_eq!(announced["type"], "function", "{stream}");
+        assert!(announced["id"].as_str().unwrap().starts_with("call_"));
+        assert!(streamed["pieces"].as_u64().unwrap() >= 3, "{stream}");
+    }
 
     // tool_choice: none gives Needle's "respond" answer (an empty call list, no text);
     // required and a named function call.
@@ -556,6 +568,9 @@ fn stop_sequences_end_the_answer_before_them() {
         let used = cut["usage"]["completion_tokens"].as_u64().unwrap();
         assert!(used < alone.generated_tokens as u64, "{mode}: {cut}");
 
+        // Cut inside the call block: the whole answer has no calls (the list does not
+        // parse); the stream had announced the first call, whose name came before the cut,
+        // and sent none of its arguments, as an OpenAI stream ends inside a call.
         let cut = &got["in_calls"][mode];
         let said = match mode {
             "whole" => &cut["needle"]["reasoning"],
@@ -563,7 +578,11 @@ fn stop_sequences_end_the_answer_before_them() {
         };
         assert_eq!(said, reasoning, "{mode}: {cut}");
         assert_eq!(cut["finish_reason"], "stop", "{mode}: {cut}");
-        assert_eq!(cut["tool_calls"], json!([]), "{mode}: {cut}");
+        let announced = match mode {
+            "whole" => json!([]),
+            _ => json!([{"name": alone.function_calls[0]["name"], "arguments": {"unparsed": ""}}]),
+        };
+        assert_eq!(json!(calls(cut)), announced, "{mode}: {cut}");
         assert_eq!(cut["needle"]["success"], false, "{mode}: {cut}");
     }
     refused(&got["too_many"], 400, Some("stop"), "at most 4");

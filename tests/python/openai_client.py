@@ -73,6 +73,15 @@ def ask(client, q, **kw):
     )
 
 
+def parsed_or_raw(arguments):
+    """Streamed arguments as JSON, or {"unparsed": text} when the answer ended inside them
+    (a stop sequence, max_tokens), as OpenAI's streams can end."""
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        return {"unparsed": arguments}
+
+
 def streamed(client, q, **kw):
     """A stream put together as a client does, choice by choice: the first choice's at the
     top, every choice under "choices"."""
@@ -91,10 +100,14 @@ def streamed(client, q, **kw):
             got["content"] += delta.content or ""
             got["reasoning"] += (delta.model_extra or {}).get("reasoning_content") or ""
             for c in delta.tool_calls or []:
-                call = got["calls"].setdefault(c.index, {"id": None, "name": "", "arguments": ""})
+                first = c.index not in got["calls"]
+                call = got["calls"].setdefault(c.index, {"id": None, "name": "", "arguments": "", "pieces": 0})
+                if first:
+                    call["announced"] = {"id": c.id, "type": c.type, "name": c.function.name}
                 call["id"] = c.id or call["id"]
                 call["name"] += c.function.name or ""
                 call["arguments"] += c.function.arguments or ""
+                call["pieces"] += bool(c.function.arguments)
             got["finish_reason"] = choice.finish_reason or got["finish_reason"]
             entries = logprobs_of(choice.logprobs)
             if entries is not None:
@@ -103,7 +116,11 @@ def streamed(client, q, **kw):
     for index, got in sorted(choices.items()):
         calls = got.pop("calls")
         got["tool_calls"] = [
-            {"id": c["id"], "name": c["name"], "arguments": json.loads(c["arguments"])} for _, c in sorted(calls.items())
+            {"id": c["id"], "name": c["name"], "arguments": parsed_or_raw(c["arguments"])}
+            for _, c in sorted(calls.items())
+        ]
+        got["call_streams"] = [
+            {"announced": c["announced"], "pieces": c["pieces"]} for _, c in sorted(calls.items())
         ]
         got["index"] = index
         assembled.append(got)

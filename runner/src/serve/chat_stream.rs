@@ -1,11 +1,13 @@
 //! A streamed chat completion (server-sent events): for each choice a first chunk with
 //! the role, `reasoning_content` and `content` deltas as its text grows (each trimmed as
-//! the whole answer's is, so they add up to it), its calls once their list is complete,
+//! the whole answer's is, so they add up to it), each call announced (id, name) once its
+//! name is decoded and its arguments sent as the model writes them ([`call_stream`]),
 //! then its `finish_reason` chunk with Needle's extras; once every choice is done the
 //! usage chunk if asked for, and `[DONE]`. Each chunk carries the `logprobs` entries of
 //! its choice's tokens since the previous one, when asked for.
 
 use crate::prompt::{parse_answer, Answer};
+use crate::serve::call_stream::partial_calls;
 use crate::serve::request::ChatRequest;
 use crate::serve::response::{self, Meta};
 use crate::serve::scheduler::{Done, Event};
@@ -61,6 +63,8 @@ struct ChoiceState {
     sent: Answer,
     /// `logprobs` entries of tokens not yet sent.
     logprobs: Vec<Value>,
+    /// The calls announced, in order: how many bytes of each one's arguments were sent.
+    calls: Vec<usize>,
     done: Option<Box<Done>>,
 }
 
@@ -74,6 +78,7 @@ impl Default for ChoiceState {
                 text: String::new(),
             },
             logprobs: Vec::new(),
+            calls: Vec::new(),
             done: None,
         }
     }
@@ -125,8 +130,9 @@ impl Streamer {
                         choice.logprobs.push(entry);
                     }
                     let text = stable_text(&self.s.tokenizer, &choice.ids);
-                    let partial = parse_answer(self.stops.shown(&text));
-                    self.send_growth(index, &partial);
+                    let shown = self.stops.shown(&text);
+                    self.send_growth(index, &parse_answer(shown));
+                    self.send_call_growth(index, shown);
                 }
                 Ok(Some((index, Event::Done(done)))) => self.finish_choice(index, done),
                 Ok(Some((_, Event::Failed(why)))) => self.fail(&why),
@@ -150,10 +156,7 @@ impl Streamer {
     fn finish_choice(&mut self, index: usize, done: Box<Done>) {
         let answer = final_answer(&self.s, &done, &self.stops);
         self.send_growth(index, &answer);
-        for delta in response::tool_call_deltas(&answer, &self.id, index) {
-            let chunk = response::chunk(&self.meta(), index, delta, None, None);
-            self.pending.push_back(chunk.to_string());
-        }
+        self.send_rest_of_calls(index, &answer, &done);
         let logprobs = self.take_logprobs(index);
         let finish = response::finish_reason(&answer, &done);
         let mut last = response::chunk(
@@ -201,6 +204,62 @@ impl Streamer {
                 logprobs.as_deref(),
             );
             self.pending.push_back(chunk.to_string());
+        }
+    }
+
+    /// Announces the calls of choice `index` whose names the `shown` text now completes and
+    /// sends what their arguments gained. A call is announced only after those before it,
+    /// so indices stay in order.
+    fn send_call_growth(&mut self, index: usize, shown: &str) {
+        for (i, call) in partial_calls(shown).into_iter().enumerate() {
+            let Some(name) = call.name else {
+                break;
+            };
+            self.send_call_text(index, i, &name, call.arguments.unwrap_or_default());
+        }
+    }
+
+    /// Sends call `i` of choice `index`: announced with `arguments` if it was not, else
+    /// what `arguments` gained over what was sent.
+    fn send_call_text(&mut self, index: usize, i: usize, name: &str, arguments: &str) {
+        let sent = &mut self.choices[index].calls;
+        let delta = if i == sent.len() {
+            sent.push(arguments.len());
+            let id = response::call_id(&self.id, index, i);
+            json!({"index": i, "id": id, "type": "function", "function": {"name": name, "arguments": arguments}})
+        } else {
+            match arguments.get(sent[i]..).filter(|gained| !gained.is_empty()) {
+                Some(gained) => {
+                    sent[i] = arguments.len();
+                    json!({"index": i, "function": {"arguments": gained}})
+                }
+                None => return,
+            }
+        };
+        let chunk = response::chunk(
+            &self.meta(),
+            index,
+            json!({"tool_calls": [delta]}),
+            None,
+            None,
+        );
+        self.pending.push_back(chunk.to_string());
+    }
+
+    /// Completes the calls of choice `index`'s final `answer`: each one's arguments as the
+    /// model wrote them (as the final list parsed them, if the text has no such call).
+    fn send_rest_of_calls(&mut self, index: usize, answer: &crate::prompt::Answer, done: &Done) {
+        let text = self.s.tokenizer.decode(&done.decoded.generated_ids);
+        let scanned = partial_calls(self.stops.cut(&text).0);
+        for (i, call) in answer.function_calls().iter().enumerate() {
+            let name = call.get("name").and_then(Value::as_str).unwrap_or_default();
+            let parsed = call.get("arguments").cloned().unwrap_or_else(|| json!({}));
+            let arguments = match scanned.get(i) {
+                Some(c) if c.name.as_deref() == Some(name) => c.arguments.map(str::to_string),
+                _ => None,
+            };
+            let arguments = arguments.unwrap_or_else(|| parsed.to_string());
+            self.send_call_text(index, i, name, &arguments);
         }
     }
 

@@ -5,6 +5,7 @@
 //! stops accepting connections, lets the requests in flight finish, then exits.
 
 pub mod auth;
+pub mod call_stream;
 pub mod chat;
 pub mod chat_stream;
 pub mod http;

@@ -34,7 +34,7 @@ pub struct Choice {
 }
 
 /// A call's id, unique within the completion: its choice and its place in the list.
-fn call_id(completion_id: &str, choice: usize, i: usize) -> String {
+pub fn call_id(completion_id: &str, choice: usize, i: usize) -> String {
     let completion = completion_id.trim_start_matches("chatcmpl-");
     format!("call_{completion}_{choice}_{i}")
 }
@@ -179,18 +179,6 @@ pub fn chunk(
         "model": meta.model,
         "choices": [{"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs_object(logprobs)}],
     })
-}
-
-/// The streamed calls of choice `choice`: one delta per call, whole, each with its `index`.
-pub fn tool_call_deltas(answer: &Answer, completion_id: &str, choice: usize) -> Vec<Value> {
-    tool_calls(answer, completion_id, choice)
-        .into_iter()
-        .enumerate()
-        .map(|(i, mut call)| {
-            call["index"] = json!(i);
-            json!({"tool_calls": [call]})
-        })
-        .collect()
 }
 
 /// OpenAI's error object.
