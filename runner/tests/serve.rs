@@ -65,13 +65,18 @@ impl Server {
         }
     }
 
-    /// Runs `scenario` of the client with `spec`'s extra fields.
-    fn client(&self, scenario: &str, mut spec: Value) -> Value {
+    /// Runs `scenario` of the official client with `spec`'s extra fields.
+    fn client(&self, scenario: &str, spec: Value) -> Value {
+        self.script("openai_client.py", scenario, spec)
+    }
+
+    /// Runs `scenario` of `tests/python/{script}` with `spec`'s extra fields.
+    fn script(&self, script: &str, scenario: &str, mut spec: Value) -> Value {
         spec["base_url"] = json!(self.base_url);
         spec["scenario"] = json!(scenario);
         spec["pid"] = json!(self.child.id());
         let mut py = python()
-            .arg(repo_root().join("tests/python/openai_client.py"))
+            .arg(repo_root().join("tests/python").join(script))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -798,4 +803,91 @@ fn n_choices_are_rows_and_logprobs_are_the_models() {
         raised > 0.1,
         "the grammar forced {forced}: the largest gain was {raised}"
     );
+}
+
+/// `POST /v1/responses` through openai-agents with its defaults (the Responses API, default
+/// model settings, strict function tools): the agent calls the tools needle-run calls for
+/// the query (judged against the one-at-a-time answer with the tools as the agent sent
+/// them), whole and streamed (the Responses API's events), answers a query that needs no
+/// tool with the "respond" answer's text, and continuing after a call (the default
+/// tool_use_behavior) is refused with 400 naming `input`.
+#[test]
+fn openai_agents_call_tools_through_the_responses_api() {
+    let queries = held_out(1);
+    let server = Server::start(&[]);
+    let plain_query = "tell me a joke";
+    let got = server.script(
+        "agents_client.py",
+        "agents",
+        json!({"queries": queries, "plain_query": plain_query}),
+    );
+    let run = &got["run"];
+    let sent = json!({"query": queries[0]["query"], "tools": run["sent_tools"]});
+    let mut runner = Runner::new(&ModelSource::Demo, &LoadOptions::default()).unwrap();
+    let want = one_at_a_time(&mut runner, &sent, None);
+    assert!(!want.is_empty());
+    assert_eq!(run["calls"], json!(want), "{run}");
+    let names: Vec<&str> = want.iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(run["final_output"], format!("{} done", names[0]), "{run}");
+    assert_eq!(
+        run["output_types"],
+        json!(vec!["function_call"; want.len()])
+    );
+    assert!(run["usage"]["input"].as_u64().unwrap() > 0);
+    assert!(
+        run["ids"]["response"]
+            .as_str()
+            .unwrap()
+            .starts_with("resp_"),
+        "{run}"
+    );
+    let call_ids = run["ids"]["calls"].as_array().unwrap();
+    assert!(
+        call_ids
+            .iter()
+            .all(|id| id.as_str().unwrap().starts_with("call_")),
+        "{run}"
+    );
+
+    let stream = &got["stream"];
+    assert_eq!(stream["calls"], json!(want), "{stream}");
+    let arguments: Vec<&Value> = want.iter().map(|c| &c["arguments"]).collect();
+    assert_eq!(stream["arguments"], json!(arguments), "{stream}");
+    let events: Vec<&str> = stream["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    assert_eq!(events[..2], ["response.created", "response.in_progress"]);
+    assert_eq!(events.last(), Some(&"response.completed"));
+    for kind in [
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+    ] {
+        let n = events.iter().filter(|e| **e == kind).count();
+        assert_eq!(n, want.len(), "{kind}: {events:?}");
+    }
+
+    let alone = runner
+        .complete(&sent["tools"], plain_query, None, 256)
+        .unwrap();
+    assert!(alone.function_calls.is_empty(), "{}", alone.reasoning);
+    assert_eq!(got["plain"]["calls"], json!([]));
+    assert_eq!(got["plain"]["final_output"], alone.text.as_str());
+
+    let continued = &got["continued"];
+    assert_eq!(continued["error"], "BadRequestError", "{continued}");
+    assert_eq!(continued["status"], 400);
+    assert_eq!(continued["param"], "input");
+    assert!(
+        continued["message"]
+            .as_str()
+            .unwrap()
+            .contains("function_call"),
+        "{continued}"
+    );
+    assert_eq!(continued["calls_before"], json!(want));
 }

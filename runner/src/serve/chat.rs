@@ -44,7 +44,7 @@ pub async fn completions(State(s): AppState, body: Result<Bytes, BytesRejection>
     if let Err(refusal) = queue_jobs(&s, jobs) {
         return *refusal;
     }
-    let id = completion_id(&s, "chatcmpl");
+    let id = completion_id(&s, "chatcmpl-");
     let deadline = tokio::time::Instant::now() + s.timeout;
     match request.stream {
         true => chat_stream::stream(s, id, &request, events, deadline, arrived).into_response(),
@@ -62,10 +62,10 @@ pub async fn completions(State(s): AppState, body: Result<Bytes, BytesRejection>
     }
 }
 
-/// A new completion's id: `prefix`, the time and a counter.
+/// A new completion's id: `prefix` (OpenAI's: `chatcmpl-`, `resp_`), the time and a counter.
 pub fn completion_id(s: &Shared, prefix: &str) -> String {
     let n = s.completions.fetch_add(1, Ordering::Relaxed);
-    format!("{prefix}-{:x}{n:06x}", now())
+    format!("{prefix}{:x}{n:06x}", now())
 }
 
 /// The rows of `request` (one per choice) and the channel their events come back on; or

@@ -1,10 +1,11 @@
-//! The routes: `POST /v1/chat/completions` ([`chat`]), `GET /v1/models[/{id}]`
+//! The routes: `POST /v1/chat/completions` ([`chat`]), `POST /v1/responses`
+//! ([`responses`]), `GET /v1/models[/{id}]`
 //! ([`models`]), `GET /metrics`, `GET /health`; behind the API key when there is one, every
 //! answer counted. Every refusal is OpenAI's error object (`shared::refuse`).
 
 use crate::serve::auth::{self, ApiKey};
 use crate::serve::shared::{refuse, AppState, Shared};
-use crate::serve::{chat, metrics, models};
+use crate::serve::{chat, metrics, models, responses};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::middleware;
@@ -19,6 +20,7 @@ pub fn router(shared: Arc<Shared>, max_body: usize, api_key: Option<ApiKey>) -> 
     let metrics = shared.metrics.clone();
     let mut app = Router::new()
         .route("/v1/chat/completions", post(chat::completions))
+        .route("/v1/responses", post(responses::create))
         .route("/v1/models", get(models::list))
         .route("/v1/models/{id}", get(models::retrieve))
         .route("/metrics", get(metrics_text))
@@ -26,7 +28,7 @@ pub fn router(shared: Arc<Shared>, max_body: usize, api_key: Option<ApiKey>) -> 
         .fallback(|| async {
             refuse(
                 StatusCode::NOT_FOUND,
-                "no such endpoint (POST /v1/chat/completions, GET /v1/models, GET /v1/models/{id}, \
+                "no such endpoint (POST /v1/chat/completions, POST /v1/responses, GET /v1/models, GET /v1/models/{id}, \
                  GET /metrics, GET /health)",
                 None,
             )

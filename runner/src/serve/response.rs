@@ -35,7 +35,9 @@ pub struct Choice {
 
 /// A call's id, unique within the completion: its choice and its place in the list.
 pub fn call_id(completion_id: &str, choice: usize, i: usize) -> String {
-    let completion = completion_id.trim_start_matches("chatcmpl-");
+    let completion = completion_id
+        .trim_start_matches("chatcmpl-")
+        .trim_start_matches("resp_");
     format!("call_{completion}_{choice}_{i}")
 }
 
