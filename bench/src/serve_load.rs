@@ -130,8 +130,8 @@ fn level(
                     .flatten()
                     .map(|t| json!({"type": "function", "function": t}))
                     .collect();
+                // No `model`: the server answers as its one model, and refuses any other name.
                 json!({
-                    "model": "needle",
                     "messages": [{"role": "user", "content": q["query"]}],
                     "tools": tools,
                     "max_tokens": plan.max_tokens,

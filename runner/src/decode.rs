@@ -30,6 +30,9 @@ pub struct Decoded {
     pub generated_ids: Vec<u32>,
     /// The stop token that ended generation, if any.
     pub stopped_on: Option<u32>,
+    /// Whether generation ended because the row's filter found its output complete
+    /// ([`TokenFilter::complete`]: a stop sequence appeared); the tokens are kept.
+    pub completed_by_filter: bool,
     pub prefill_tokens: usize,
     pub prefill_secs: f64,
     pub decode_tokens: usize,
@@ -62,6 +65,11 @@ pub trait TokenFilter {
     fn mask(&mut self, logits: &mut [f32]) -> Result<()>;
     /// Moves past the chosen `token`.
     fn accept(&mut self, token: u32) -> Result<()>;
+    /// Whether the output is complete after the tokens accepted so far (a stop sequence
+    /// appeared in its text): generation ends there, keeping them.
+    fn complete(&self) -> bool {
+        false
+    }
 }
 
 impl<T: TokenFilter + ?Sized> TokenFilter for &mut T {
@@ -72,6 +80,10 @@ impl<T: TokenFilter + ?Sized> TokenFilter for &mut T {
     fn accept(&mut self, token: u32) -> Result<()> {
         (**self).accept(token)
     }
+
+    fn complete(&self) -> bool {
+        (**self).complete()
+    }
 }
 
 impl<T: TokenFilter + ?Sized> TokenFilter for Box<T> {
@@ -81,6 +93,10 @@ impl<T: TokenFilter + ?Sized> TokenFilter for Box<T> {
 
     fn accept(&mut self, token: u32) -> Result<()> {
         (**self).accept(token)
+    }
+
+    fn complete(&self) -> bool {
+        (**self).complete()
     }
 }
 

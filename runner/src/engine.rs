@@ -59,6 +59,7 @@ struct Row<F> {
     sampler: Sampler,
     generated: Vec<u32>,
     stopped_on: Option<u32>,
+    completed_by_filter: bool,
     /// The logits the next token is picked from.
     logits: Vec<f32>,
     prefill_secs: f64,
@@ -88,6 +89,7 @@ impl<F> Row<F> {
         Decoded {
             generated_ids: self.generated,
             stopped_on: self.stopped_on,
+            completed_by_filter: self.completed_by_filter,
             prefill_tokens: self.prompt_len,
             prefill_secs: self.prefill_secs,
             decode_tokens: self.decode_tokens,
@@ -98,7 +100,8 @@ impl<F> Row<F> {
 
 impl<F: TokenFilter> Row<F> {
     /// Picks the next token: `Some` to feed it, `None` when the row is done (a stop token,
-    /// a full context, or the last token it may generate). Like upstream
+    /// a full context, the last token it may generate, or its filter found the output
+    /// complete). Like upstream
     /// `generate_cached`, a token is kept only if it still fits the context.
     fn advance(&mut self, max_len: usize) -> Result<Option<u32>> {
         if self.remaining() == 0 {
@@ -119,6 +122,10 @@ impl<F: TokenFilter> Row<F> {
             filter.accept(next)?;
         }
         self.generated.push(next);
+        if self.filter.as_ref().is_some_and(F::complete) {
+            self.completed_by_filter = true;
+            return Ok(None);
+        }
         Ok((self.remaining() > 0).then_some(next))
     }
 }
@@ -183,6 +190,7 @@ impl<F: TokenFilter> Engine<F> {
                     filter: a.filter,
                     generated: Vec::new(),
                     stopped_on: None,
+                    completed_by_filter: false,
                     logits,
                     prefill_secs,
                     decode_secs: 0.0,

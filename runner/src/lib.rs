@@ -19,5 +19,6 @@ pub mod python_json;
 pub mod serve;
 pub mod session;
 pub mod stream;
+pub mod tool_list;
 pub mod tool_schema;
 pub use exporter::tokenizer;

@@ -12,7 +12,9 @@ use runner::graph_cache;
 use runner::load::{is_onnx, load, LoadOptions, ModelSource, DEMO_TOOLS};
 use runner::provider::{Provider, Unavailable};
 use runner::python_json::{self, PyJson};
+use runner::serve::auth::ApiKey;
 use runner::serve::ServeOptions;
+use runner::tool_list::declared_tools;
 use serde_json::Value;
 use std::io::{stdout, Write};
 use std::net::{IpAddr, SocketAddr};
@@ -34,7 +36,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the model as an OpenAI-compatible chat-completions endpoint with tools
-    /// (POST /v1/chat/completions, GET /v1/models, GET /health); requests are decoded
+    /// (POST /v1/chat/completions, GET /v1/models[/{id}], GET /metrics, GET /health);
+    /// requests are decoded
     /// together by continuous batching. SIGTERM or Ctrl-C finishes the requests in flight,
     /// then exits.
     Serve(ServeArgs),
@@ -102,6 +105,10 @@ struct ServeArgs {
     /// max_tokens of a request that does not say.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     max_tokens: u32,
+    /// Require `Authorization: Bearer KEY` on every route but /health (401 without it);
+    /// default: $NEEDLE_API_KEY, else no key.
+    #[arg(long)]
+    api_key: Option<String>,
 }
 
 /// A tool-calling query (or raw text) to answer.
@@ -109,7 +116,9 @@ struct ServeArgs {
 struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// Tool list (a JSON array); default: the demo model's tools.json.
+    /// Tool list: a JSON array of tools in Needle's flat form (`{"name", "description",
+    /// "parameters"}`) or OpenAI's (`{"type": "function", "function": {…}}`); default: the
+    /// demo model's tools.json.
     #[arg(long)]
     tools: Option<PathBuf>,
     /// The user's request (tool mode).
@@ -257,8 +266,19 @@ fn serve(args: ServeArgs) -> Result<()> {
         &model.skipped,
         args.model.reasons(),
     );
+    let api_key = match args
+        .api_key
+        .or_else(|| std::env::var("NEEDLE_API_KEY").ok())
+    {
+        None => None,
+        Some(key) => Some(
+            ApiKey::new(&key)
+                .context("the API key (--api-key or NEEDLE_API_KEY) must not be empty")?,
+        ),
+    };
     let opts = ServeOptions {
         addr: SocketAddr::new(args.host, args.port),
+        api_key,
         model_name: name,
         max_batch: args.max_batch as usize,
         queue: args.queue as usize,
@@ -352,7 +372,9 @@ fn read_batch(path: &PathBuf, default_tools: &Value) -> Result<Vec<ToolQuery>> {
             .ok_or_else(|| anyhow::anyhow!("{}: no \"query\" string", at()))?;
         let tools = match row.get("tools") {
             None | Some(Value::Null) => default_tools.clone(),
-            Some(list @ Value::Array(_)) => list.clone(),
+            Some(Value::Array(list)) => {
+                Value::Array(declared_tools(list).map_err(|e| anyhow::anyhow!("{}: {e}", at()))?)
+            }
             Some(_) => bail!("{}: \"tools\" is not a JSON array", at()),
         };
         queries.push(ToolQuery {
@@ -367,8 +389,8 @@ fn read_batch(path: &PathBuf, default_tools: &Value) -> Result<Vec<ToolQuery>> {
     Ok(queries)
 }
 
-/// Reads a tool list: a JSON array of objects, each with a string `name`, as Python's
-/// `json.loads` reads it.
+/// Reads a tool list as Python's `json.loads` reads it: a JSON array of tools in Needle's
+/// flat form or OpenAI's, as `serve` takes them ([`declared_tools`]).
 fn read_tools(path: &PathBuf) -> Result<Vec<PyJson>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("{}: cannot read", path.display()))?;
@@ -377,16 +399,5 @@ fn read_tools(path: &PathBuf) -> Result<Vec<PyJson>> {
     let PyJson::Array(list) = tools else {
         bail!("{}: the tool list must be a JSON array", path.display());
     };
-    for (i, t) in list.iter().enumerate() {
-        let named = match t {
-            PyJson::Object(members) => members
-                .iter()
-                .any(|(k, v)| k == "name" && matches!(v, PyJson::Str(_))),
-            _ => false,
-        };
-        if !named {
-            bail!("{}: tool {i} has no string \"name\"", path.display());
-        }
-    }
-    Ok(list)
+    declared_tools(&list).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }

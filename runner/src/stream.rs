@@ -83,4 +83,8 @@ impl TokenFilter for Both<'_> {
         self.0.accept(token)?;
         self.1.accept(token)
     }
+
+    fn complete(&self) -> bool {
+        self.0.complete() || self.1.complete()
+    }
 }

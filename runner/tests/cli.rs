@@ -310,6 +310,63 @@ fn constrain_reads_a_tools_file() {
     );
 }
 
+/// An OpenAI-form tool file (what `serve` takes) answers as the same tools in Needle's flat
+/// form do, prompt and calls alike, unconstrained, under the grammar and on a `--batch`
+/// line; a tool the prompt cannot name is one error naming the file and the tool.
+#[test]
+fn tools_files_in_openai_form_answer_as_the_flat_form() {
+    let dir = scratch("openai-tools");
+    let flat_tools: Value = serde_json::from_str(runner::load::DEMO_TOOLS).unwrap();
+    let wrapped: Vec<Value> = flat_tools
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| serde_json::json!({"type": "function", "function": t}))
+        .collect();
+    let (flat, openai) = (dir.join("flat.json"), dir.join("openai.json"));
+    std::fs::write(&flat, runner::load::DEMO_TOOLS).unwrap();
+    std::fs::write(&openai, Value::Array(wrapped.clone()).to_string()).unwrap();
+    let query = "turn off the bedroom lights and set a timer for 5 minutes";
+    for extra in [&[][..], &["--constrain"][..]] {
+        let answer = |tools: &std::path::Path| {
+            let args = [
+                &["--tools", tools.to_str().unwrap(), "--query", query][..],
+                extra,
+            ];
+            json_out(&run(&args.concat()))
+        };
+        let (want, got) = (answer(&flat), answer(&openai));
+        assert!(
+            !want["function_calls"].as_array().unwrap().is_empty(),
+            "{want}"
+        );
+        for key in ["function_calls", "reasoning", "prompt_tokens", "success"] {
+            assert_eq!(got[key], want[key], "{extra:?} {key}");
+        }
+    }
+    let file = dir.join("queries.jsonl");
+    let line = serde_json::json!({"query": query, "tools": wrapped});
+    std::fs::write(&file, line.to_string()).unwrap();
+    let batched = json_out(&run(&["--batch", file.to_str().unwrap()]));
+    let alone = json_out(&run(&["--query", query]));
+    assert_eq!(batched["function_calls"], alone["function_calls"]);
+
+    std::fs::write(
+        &openai,
+        r#"[{"type": "function", "function": {"description": "x"}}]"#,
+    )
+    .unwrap();
+    let o = run(&["--tools", openai.to_str().unwrap(), "--query", "hi"]);
+    fails_with(&o, "openai.json: tools[0]: no string \"name\"");
+    std::fs::write(
+        &openai,
+        r#"[{"name": "a"}, {"type": "function", "function": {"name": "a"}}]"#,
+    )
+    .unwrap();
+    let o = run(&["--tools", openai.to_str().unwrap(), "--query", "hi"]);
+    fails_with(&o, "tools[1]: \"a\" is declared twice");
+}
+
 /// `--batch`: one answer a line, in order, each what `--query` answers alone; a bad line
 /// is one error naming the file and line.
 #[test]

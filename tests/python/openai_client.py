@@ -17,24 +17,50 @@ import urllib.request
 
 import openai
 from openai import OpenAI
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def openai_tools(tools):
     return [{"type": "function", "function": t} for t in tools]
 
 
-def message_of(completion):
-    choice = completion.choices[0]
+def logprobs_of(logprobs):
+    """A choice's `logprobs.content` as plain lists; None when there are none."""
+    if logprobs is None or logprobs.content is None:
+        return None
+    return [
+        {
+            "token": t.token,
+            "bytes": t.bytes,
+            "logprob": t.logprob,
+            "top": [{"token": a.token, "bytes": a.bytes, "logprob": a.logprob} for a in t.top_logprobs],
+        }
+        for t in logprobs.content
+    ]
+
+
+def choice_of(choice):
     calls = [
         {"id": c.id, "name": c.function.name, "arguments": json.loads(c.function.arguments)}
         for c in (choice.message.tool_calls or [])
     ]
     return {
+        "index": choice.index,
         "content": choice.message.content,
         "tool_calls": calls,
         "finish_reason": choice.finish_reason,
+        "logprobs": logprobs_of(choice.logprobs),
+        "needle": (choice.model_extra or {}).get("needle"),
+    }
+
+
+def message_of(completion):
+    """The first choice, the usage and Needle's extras."""
+    return {
+        **choice_of(completion.choices[0]),
         "usage": completion.usage.model_dump() if completion.usage else None,
         "needle": (completion.model_extra or {}).get("needle"),
+        "choices": [choice_of(c) for c in completion.choices],
     }
 
 
@@ -47,37 +73,58 @@ def ask(client, q, **kw):
     )
 
 
+def parsed_or_raw(arguments):
+    """Streamed arguments as JSON, or {"unparsed": text} when the answer ended inside them
+    (a stop sequence, max_tokens), as OpenAI's streams can end."""
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        return {"unparsed": arguments}
+
+
 def streamed(client, q, **kw):
-    content, reasoning, calls, finish, usage, needle, chunks = "", "", {}, None, None, None, 0
+    """A stream put together as a client does, choice by choice: the first choice's at the
+    top, every choice under "choices"."""
+    choices, usage, chunks = {}, None, 0
     for chunk in ask(client, q, stream=True, stream_options={"include_usage": True}, **kw):
         chunks += 1
-        extra = chunk.model_extra or {}
-        needle = extra.get("needle", needle)
         if chunk.usage:
             usage = chunk.usage.model_dump()
         for choice in chunk.choices:
+            got = choices.setdefault(
+                choice.index,
+                {"content": "", "reasoning": "", "calls": {}, "finish_reason": None, "needle": None, "logprobs": None},
+            )
+            got["needle"] = (chunk.model_extra or {}).get("needle", got["needle"])
             delta = choice.delta
-            content += delta.content or ""
-            reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+            got["content"] += delta.content or ""
+            got["reasoning"] += (delta.model_extra or {}).get("reasoning_content") or ""
             for c in delta.tool_calls or []:
-                call = calls.setdefault(c.index, {"id": None, "name": "", "arguments": ""})
+                first = c.index not in got["calls"]
+                call = got["calls"].setdefault(c.index, {"id": None, "name": "", "arguments": "", "pieces": 0})
+                if first:
+                    call["announced"] = {"id": c.id, "type": c.type, "name": c.function.name}
                 call["id"] = c.id or call["id"]
                 call["name"] += c.function.name or ""
                 call["arguments"] += c.function.arguments or ""
-            finish = choice.finish_reason or finish
-    tool_calls = [
-        {"id": c["id"], "name": c["name"], "arguments": json.loads(c["arguments"])}
-        for _, c in sorted(calls.items())
-    ]
-    return {
-        "content": content,
-        "reasoning": reasoning,
-        "tool_calls": tool_calls,
-        "finish_reason": finish,
-        "usage": usage,
-        "needle": needle,
-        "chunks": chunks,
-    }
+                call["pieces"] += bool(c.function.arguments)
+            got["finish_reason"] = choice.finish_reason or got["finish_reason"]
+            entries = logprobs_of(choice.logprobs)
+            if entries is not None:
+                got["logprobs"] = (got["logprobs"] or []) + entries
+    assembled = []
+    for index, got in sorted(choices.items()):
+        calls = got.pop("calls")
+        got["tool_calls"] = [
+            {"id": c["id"], "name": c["name"], "arguments": parsed_or_raw(c["arguments"])}
+            for _, c in sorted(calls.items())
+        ]
+        got["call_streams"] = [
+            {"announced": c["announced"], "pieces": c["pieces"]} for _, c in sorted(calls.items())
+        ]
+        got["index"] = index
+        assembled.append(got)
+    return {**assembled[0], "usage": usage, "chunks": chunks, "choices": assembled}
 
 
 def refusal(call):
@@ -86,7 +133,14 @@ def refusal(call):
         call()
     except openai.APIStatusError as e:
         body = e.body if isinstance(e.body, dict) else {}
-        return {"status": e.status_code, "message": body.get("message"), "param": body.get("param")}
+        return {
+            "status": e.status_code,
+            "message": body.get("message"),
+            "param": body.get("param"),
+            "code": body.get("code"),
+            "type": body.get("type"),
+            "exception": type(e).__name__,
+        }
     return {"status": 200}
 
 
@@ -97,6 +151,32 @@ def raw_post(base_url, data, content_type="application/json"):
             return {"status": r.status, "error": None}
     except urllib.error.HTTPError as e:
         return {"status": e.code, "error": json.loads(e.read() or b"{}").get("error")}
+
+
+def raw_get(url, headers=None):
+    """A GET outside the client: its status, content type and body text."""
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return {"status": r.status, "content_type": r.headers.get("Content-Type"), "text": r.read().decode()}
+    except urllib.error.HTTPError as e:
+        return {"status": e.code, "content_type": e.headers.get("Content-Type"), "text": e.read().decode()}
+
+
+def root(spec):
+    return spec["base_url"].removesuffix("/v1")
+
+
+def scrape(spec, headers=None):
+    """/metrics as prometheus_client's parser reads it: {"name{label=value,...}": value}."""
+    got = raw_get(root(spec) + "/metrics", headers)
+    assert got["status"] == 200, got
+    samples = {}
+    for family in text_string_to_metric_families(got["text"]):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            samples[f"{s.name}{{{labels}}}"] = s.value
+    return {"content_type": got["content_type"], "samples": samples}
 
 
 def answers(spec):
@@ -127,19 +207,19 @@ def answers(spec):
     user = [{"role": "user", "content": q["query"]}]
     out["bad"] = {
         "not_json": raw_post(client.base_url.__str__().rstrip("/"), b"{not json"),
-        "no_messages": refusal(lambda: client.chat.completions.create(model="m", messages=[])),
+        "no_messages": refusal(lambda: client.chat.completions.create(model="needle-demo", messages=[])),
         "assistant_turn": refusal(
             lambda: client.chat.completions.create(
-                model="m", messages=user + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "again"}]
+                model="needle-demo", messages=user + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "again"}]
             )
         ),
         "unknown_function": refusal(
             lambda: ask(client, q, tool_choice={"type": "function", "function": {"name": "no_such_tool"}})
         ),
-        "n2": refusal(lambda: ask(client, q, n=2)),
+        "n_past_batch": refusal(lambda: ask(client, q, n=17)),
         "bad_temperature": refusal(lambda: ask(client, q, temperature=7)),
         "too_long": refusal(
-            lambda: client.chat.completions.create(model="m", messages=[{"role": "user", "content": "lights " * 900}])
+            lambda: client.chat.completions.create(model="needle-demo", messages=[{"role": "user", "content": "lights " * 900}])
         ),
     }
     out["health_after"] = json.loads(urllib.request.urlopen(spec["base_url"].removesuffix("/v1") + "/health").read())
@@ -196,7 +276,121 @@ def drain(spec):
     return {"chunks": chunks, "finish_reason": finish, "after": after}
 
 
+def models_and_metrics(spec):
+    """GET /v1/models/{id}, unknown model names, and /metrics before, during and after
+    requests (a server run with --max-batch 2)."""
+    client = OpenAI(base_url=spec["base_url"], api_key="not-needed", max_retries=0)
+    q = spec["queries"][0]
+    before = scrape(spec)
+    retrieved = client.models.retrieve("needle-demo")
+    out = {
+        "retrieved": {"id": retrieved.id, "object": retrieved.object, "owned_by": retrieved.owned_by},
+        "unknown_retrieve": refusal(lambda: client.models.retrieve("gpt-4o")),
+        "unknown_chat": refusal(
+            lambda: client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": q["query"]}])
+        ),
+        "answers": [message_of(ask(client, q)), streamed(client, q)],
+        "no_route": raw_get(root(spec) + "/v1/embeddings")["status"],
+    }
+    out["after"] = scrape(spec)
+    # Eight long answers on a batch of two: scraped while they run, two rows decode and
+    # the rest wait in the queue.
+    long_answer = dict(temperature=2.0, seed=11, max_tokens=250)
+    seen = {"batch_rows": 0, "queue_depth": 0}
+    running = threading.Event()
+    running.set()
+
+    def watch():
+        while running.is_set():
+            samples = scrape(spec)["samples"]
+            seen["batch_rows"] = max(seen["batch_rows"], samples["needle_batch_rows{}"])
+            seen["queue_depth"] = max(seen["queue_depth"], samples["needle_queue_depth{}"])
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        burst = list(pool.map(lambda i: message_of(ask(client, q, **{**long_answer, "seed": i})), range(8)))
+    running.clear()
+    watcher.join()
+    out["burst"] = burst
+    out["seen"] = seen
+    out["before"] = before
+    out["end"] = scrape(spec)
+    return out
+
+
+def stops(spec):
+    """`stop` in each of the spec's forms, whole and streamed, and too many sequences."""
+    client = OpenAI(base_url=spec["base_url"], api_key="not-needed", max_retries=0)
+    q = spec["queries"][0]
+    out = {
+        name: {"whole": message_of(ask(client, q, stop=stop)), "stream": streamed(client, q, stop=stop)}
+        for name, stop in spec["stops"].items()
+    }
+    out["too_many"] = refusal(lambda: ask(client, q, stop=["a", "b", "c", "d", "e"]))
+    out["empty"] = refusal(lambda: ask(client, q, stop=[""]))
+    return out
+
+
+def choices(spec):
+    """`n` (sampled and greedy, whole and streamed) against single requests with each
+    choice's seed, and `logprobs` whole, streamed and under a named tool's grammar."""
+    client = OpenAI(base_url=spec["base_url"], api_key="not-needed", max_retries=0)
+    q = spec["queries"][0]
+    sampled = dict(temperature=1.0, seed=5, max_tokens=80)
+    forced = {"type": "function", "function": {"name": spec["forced_tool"]}}
+    return {
+        "n3": message_of(ask(client, q, n=3, **sampled)),
+        "singles": [message_of(ask(client, q, **{**sampled, "seed": 5 + i})) for i in range(3)],
+        "n3_stream": streamed(client, q, n=3, **sampled),
+        "greedy_n2": message_of(ask(client, q, n=2)),
+        "logprobs": message_of(ask(client, q, logprobs=True, top_logprobs=5)),
+        "logprobs_stream": streamed(client, q, logprobs=True, top_logprobs=5),
+        "logprobs_forced": message_of(ask(client, q, logprobs=True, top_logprobs=3, tool_choice=forced)),
+        "no_logprobs": message_of(ask(client, q))["logprobs"],
+    }
+
+
+def auth(spec):
+    """A server run with --api-key: the client with the key, with another, and raw
+    requests without one."""
+    good = OpenAI(base_url=spec["base_url"], api_key=spec["key"], max_retries=0)
+    bad = OpenAI(base_url=spec["base_url"], api_key="sk-wrong", max_retries=0)
+    q = spec["queries"][0]
+    bearer = {"Authorization": "Bearer " + spec["key"]}
+    no_key_chat = raw_post(spec["base_url"], json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode())
+    return {
+        "wrong_key": {
+            "models": refusal(lambda: bad.models.list()),
+            "retrieve": refusal(lambda: bad.models.retrieve("needle-demo")),
+            "chat": refusal(lambda: ask(bad, q)),
+            "stream": refusal(lambda: list(ask(bad, q, stream=True))),
+        },
+        "no_key": {
+            "chat": no_key_chat,
+            "metrics": raw_get(root(spec) + "/metrics")["status"],
+            "models": raw_get(spec["base_url"] + "/models")["status"],
+            "unknown_route": raw_get(root(spec) + "/v1/nothing")["status"],
+        },
+        "health": raw_get(root(spec) + "/health")["status"],
+        "with_key": {
+            "models": [m.id for m in good.models.list()],
+            "answer": message_of(ask(good, q)),
+            "metrics": scrape(spec, bearer)["samples"],
+        },
+    }
+
+
 if __name__ == "__main__":
     spec = json.load(sys.stdin)
-    scenario = {"answers": answers, "limits": limits, "timeout": timeout, "drain": drain}[spec["scenario"]]
+    scenario = {
+        "answers": answers,
+        "limits": limits,
+        "timeout": timeout,
+        "drain": drain,
+        "models_and_metrics": models_and_metrics,
+        "auth": auth,
+        "stops": stops,
+        "choices": choices,
+    }[spec["scenario"]]
     json.dump(scenario(spec), sys.stdout)

@@ -1,383 +1,57 @@
-//! The HTTP side: `POST /v1/chat/completions` (whole or streamed as server-sent events),
-//! `GET /v1/models`, `GET /health`. A handler reads and checks its request, tokenizes the
-//! prompt, compiles the answer's grammar when it has one, queues the job for the decoding
-//! thread and turns what comes back into OpenAI's objects. Every refusal is OpenAI's error
-//! object with a status saying whose fault it is.
+//! The routes: `POST /v1/chat/completions` ([`chat`]), `POST /v1/responses`
+//! ([`responses`]), `GET /v1/models[/{id}]`
+//! ([`models`]), `GET /metrics`, `GET /health`; behind the API key when there is one, every
+//! answer counted. Every refusal is OpenAI's error object (`shared::refuse`).
 
-use crate::answer::tool_prompt_ids;
-use crate::constrain::ConstraintFactory;
-use crate::decode::{GenerateOptions, Sampling};
-use crate::prompt::{parse_answer, Answer};
-use crate::provider::Provider;
-use crate::serve::request::{self, ChatRequest};
-use crate::serve::response::{self, Meta};
-use crate::serve::scheduler::{Event, Job, RowFilter};
-use crate::stream::stable_text;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use crate::serve::auth::{self, ApiKey};
+use crate::serve::shared::{refuse, AppState, Shared};
+use crate::serve::{chat, metrics, models, responses};
 use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::sse::{Event as SseEvent, Sse};
+use axum::http::{header, StatusCode};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use exporter::tokenizer::NeedleTokenizer;
 use serde_json::{json, Value};
-use std::collections::VecDeque;
-use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-/// What every handler shares.
-pub struct Shared {
-    pub jobs: SyncSender<Job>,
-    pub tokenizer: Arc<NeedleTokenizer>,
-    pub constraints: ConstraintFactory,
-    pub stop_ids: Vec<u32>,
-    pub model: String,
-    pub provider: Provider,
-    pub max_seq_len: usize,
-    pub default_max_tokens: usize,
-    pub queue: usize,
-    pub timeout: Duration,
-    pub completions: AtomicU64,
-}
-
-pub fn router(shared: Arc<Shared>, max_body: usize) -> Router {
-    Router::new()
-        .route("/v1/chat/completions", post(chat_completions))
-        .route("/v1/models", get(models))
+/// The routes, `/health` aside behind `api_key` when there is one, every answer counted.
+pub fn router(shared: Arc<Shared>, max_body: usize, api_key: Option<ApiKey>) -> Router {
+    let metrics = shared.metrics.clone();
+    let mut app = Router::new()
+        .route("/v1/chat/completions", post(chat::completions))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/models", get(models::list))
+        .route("/v1/models/{id}", get(models::retrieve))
+        .route("/metrics", get(metrics_text))
         .route("/health", get(health))
         .fallback(|| async {
             refuse(
                 StatusCode::NOT_FOUND,
-                "no such endpoint (POST /v1/chat/completions, GET /v1/models, GET /health)",
+                "no such endpoint (POST /v1/chat/completions, POST /v1/responses, GET /v1/models, GET /v1/models/{id}, \
+                 GET /metrics, GET /health)",
                 None,
             )
         })
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
-        .with_state(shared)
+        .with_state(shared);
+    if let Some(key) = api_key {
+        app = app.layer(middleware::from_fn_with_state(
+            Arc::new(key),
+            auth::require_key,
+        ));
+    }
+    app.layer(middleware::from_fn_with_state(
+        metrics,
+        metrics::count_requests,
+    ))
 }
-
-type AppState = State<Arc<Shared>>;
 
 async fn health(State(s): AppState) -> Json<Value> {
     Json(json!({"status": "ok", "model": s.model, "provider": s.provider}))
 }
 
-async fn models(State(s): AppState) -> Json<Value> {
-    Json(
-        json!({"object": "list", "data": [{"id": s.model, "object": "model", "created": now(), "owned_by": "needle-onnx"}]}),
-    )
-}
-
-fn refuse(status: StatusCode, message: &str, param: Option<&str>) -> Response {
-    let kind = match status {
-        StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
-        s if s.is_server_error() => "server_error",
-        _ => "invalid_request_error",
-    };
-    (status, Json(response::error(message, kind, param))).into_response()
-}
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
-async fn chat_completions(State(s): AppState, body: Result<Bytes, BytesRejection>) -> Response {
-    let body = match body {
-        Ok(body) => body,
-        Err(rejection) => {
-            let message = format!("cannot read the request body: {}", rejection.body_text());
-            return refuse(rejection.status(), &message, None);
-        }
-    };
-    let value: Value = match serde_json::from_slice(&body) {
-        Ok(value) => value,
-        Err(e) => {
-            return refuse(
-                StatusCode::BAD_REQUEST,
-                &format!("the request body is not JSON: {e}"),
-                None,
-            )
-        }
-    };
-    let request = match request::parse(&value) {
-        Ok(request) => request,
-        Err(e) => return refuse(StatusCode::BAD_REQUEST, &e.message, e.param),
-    };
-    let (job, events) = match prepare(&s, &request) {
-        Ok(prepared) => prepared,
-        Err(e) => return refuse(StatusCode::BAD_REQUEST, &e, None),
-    };
-    match s.jobs.try_send(job) {
-        Ok(()) => {}
-        Err(TrySendError::Full(_)) => {
-            let message = format!(
-                "the server is busy: {} requests are queued; retry later",
-                s.queue
-            );
-            return refuse(StatusCode::TOO_MANY_REQUESTS, &message, None);
-        }
-        Err(TrySendError::Disconnected(_)) => {
-            return refuse(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the server is shutting down",
-                None,
-            )
-        }
-    }
-    let n = s.completions.fetch_add(1, Ordering::Relaxed);
-    let id = format!("chatcmpl-{:x}{n:06x}", now());
-    let deadline = tokio::time::Instant::now() + s.timeout;
-    match request.stream {
-        true => stream(s, id, request.include_usage, events, deadline).into_response(),
-        false => whole(&s, &id, events, deadline).await,
-    }
-}
-
-/// The job of `request` and the channel its events come back on; or why it cannot run.
-fn prepare(s: &Shared, request: &ChatRequest) -> Result<(Job, UnboundedReceiver<Event>), String> {
-    let tools = Value::Array(request.tools.clone());
-    let prompt = tool_prompt_ids(
-        &s.tokenizer,
-        &tools,
-        &request.query,
-        request.system.as_deref(),
-    );
-    if prompt.len() >= s.max_seq_len {
-        return Err(format!(
-            "the prompt has {} tokens; the model's context is {} tokens",
-            prompt.len(),
-            s.max_seq_len
-        ));
-    }
-    let max_new_tokens = request.max_tokens.unwrap_or(s.default_max_tokens);
-    let filter: Option<RowFilter> = match request.constrained() {
-        true => {
-            let budget = max_new_tokens.min(s.max_seq_len - prompt.len());
-            let callable = Value::Array(request.callable_tools());
-            let constraint = s
-                .constraints
-                .for_tools(&callable, request.call_count(), budget)
-                .map_err(|e| format!("{e:#}"))?;
-            Some(Box::new(constraint))
-        }
-        false => None,
-    };
-    let sampling = match request.temperature {
-        t if t > 0.0 => Sampling::Temperature {
-            temperature: t,
-            seed: request.seed,
-        },
-        _ => Sampling::Greedy,
-    };
-    let (events, receiver) = unbounded_channel();
-    let job = Job {
-        prompt,
-        opts: GenerateOptions {
-            max_new_tokens,
-            stop_ids: s.stop_ids.clone(),
-            sampling,
-        },
-        filter,
-        events,
-        queued_at: Instant::now(),
-    };
-    Ok((job, receiver))
-}
-
-fn timed_out(s: &Shared) -> String {
-    format!(
-        "the request did not finish within {} s (--request-timeout)",
-        s.timeout.as_secs_f64()
-    )
-}
-
-/// A non-streamed answer: waits for the whole generation.
-async fn whole(
-    s: &Shared,
-    id: &str,
-    mut events: UnboundedReceiver<Event>,
-    deadline: tokio::time::Instant,
-) -> Response {
-    let outcome = tokio::time::timeout_at(deadline, async {
-        loop {
-            match events.recv().await {
-                Some(Event::Token(_)) => continue,
-                Some(Event::Done(done)) => return Ok(done),
-                Some(Event::Failed(why)) => return Err(why),
-                None => return Err("the decoder stopped".to_string()),
-            }
-        }
-    })
-    .await;
-    match outcome {
-        Ok(Ok(done)) => {
-            let answer = parse_answer(&s.tokenizer.decode(&done.decoded.generated_ids));
-            let meta = Meta {
-                id,
-                created: now(),
-                model: &s.model,
-            };
-            Json(response::completion(&meta, &answer, &done, s.provider)).into_response()
-        }
-        Ok(Err(why)) => refuse(StatusCode::INTERNAL_SERVER_ERROR, &why, None),
-        Err(_) => refuse(StatusCode::GATEWAY_TIMEOUT, &timed_out(s), None),
-    }
-}
-
-/// A streamed answer: `reasoning_content` and `content` deltas as the text grows (each
-/// trimmed as the whole answer's is, so they add up to it), the calls once their list is
-/// complete, then the `finish_reason` chunk with Needle's extras, the usage chunk if asked
-/// for, and `[DONE]`.
-fn stream(
-    s: Arc<Shared>,
-    id: String,
-    include_usage: bool,
-    events: UnboundedReceiver<Event>,
-    deadline: tokio::time::Instant,
-) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
-    let created = now();
-    let first = response::chunk(
-        &Meta {
-            id: &id,
-            created,
-            model: &s.model,
-        },
-        json!({"role": "assistant", "content": ""}),
-        None,
-    );
-    let state = Streamer {
-        s,
-        id,
-        created,
-        include_usage,
-        events,
-        deadline,
-        ids: Vec::new(),
-        sent: Answer {
-            reasoning: String::new(),
-            calls: Ok(Value::Null),
-            text: String::new(),
-        },
-        pending: VecDeque::from([first.to_string()]),
-        finished: false,
-    };
-    let events = futures_util::stream::unfold(state, |mut state| async move {
-        let data = state.next().await?;
-        Some((Ok(SseEvent::default().data(data)), state))
-    });
-    Sse::new(events)
-}
-
-struct Streamer {
-    s: Arc<Shared>,
-    id: String,
-    created: u64,
-    include_usage: bool,
-    events: UnboundedReceiver<Event>,
-    deadline: tokio::time::Instant,
-    ids: Vec<u32>,
-    /// The reasoning and text sent so far.
-    sent: Answer,
-    pending: VecDeque<String>,
-    finished: bool,
-}
-
-impl Streamer {
-    fn meta(&self) -> Meta<'_> {
-        Meta {
-            id: &self.id,
-            created: self.created,
-            model: &self.s.model,
-        }
-    }
-
-    async fn next(&mut self) -> Option<String> {
-        loop {
-            if let Some(data) = self.pending.pop_front() {
-                return Some(data);
-            }
-            if self.finished {
-                return None;
-            }
-            match tokio::time::timeout_at(self.deadline, self.events.recv()).await {
-                Ok(Some(Event::Token(token))) => {
-                    self.ids.push(token);
-                    let partial = parse_answer(&stable_text(&self.s.tokenizer, &self.ids));
-                    self.send_growth(&partial);
-                }
-                Ok(Some(Event::Done(done))) => {
-                    let answer =
-                        parse_answer(&self.s.tokenizer.decode(&done.decoded.generated_ids));
-                    self.send_growth(&answer);
-                    let calls = response::tool_call_deltas(&answer, &self.id);
-                    let mut last = response::chunk(
-                        &self.meta(),
-                        json!({}),
-                        Some(response::finish_reason(&answer, &done)),
-                    );
-                    last["needle"] = response::needle_extras(&answer, &done, self.s.provider);
-                    let mut out: Vec<String> = calls
-                        .into_iter()
-                        .map(|delta| response::chunk(&self.meta(), delta, None).to_string())
-                        .collect();
-                    out.push(last.to_string());
-                    if self.include_usage {
-                        let mut usage = response::chunk(&self.meta(), json!({}), None);
-                        usage["choices"] = json!([]);
-                        usage["usage"] = response::usage(&done);
-                        out.push(usage.to_string());
-                    }
-                    self.pending.extend(out);
-                    self.end();
-                }
-                Ok(Some(Event::Failed(why))) => self.fail(&why),
-                Ok(None) => self.fail("the decoder stopped"),
-                Err(_) => {
-                    let why = timed_out(&self.s);
-                    self.fail(&why);
-                }
-            }
-        }
-    }
-
-    /// Sends what the reasoning and the text gained over what was sent.
-    fn send_growth(&mut self, now: &Answer) {
-        let mut delta = serde_json::Map::new();
-        for (key, was, is) in [
-            (
-                "reasoning_content",
-                &mut self.sent.reasoning,
-                &now.reasoning,
-            ),
-            ("content", &mut self.sent.text, &now.text),
-        ] {
-            if is.len() > was.len() && is.starts_with(was.as_str()) {
-                delta.insert(key.into(), Value::String(is[was.len()..].to_string()));
-                *was = is.clone();
-            }
-        }
-        if !delta.is_empty() {
-            let chunk = response::chunk(&self.meta(), Value::Object(delta), None);
-            self.pending.push_back(chunk.to_string());
-        }
-    }
-
-    fn fail(&mut self, why: &str) {
-        self.pending
-            .push_back(response::error(why, "server_error", None).to_string());
-        self.end();
-    }
-
-    fn end(&mut self) {
-        self.pending.push_back("[DONE]".to_string());
-        self.finished = true;
-    }
+async fn metrics_text(State(s): AppState) -> Response {
+    let content_type = "text/plain; version=0.0.4; charset=utf-8";
+    ([(header::CONTENT_TYPE, content_type)], s.metrics.render()).into_response()
 }

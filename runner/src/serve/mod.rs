@@ -4,15 +4,30 @@
 //! ([`scheduler`]); the HTTP side ([`http`]) runs on tokio with axum. SIGTERM or Ctrl-C
 //! stops accepting connections, lets the requests in flight finish, then exits.
 
+pub mod auth;
+pub mod call_stream;
+pub mod chat;
+pub mod chat_stream;
 pub mod http;
+pub mod logprobs;
+pub mod metrics;
+pub mod models;
 pub mod request;
 pub mod response;
+pub mod responses;
+pub mod responses_object;
+pub mod responses_request;
+pub mod responses_stream;
 pub mod scheduler;
+pub mod shared;
+pub mod stop;
 
 use crate::answer::tool_stop_ids;
 use crate::constrain::ConstraintFactory;
 use crate::load::LoadedModel;
 use anyhow::{anyhow, Context, Result};
+use auth::ApiKey;
+use metrics::Metrics;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -34,6 +49,8 @@ pub struct ServeOptions {
     pub timeout: Duration,
     /// `max_tokens` when a request does not say.
     pub default_max_tokens: usize,
+    /// The key every route but `/health` requires (`Authorization: Bearer KEY`).
+    pub api_key: Option<ApiKey>,
 }
 
 /// Serves `model` until SIGTERM or Ctrl-C. Says where on stderr once it listens.
@@ -42,10 +59,12 @@ pub fn serve(model: LoadedModel, opts: &ServeOptions) -> Result<()> {
         session, tokenizer, ..
     } = model;
     let (jobs, queue) = std::sync::mpsc::sync_channel(opts.queue);
-    let shared = Arc::new(http::Shared {
+    let metrics = Arc::new(Metrics::new(opts.max_batch));
+    let shared = Arc::new(shared::Shared {
         jobs,
         constraints: ConstraintFactory::new(&tokenizer)?,
         stop_ids: tool_stop_ids(&tokenizer)?,
+        token_bytes: tokenizer.text_bytes(),
         tokenizer: Arc::new(tokenizer),
         model: opts.model_name.clone(),
         provider: session.provider(),
@@ -54,16 +73,25 @@ pub fn serve(model: LoadedModel, opts: &ServeOptions) -> Result<()> {
         queue: opts.queue,
         timeout: opts.timeout,
         completions: AtomicU64::new(0),
+        started: shared::now(),
+        max_batch: opts.max_batch,
+        metrics: metrics.clone(),
     });
     let provider = session.provider();
     let max_batch = opts.max_batch;
     let decoder = std::thread::Builder::new()
         .name("needle-decode".into())
-        .spawn(move || scheduler::run(session, queue, max_batch))?;
+        .spawn(move || scheduler::run(session, queue, max_batch, &metrics))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
+    if !opts.addr.ip().is_loopback() && opts.api_key.is_none() {
+        eprintln!(
+            "needle-run: warning: --host {} is reachable beyond this machine and no --api-key (or NEEDLE_API_KEY) is set: anyone who reaches it can use the model",
+            opts.addr.ip()
+        );
+    }
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(opts.addr)
             .await
@@ -73,7 +101,7 @@ pub fn serve(model: LoadedModel, opts: &ServeOptions) -> Result<()> {
             "needle-run: serving {} on http://{addr}/v1 ({provider}); SIGTERM or Ctrl-C stops it",
             opts.model_name
         );
-        let app = http::router(shared, opts.max_body);
+        let app = http::router(shared, opts.max_body, opts.api_key.clone());
         axum::serve(listener, app)
             .with_graceful_shutdown(stop_signal())
             .await

@@ -3,6 +3,8 @@
 //! refused with a message naming the field, never silently dropped.
 
 use crate::constrain::CallCount;
+use crate::serve::stop::StopTexts;
+use crate::tool_list::declared_tools;
 use crate::tool_schema::trained_form;
 use serde_json::{Map, Value};
 
@@ -54,6 +56,12 @@ pub struct ChatRequest {
     /// `parallel_tool_calls` (default true); false allows one call at most, which only the
     /// grammar can hold the model to.
     pub parallel_tool_calls: bool,
+    /// `stop`: the answer ends before the first of these in its decoded text.
+    pub stop: StopTexts,
+    /// `n`: answers to generate, each a row of the batch.
+    pub n: usize,
+    /// `logprobs: true`, with `top_logprobs` (0 to 20) alternatives per token.
+    pub top_logprobs: Option<usize>,
 }
 
 impl ChatRequest {
@@ -159,6 +167,12 @@ pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
         }
     };
     let parallel_tool_calls = flag(body.get("parallel_tool_calls"), "parallel_tool_calls", true)?;
+    let stop = stop_texts(body.get("stop"))?;
+    let n = match body.get("n") {
+        None | Some(Value::Null) => 1,
+        Some(v) => positive(v, "n")?,
+    };
+    let top_logprobs = top_logprobs(body)?;
     Ok(ChatRequest {
         tools,
         query,
@@ -171,29 +185,60 @@ pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
         include_usage,
         constrain,
         parallel_tool_calls,
+        stop,
+        n,
+        top_logprobs,
     })
+}
+
+/// `logprobs` and `top_logprobs` together: `Some(k)` when log-probabilities are asked for.
+fn top_logprobs(body: &Map<String, Value>) -> Result<Option<usize>, Invalid> {
+    let wanted = flag(body.get("logprobs"), "logprobs", false)?;
+    let top = match body.get("top_logprobs") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(k) if k <= 20 => Some(k as usize),
+            _ => {
+                return Err(invalid(
+                    "top_logprobs",
+                    "top_logprobs must be an integer from 0 to 20",
+                ))
+            }
+        },
+    };
+    match (wanted, top) {
+        (true, top) => Ok(Some(top.unwrap_or(0))),
+        (false, None) => Ok(None),
+        (false, Some(_)) => Err(invalid("top_logprobs", "top_logprobs needs logprobs: true")),
+    }
+}
+
+/// `stop`: a string or a list of up to 4, none empty (an empty one would stop at once).
+fn stop_texts(stop: Option<&Value>) -> Result<StopTexts, Invalid> {
+    let shape = || invalid("stop", "stop must be a string or a list of up to 4 strings");
+    let list: Vec<String> = match stop {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|item| item.as_str().map(str::to_string).ok_or_else(shape))
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(shape()),
+    };
+    if list.len() > 4 {
+        return Err(invalid(
+            "stop",
+            format!("stop has {} sequences; at most 4", list.len()),
+        ));
+    }
+    if list.iter().any(String::is_empty) {
+        return Err(invalid("stop", "a stop sequence must not be empty"));
+    }
+    Ok(StopTexts(list))
 }
 
 /// Fields whose meaning this server cannot honour.
 fn refuse_unsupported(body: &Map<String, Value>) -> Result<(), Invalid> {
-    if let Some(n) = body.get("n").filter(|n| !n.is_null()) {
-        if n.as_u64() != Some(1) {
-            return Err(invalid("n", "only n = 1 is supported"));
-        }
-    }
-    if body.get("logprobs").and_then(Value::as_bool) == Some(true) {
-        return Err(invalid("logprobs", "logprobs are not supported"));
-    }
-    match body.get("stop") {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(a)) if a.is_empty() => {}
-        Some(_) => {
-            return Err(invalid(
-                "stop",
-                "stop sequences are not supported (answers end at <|im_end|>)",
-            ))
-        }
-    }
     match body.get("response_format").and_then(|f| f.get("type")).and_then(Value::as_str) {
         None | Some("text") => {}
         Some(other) => {
@@ -279,48 +324,17 @@ fn content_text(content: Option<&Value>, i: usize) -> Result<String, Invalid> {
     }
 }
 
-/// OpenAI's `[{"type": "function", "function": {name, description, parameters}}]`, each
-/// tool rendered in the prompt as its `function` object, the form Needle was trained on.
+/// The tools in Needle's flat form ([`declared_tools`]: OpenAI's
+/// `[{"type": "function", "function": {name, description, parameters}}]`, each tool its
+/// `function` object), rewritten in the form Needle was trained on ([`trained_form`]).
 fn tools(tools: Option<&Value>) -> Result<Vec<Value>, Invalid> {
-    let list = match tools {
-        None | Some(Value::Null) => return Ok(Vec::new()),
-        Some(Value::Array(list)) => list,
-        Some(_) => return Err(invalid("tools", "tools must be a list")),
-    };
-    let mut names = Vec::new();
-    list.iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let function = match (t.get("type").and_then(Value::as_str), t.get("function")) {
-                (Some("function"), Some(f @ Value::Object(_))) => f,
-                _ => {
-                    return Err(invalid(
-                        "tools",
-                        format!(
-                            "tools[{i}] is not {{\"type\": \"function\", \"function\": {{…}}}}"
-                        ),
-                    ))
-                }
-            };
-            let name = tool_name(function)
-                .filter(|n| !n.is_empty())
-                .ok_or_else(|| invalid("tools", format!("tools[{i}].function has no name")))?;
-            if names.contains(&name) {
-                return Err(invalid(
-                    "tools",
-                    format!("tools[{i}]: {name:?} is declared twice"),
-                ));
-            }
-            names.push(name);
-            match function.get("parameters") {
-                None | Some(Value::Null | Value::Object(_)) => Ok(trained_form(function)),
-                Some(_) => Err(invalid(
-                    "tools",
-                    format!("tools[{i}].function.parameters must be a JSON schema object"),
-                )),
-            }
-        })
-        .collect()
+    match tools {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(list)) => declared_tools(list)
+            .map(|tools| tools.iter().map(trained_form).collect())
+            .map_err(|e| invalid("tools", e.to_string())),
+        Some(_) => Err(invalid("tools", "tools must be a list")),
+    }
 }
 
 fn tool_choice(choice: Option<&Value>, tools: &[Value]) -> Result<ToolChoice, Invalid> {
@@ -409,8 +423,21 @@ mod tests {
                 "messages",
             ),
             (json!({"messages": []}), "messages"),
-            (json!({"messages": [user], "n": 2}), "n"),
-            (json!({"messages": [user], "stop": ["\n"]}), "stop"),
+            (json!({"messages": [user], "n": 0}), "n"),
+            (
+                json!({"messages": [user], "top_logprobs": 3}),
+                "top_logprobs",
+            ),
+            (
+                json!({"messages": [user], "logprobs": true, "top_logprobs": 21}),
+                "top_logprobs",
+            ),
+            (
+                json!({"messages": [user], "stop": ["a", "b", "c", "d", "e"]}),
+                "stop",
+            ),
+            (json!({"messages": [user], "stop": [""]}), "stop"),
+            (json!({"messages": [user], "stop": 3}), "stop"),
             (
                 json!({"messages": [user], "tool_choice": "required"}),
                 "tool_choice",

@@ -7,6 +7,9 @@
 use crate::answer::confidence;
 use crate::decode::{Decoded, GenerateOptions, TokenFilter};
 use crate::engine::{Admission, Engine, RowId};
+use crate::serve::logprobs::{Distribution, TokenLogprobs};
+use crate::serve::metrics::Metrics;
+use crate::serve::stop::StopWatch;
 use crate::session::NeedleSession;
 use anyhow::{anyhow, Result};
 use std::collections::HashMap;
@@ -23,15 +26,32 @@ pub struct Job {
     pub opts: GenerateOptions,
     /// The constraint the answer is decoded under, if any.
     pub filter: Option<RowFilter>,
-    pub events: UnboundedSender<Event>,
+    /// Ends the row at the request's stop sequences, if it has any.
+    pub stop: Option<StopWatch>,
+    /// Which of the request's choices (`n`) this row is; its events say so.
+    pub choice: usize,
+    /// Report each token's log-probability, with this many most likely alternatives.
+    pub top_logprobs: Option<usize>,
+    pub events: Events,
     pub queued_at: Instant,
+}
+
+/// Where a request's rows send their events, each with its choice's index.
+pub type Events = UnboundedSender<(usize, Event)>;
+
+/// A token a row generated.
+#[derive(Debug)]
+pub struct Sampled {
+    pub id: u32,
+    /// When the request asked for them.
+    pub logprobs: Option<TokenLogprobs>,
 }
 
 /// What a request hears back.
 #[derive(Debug)]
 pub enum Event {
     /// A token it generated, in order.
-    Token(u32),
+    Token(Sampled),
     /// It is done.
     Done(Box<Done>),
     /// It failed: why.
@@ -47,40 +67,65 @@ pub struct Done {
     pub confidence: Option<f64>,
 }
 
-/// Sends each accepted token to the request's handler; fails (so the row leaves the
-/// batch) once the handler is gone.
+/// Sends each accepted token (with its log-probabilities, from the logits left after the
+/// constraint's mask) to the request's handler; fails (so the row leaves the batch) once
+/// the handler is gone.
 struct Notify {
     inner: Option<RowFilter>,
-    events: UnboundedSender<Event>,
+    stop: Option<StopWatch>,
+    choice: usize,
+    top_logprobs: Option<usize>,
+    /// The distribution the next token is picked from, when log-probabilities are asked for.
+    next: Option<Distribution>,
+    events: Events,
 }
 
 impl TokenFilter for Notify {
     fn mask(&mut self, logits: &mut [f32]) -> Result<()> {
-        match self.inner.as_mut() {
-            Some(inner) => inner.mask(logits),
-            None => Ok(()),
+        if let Some(inner) = self.inner.as_mut() {
+            inner.mask(logits)?;
         }
+        if self.top_logprobs.is_some() {
+            self.next = Some(Distribution::of(logits));
+        }
+        Ok(())
     }
 
     fn accept(&mut self, token: u32) -> Result<()> {
         if let Some(inner) = self.inner.as_mut() {
             inner.accept(token)?;
         }
+        if let Some(stop) = self.stop.as_mut() {
+            stop.accept(token)?;
+        }
+        let logprobs = match (self.next.take(), self.top_logprobs) {
+            (Some(d), Some(k)) => Some(d.picked(token, k)),
+            _ => None,
+        };
+        let sampled = Sampled {
+            id: token,
+            logprobs,
+        };
         self.events
-            .send(Event::Token(token))
+            .send((self.choice, Event::Token(sampled)))
             .map_err(|_| anyhow!("the request was abandoned"))
+    }
+
+    fn complete(&self) -> bool {
+        self.stop.as_ref().is_some_and(StopWatch::complete)
     }
 }
 
 struct Running {
-    events: UnboundedSender<Event>,
+    events: Events,
+    choice: usize,
     prompt: Vec<u32>,
     queue_secs: f64,
 }
 
 /// Decodes the jobs of `jobs` until every sender is gone and the last one is done, at
 /// most `max_batch` at once.
-pub fn run(mut session: NeedleSession, jobs: Receiver<Job>, max_batch: usize) {
+pub fn run(mut session: NeedleSession, jobs: Receiver<Job>, max_batch: usize, metrics: &Metrics) {
     let mut engine: Engine<Notify> = Engine::default();
     let mut running: HashMap<RowId, Running> = HashMap::new();
     let mut open = true;
@@ -88,13 +133,19 @@ pub fn run(mut session: NeedleSession, jobs: Receiver<Job>, max_batch: usize) {
         let mut joining = Vec::new();
         if engine.is_empty() {
             match jobs.recv() {
-                Ok(job) => joining.push(job),
+                Ok(job) => {
+                    metrics.dequeued();
+                    joining.push(job)
+                }
                 Err(_) => return,
             }
         }
         while open && engine.len() + joining.len() < max_batch {
             match jobs.try_recv() {
-                Ok(job) => joining.push(job),
+                Ok(job) => {
+                    metrics.dequeued();
+                    joining.push(job)
+                }
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => open = false,
             }
@@ -102,6 +153,7 @@ pub fn run(mut session: NeedleSession, jobs: Receiver<Job>, max_batch: usize) {
         joining.retain(|job| !job.events.is_closed());
         if !joining.is_empty() {
             admit(&mut session, &mut engine, &mut running, joining);
+            metrics.batch_rows(engine.len());
         }
         if engine.is_empty() {
             if !open {
@@ -116,22 +168,25 @@ pub fn run(mut session: NeedleSession, jobs: Receiver<Job>, max_batch: usize) {
                         continue;
                     };
                     let event = match f.decoded {
-                        Ok(decoded) => done(&mut session, &row, decoded),
+                        Ok(decoded) => {
+                            metrics.tokens(decoded.prefill_tokens, decoded.generated_ids.len());
+                            done(&mut session, &row, decoded)
+                        }
                         Err(e) => Event::Failed(format!("{e:#}")),
                     };
-                    let _ = row.events.send(event);
+                    let _ = row.events.send((row.choice, event));
                 }
             }
             Err(e) => {
                 // onnxruntime failed: every running request fails with it, the server goes on.
                 for (_, row) in running.drain() {
-                    let _ = row
-                        .events
-                        .send(Event::Failed(format!("decoding failed: {e:#}")));
+                    let failed = Event::Failed(format!("decoding failed: {e:#}"));
+                    let _ = row.events.send((row.choice, failed));
                 }
                 engine = Engine::default();
             }
         }
+        metrics.batch_rows(engine.len());
     }
 }
 
@@ -147,6 +202,7 @@ fn admit(
         .map(|job| {
             rows.push(Running {
                 events: job.events.clone(),
+                choice: job.choice,
                 prompt: job.prompt.clone(),
                 queue_secs: job.queued_at.elapsed().as_secs_f64(),
             });
@@ -155,6 +211,10 @@ fn admit(
                 opts: job.opts,
                 filter: Some(Notify {
                     inner: job.filter,
+                    stop: job.stop,
+                    choice: job.choice,
+                    top_logprobs: job.top_logprobs,
+                    next: None,
                     events: job.events,
                 }),
             }
@@ -167,9 +227,8 @@ fn admit(
             // the batch may be half rebuilt, so every request fails and decoding restarts.
             let failed = rows.into_iter().chain(running.drain().map(|(_, row)| row));
             for row in failed {
-                let _ = row
-                    .events
-                    .send(Event::Failed(format!("prefill failed: {e:#}")));
+                let failed = Event::Failed(format!("prefill failed: {e:#}"));
+                let _ = row.events.send((row.choice, failed));
             }
             *engine = Engine::default();
         }
