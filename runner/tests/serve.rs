@@ -807,8 +807,8 @@ fn n_choices_are_rows_and_logprobs_are_the_models() {
 
 /// `POST /v1/responses` through openai-agents with its defaults (the Responses API, default
 /// model settings, strict function tools): the agent calls the tools needle-run calls for
-/// the query (judged against the one-at-a-time answer with the tools as the agent sent
-/// them), whole and streamed (the Responses API's events), answers a query that needs no
+/// the query (judged against the one-at-a-time answer with the tools as the server renders
+/// what the agent sent: their trained form), whole and streamed (the Responses API's events), answers a query that needs no
 /// tool with the "respond" answer's text, and continuing after a call (the default
 /// tool_use_behavior) is refused with 400 naming `input`.
 #[test]
@@ -822,7 +822,13 @@ fn openai_agents_call_tools_through_the_responses_api() {
         json!({"queries": queries, "plain_query": plain_query}),
     );
     let run = &got["run"];
-    let sent = json!({"query": queries[0]["query"], "tools": run["sent_tools"]});
+    let rendered: Vec<Value> = run["sent_tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(runner::tool_schema::trained_form)
+        .collect();
+    let sent = json!({"query": queries[0]["query"], "tools": rendered});
     let mut runner = Runner::new(&ModelSource::Demo, &LoadOptions::default()).unwrap();
     let want = one_at_a_time(&mut runner, &sent, None);
     assert!(!want.is_empty());
