@@ -97,7 +97,11 @@ impl Server {
     }
 
     fn warm_up(&self) -> Result<()> {
-        let body = json!({"messages": [{"role": "user", "content": "warm up"}], "max_tokens": 4});
+        let body = json!({
+            "messages": [{"role": "user", "content": "warm up"}],
+            "tools": [{"type": "function", "function": {"name": "noop"}}],
+            "max_tokens": 4,
+        });
         post(self.1, &body.to_string()).map(drop)
     }
 

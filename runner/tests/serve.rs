@@ -118,6 +118,15 @@ fn held_out(n: usize) -> Vec<Value> {
         .collect()
 }
 
+/// `needle-run --constrain` on the demo: decoding as the server decodes, under the
+/// declared tools' grammar.
+fn serving_demo() -> Runner {
+    Runner::new(&ModelSource::Demo, &LoadOptions::default())
+        .unwrap()
+        .constrained()
+        .unwrap()
+}
+
 /// `needle-run`'s calls for `query`, as the client reports calls (`arguments` parsed).
 fn one_at_a_time(runner: &mut Runner, q: &Value, system: Option<&str>) -> Vec<Value> {
     let query = q["query"].as_str().unwrap();
@@ -153,7 +162,7 @@ fn the_openai_client_gets_needle_runs_answers() {
     let system = "You control a smart home.";
     let server = Server::start(&[]);
     let got = server.client("answers", json!({"queries": queries, "system": system}));
-    let mut runner = Runner::new(&ModelSource::Demo, &LoadOptions::default()).unwrap();
+    let mut runner = serving_demo();
     let want = one_at_a_time(&mut runner, &queries[0], None);
     assert!(!want.is_empty(), "the first held-out query calls tools");
 
@@ -183,14 +192,7 @@ fn the_openai_client_gets_needle_runs_answers() {
         .as_str()
         .is_some_and(|r| !r.is_empty()));
 
-    let mut constrained = Runner::new(&ModelSource::Demo, &LoadOptions::default())
-        .unwrap()
-        .constrained()
-        .unwrap();
-    assert_eq!(
-        calls(&got["constrained"]),
-        one_at_a_time(&mut constrained, &queries[0], None)
-    );
+    assert_eq!(calls(&got["constrained"]), want, "needle.constrain true is the default");
 
     // Streamed: the same calls, reasoning and usage, in more than a handful of chunks.
     let stream = &got["stream"];
@@ -307,6 +309,8 @@ fn the_openai_client_gets_needle_runs_answers() {
     refused(&bad["n_past_batch"], 400, Some("n"), "--max-batch");
     refused(&bad["bad_temperature"], 400, Some("temperature"), "0 to 2");
     refused(&bad["too_long"], 400, None, "context is 512 tokens");
+    refused(&bad["no_tools"], 400, Some("tools"), "declares none");
+    refused(&bad["free_decoding"], 400, Some("needle"), "always decodes");
     assert_eq!(got["health_after"]["status"], "ok");
 }
 
@@ -348,7 +352,7 @@ fn sigterm_lets_the_request_in_flight_finish_then_stops() {
     let got = server.client("drain", json!({"queries": held_out(1)}));
     assert!(got["chunks"].as_u64().unwrap() > 2, "{got}");
     assert!(
-        ["stop", "length"].contains(&got["finish_reason"].as_str().unwrap()),
+        ["stop", "length", "tool_calls"].contains(&got["finish_reason"].as_str().unwrap()),
         "{got}"
     );
     assert_eq!(got["after"], "refused");
@@ -495,7 +499,7 @@ fn an_api_key_guards_every_route_but_health() {
     assert_eq!(got["health"], 200);
     let with_key = &got["with_key"];
     assert_eq!(with_key["models"], json!(["needle-demo"]));
-    let mut runner = Runner::new(&ModelSource::Demo, &LoadOptions::default()).unwrap();
+    let mut runner = serving_demo();
     let want = one_at_a_time(&mut runner, &held_out(1)[0], None);
     assert_eq!(calls(&with_key["answer"]), want);
     let metrics = json!({"samples": with_key["metrics"]});
@@ -538,7 +542,7 @@ fn an_api_key_guards_every_route_but_health() {
 fn stop_sequences_end_the_answer_before_them() {
     let queries = held_out(1);
     let q = &queries[0];
-    let mut runner = Runner::new(&ModelSource::Demo, &LoadOptions::default()).unwrap();
+    let mut runner = serving_demo();
     let alone = runner
         .complete(&q["tools"], q["query"].as_str().unwrap(), None, 256)
         .unwrap();
@@ -680,7 +684,7 @@ fn check_logprobs(
 fn n_choices_are_rows_and_logprobs_are_the_models() {
     let queries = held_out(1);
     let q = &queries[0];
-    let mut runner = Runner::new(&ModelSource::Demo, &LoadOptions::default()).unwrap();
+    let mut runner = serving_demo();
     let want = one_at_a_time(&mut runner, q, None);
     let called: Vec<&Value> = want.iter().map(|c| &c["name"]).collect();
     let forced = q["tools"]
@@ -760,10 +764,26 @@ fn n_choices_are_rows_and_logprobs_are_the_models() {
         got["logprobs_stream"]["logprobs"].as_array().unwrap(),
         whole
     );
-    check_logprobs(&mut model, &prompt, whole, 5, None);
+    // Every answer is decoded under the declared tools' grammar, built here as the server
+    // builds it (the request's tools, any number of calls, the server's budget of 256
+    // tokens or the context's rest); with a named tool, under that tool's alone.
+    let budget = 256.min(model.session.config().max_seq_len() - prompt.len());
+    let factory = ConstraintFactory::new(&model.tokenizer).unwrap();
+    let grammar_of = |tools: Vec<Value>, at_least| {
+        factory
+            .for_tools(
+                &Value::Array(tools),
+                CallCount {
+                    at_least,
+                    at_most: None,
+                },
+                budget,
+            )
+            .unwrap()
+    };
+    let mut all_tools = grammar_of(q["tools"].as_array().unwrap().clone(), 0);
+    check_logprobs(&mut model, &prompt, whole, 5, Some(&mut all_tools));
 
-    // Under the named tool's grammar, built here as the server builds it (the tool alone,
-    // at least one call, the server's budget of 256 tokens or the context's rest).
     let forced_tool: Vec<Value> = q["tools"]
         .as_array()
         .unwrap()
@@ -771,18 +791,7 @@ fn n_choices_are_rows_and_logprobs_are_the_models() {
         .filter(|t| t["name"] == forced)
         .cloned()
         .collect();
-    let budget = 256.min(model.session.config().max_seq_len() - prompt.len());
-    let mut grammar = ConstraintFactory::new(&model.tokenizer)
-        .unwrap()
-        .for_tools(
-            &Value::Array(forced_tool),
-            CallCount {
-                at_least: 1,
-                at_most: None,
-            },
-            budget,
-        )
-        .unwrap();
+    let mut grammar = grammar_of(forced_tool, 1);
     let forced_answer = &got["logprobs_forced"];
     assert!(
         calls(forced_answer).iter().all(|c| c["name"] == forced),
@@ -829,7 +838,7 @@ fn openai_agents_call_tools_through_the_responses_api() {
         .map(runner::tool_schema::trained_form)
         .collect();
     let sent = json!({"query": queries[0]["query"], "tools": rendered});
-    let mut runner = Runner::new(&ModelSource::Demo, &LoadOptions::default()).unwrap();
+    let mut runner = serving_demo();
     let want = one_at_a_time(&mut runner, &sent, None);
     assert!(!want.is_empty());
     assert_eq!(run["calls"], json!(want), "{run}");

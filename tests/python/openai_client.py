@@ -218,9 +218,9 @@ def answers(spec):
         ),
         "n_past_batch": refusal(lambda: ask(client, q, n=17)),
         "bad_temperature": refusal(lambda: ask(client, q, temperature=7)),
-        "too_long": refusal(
-            lambda: client.chat.completions.create(model="needle-demo", messages=[{"role": "user", "content": "lights " * 900}])
-        ),
+        "too_long": refusal(lambda: ask(client, {"query": "lights " * 900, "tools": q["tools"]})),
+        "no_tools": refusal(lambda: client.chat.completions.create(model="needle-demo", messages=user)),
+        "free_decoding": refusal(lambda: ask(client, q, extra_body={"needle": {"constrain": False}})),
     }
     out["health_after"] = json.loads(urllib.request.urlopen(spec["base_url"].removesuffix("/v1") + "/health").read())
     return out

@@ -100,23 +100,19 @@ pub fn prepare(s: &Shared, request: &ChatRequest) -> Result<(Vec<Job>, ChoiceEve
     let max_new_tokens = request.max_tokens.unwrap_or(s.default_max_tokens);
     let (events, receiver) = unbounded_channel();
     let mut jobs = Vec::with_capacity(request.n);
+    // Every answer is decoded under the declared tools' grammar (see request.rs).
+    let budget = max_new_tokens.min(s.max_seq_len - prompt.len());
+    let callable = Value::Array(request.callable_tools());
     for choice in 0..request.n {
         // Each row's grammar state is its own.
-        let filter: Option<RowFilter> = match request.constrained() {
-            true => {
-                let budget = max_new_tokens.min(s.max_seq_len - prompt.len());
-                let callable = Value::Array(request.callable_tools());
-                let constraint = s
-                    .constraints
-                    .for_tools(&callable, request.call_count(), budget)
-                    .map_err(|e| Invalid {
-                        message: format!("{e:#}"),
-                        param: None,
-                    })?;
-                Some(Box::new(constraint))
-            }
-            false => None,
-        };
+        let constraint = s
+            .constraints
+            .for_tools(&callable, request.call_count(), budget)
+            .map_err(|e| Invalid {
+                message: format!("{e:#}"),
+                param: None,
+            })?;
+        let filter: Option<RowFilter> = Some(Box::new(constraint));
         // Choice i samples with seed + i: n answers, each the one a request with that seed gets.
         let sampling = match request.temperature {
             t if t > 0.0 => Sampling::Temperature {

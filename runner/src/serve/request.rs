@@ -51,8 +51,6 @@ pub struct ChatRequest {
     pub stream: bool,
     /// `stream_options.include_usage`: a last chunk with the token counts.
     pub include_usage: bool,
-    /// `needle.constrain`: decode under the tools' grammar even with `tool_choice: auto`.
-    pub constrain: bool,
     /// `parallel_tool_calls` (default true); false allows one call at most, which only the
     /// grammar can hold the model to.
     pub parallel_tool_calls: bool,
@@ -65,11 +63,6 @@ pub struct ChatRequest {
 }
 
 impl ChatRequest {
-    /// Whether the answer is decoded under a grammar of its calls.
-    pub fn constrained(&self) -> bool {
-        self.constrain || self.tool_choice != ToolChoice::Auto || !self.parallel_tool_calls
-    }
-
     /// How many calls the grammar allows.
     pub fn call_count(&self) -> CallCount {
         CallCount {
@@ -148,8 +141,11 @@ pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
             ))
         }
     };
-    let constrain = match body.get("needle") {
-        None | Some(Value::Null) => false,
+    // Every answer is decoded under the declared tools' grammar, so a call names only a
+    // declared tool and a runaway answer is closed within its budget; `needle.constrain`
+    // (`true`) is accepted as before.
+    match body.get("needle") {
+        None | Some(Value::Null) => {}
         Some(Value::Object(o)) => {
             if let Some(key) = o.keys().find(|k| *k != "constrain") {
                 return Err(invalid(
@@ -157,7 +153,13 @@ pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
                     format!("needle.{key} is not a needle option (only needle.constrain)"),
                 ));
             }
-            flag(o.get("constrain"), "needle", false)?
+            if !flag(o.get("constrain"), "needle", true)? {
+                return Err(invalid(
+                    "needle",
+                    "needle.constrain false is not served: the server always decodes under \
+                     the declared tools' grammar (needle-run decodes freely without --constrain)",
+                ));
+            }
         }
         Some(_) => {
             return Err(invalid(
@@ -165,7 +167,7 @@ pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
                 "needle must be an object, e.g. {\"constrain\": true}",
             ))
         }
-    };
+    }
     let parallel_tool_calls = flag(body.get("parallel_tool_calls"), "parallel_tool_calls", true)?;
     let stop = stop_texts(body.get("stop"))?;
     let n = match body.get("n") {
@@ -173,6 +175,15 @@ pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
         Some(v) => positive(v, "n")?,
     };
     let top_logprobs = top_logprobs(body)?;
+    if tools.is_empty() {
+        // Needle has no free-text answer: without tools it could only say "respond", an
+        // empty answer after the whole budget of reasoning.
+        return Err(invalid(
+            "tools",
+            "Needle answers by calling the request's tools and this request declares none \
+             (for plain text continuation use needle-run --raw)",
+        ));
+    }
     Ok(ChatRequest {
         tools,
         query,
@@ -183,7 +194,6 @@ pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
         seed,
         stream,
         include_usage,
-        constrain,
         parallel_tool_calls,
         stop,
         n,
@@ -409,8 +419,8 @@ mod tests {
         assert_eq!(r.tools, vec![weather()["function"].clone()]);
         assert_eq!(r.tool_choice, ToolChoice::Function("get_weather".into()));
         assert_eq!(
-            (r.max_tokens, r.temperature, r.constrained()),
-            (Some(64), 0.0, true)
+            (r.max_tokens, r.temperature),
+            (Some(64), 0.0)
         );
     }
 
@@ -466,6 +476,12 @@ mod tests {
             (
                 json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
                 "messages",
+            ),
+            // Needle answers only in calls of declared tools, always under their grammar.
+            (json!({"messages": [user]}), "tools"),
+            (
+                json!({"messages": [user], "tools": [weather()], "needle": {"constrain": false}}),
+                "needle",
             ),
         ];
         for (body, param) in cases {

@@ -225,7 +225,8 @@ mod tests {
         );
         assert_eq!(r.tool_choice, ToolChoice::Function("set_lights".into()));
         assert_eq!((r.max_tokens, r.stream), (Some(64), true));
-        assert_eq!(parse(&json!({"input": "hi"})).unwrap().query, "hi");
+        let tools = json!([{"type": "function", "name": "ping"}]);
+        assert_eq!(parse(&json!({"input": "hi", "tools": tools})).unwrap().query, "hi");
     }
 
     #[test]
