@@ -8,7 +8,7 @@ use crate::decode::{Decoded, GenerateOptions, Sampling, TokenFilter};
 use crate::engine::Admission;
 use crate::generate::generate_filtered;
 use crate::load::{load, LoadOptions, LoadedModel, ModelSource};
-use crate::prompt::{parse_answer, render_prompt, IM_END};
+use crate::prompt::{parse_answer, render_conversation, Turn, IM_END};
 use crate::provider::{Provider, Unavailable};
 use crate::python_json::PyJson;
 use crate::session::{NeedleSession, StepInputs};
@@ -370,7 +370,19 @@ pub fn tool_prompt_ids(
     query: &str,
     system: Option<&str>,
 ) -> Vec<u32> {
-    let prompt = render_prompt(tools, query, system);
+    tool_conversation_ids(tok, tools, query, system, &[])
+}
+
+/// `[BOS] + tokenize(render_conversation(..))`: a conversation that goes on after the
+/// query (see [`crate::prompt`]).
+pub fn tool_conversation_ids(
+    tok: &NeedleTokenizer,
+    tools: &Value,
+    query: &str,
+    system: Option<&str>,
+    turns: &[Turn],
+) -> Vec<u32> {
+    let prompt = render_conversation(tools, query, system, turns);
     [vec![tok.bos_id()], tok.encode(&prompt)].concat()
 }
 

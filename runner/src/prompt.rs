@@ -6,6 +6,23 @@
 //!
 //! and the model's answer that follows it,
 //! `<think>\nREASONING\n</think>\n<tool_call>CALLS</tool_call><|im_end|>`.
+//!
+//! A conversation that goes on after a call ([`render_conversation`]) continues that
+//! prompt turn by turn:
+//!
+//! ```text
+//! assistant turn:  CALLS_AND_TEXT<|im_end|>\n            (after the open assistant header)
+//! tool results:    <|im_start|>user\n<tool_result>RESULTS</tool_result><|im_end|>\n<|im_start|>assistant\n
+//! user turn:       <|im_start|>user\nTEXT<|im_end|>\n<|im_start|>assistant\n
+//! ```
+//!
+//! No public source gives these bytes: upstream's Python (`Needle.run`, 2.0.15 and 3.2.8)
+//! hands `json.dumps(results)` to the closed engine as the next turn's text, and trains on
+//! single turns only. The format rests on what is public: the tokenizers' `<tool_result>`
+//! and `</tool_result>` pieces, the chat markers every turn of the trained format uses, an
+//! assistant turn written as the trained answer (`<tool_call>` + compact JSON list), the
+//! results as one JSON list in call order (as `Needle.run` sends them), and the tools only
+//! in the first user turn (the engine pins them as its prefix).
 
 use crate::python_json::PyJson;
 use serde_json::Value;
@@ -17,6 +34,19 @@ const TOOLS_START: &str = "<tools>";
 const TOOLS_END: &str = "</tools>";
 pub const TOOL_CALL_START: &str = "<tool_call>";
 pub const TOOL_CALL_END: &str = "</tool_call>";
+pub const TOOL_RESULT_START: &str = "<tool_result>";
+pub const TOOL_RESULT_END: &str = "</tool_result>";
+
+/// A turn of a conversation after its first user message.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Turn {
+    /// What the model answered: its calls (a JSON list, `[]` for none) and text.
+    Assistant { calls: Value, text: String },
+    /// The results of the calls before, in call order.
+    ToolResults(Vec<Value>),
+    /// A later user message.
+    User(String),
+}
 
 /// The prompt `render_example({"tools": tools, "query": query, "system": system})`
 /// returns, byte for byte. `tools` is written like Python's
@@ -24,6 +54,19 @@ pub const TOOL_CALL_END: &str = "</tool_call>";
 /// is used verbatim, as upstream does with a `str`. A system prompt that is
 /// empty after Python's `str.strip` is left out.
 pub fn render_prompt(tools: &Value, query: &str, system: Option<&str>) -> String {
+    render_conversation(tools, query, system, &[])
+}
+
+/// [`render_prompt`] followed by `turns` (the module's format), ending with the open
+/// assistant header the model answers after. The assistant header opens after every user
+/// side turn (the query, tool results, a user message) that an assistant turn or the end
+/// follows, so consecutive user side turns read as one exchange.
+pub fn render_conversation(
+    tools: &Value,
+    query: &str,
+    system: Option<&str>,
+    turns: &[Turn],
+) -> String {
     let tools_json = match tools {
         Value::String(verbatim) => verbatim.clone(),
         other => python_json(other),
@@ -33,9 +76,32 @@ pub fn render_prompt(tools: &Value, query: &str, system: Option<&str>) -> String
     if !system.is_empty() {
         prompt += &format!("{IM_START}system\n{system}{IM_END}\n");
     }
-    prompt += &format!(
-        "{IM_START}user\n{TOOLS_START}{tools_json}{TOOLS_END}\n{query}{IM_END}\n{IM_START}assistant\n"
-    );
+    prompt += &format!("{IM_START}user\n{TOOLS_START}{tools_json}{TOOLS_END}\n{query}{IM_END}\n");
+    let answered_next = |i: usize| matches!(turns.get(i), None | Some(Turn::Assistant { .. }));
+    if answered_next(0) {
+        prompt += &format!("{IM_START}assistant\n");
+    }
+    for (i, turn) in turns.iter().enumerate() {
+        let user_side = match turn {
+            Turn::Assistant { calls, text } => {
+                let calls = match calls {
+                    Value::Array(list) if list.is_empty() && !text.is_empty() => String::new(),
+                    calls => format!("{TOOL_CALL_START}{}{TOOL_CALL_END}", python_json(calls)),
+                };
+                prompt += &format!("{calls}{text}{IM_END}\n");
+                continue;
+            }
+            Turn::ToolResults(results) => {
+                let results = python_json(&Value::Array(results.clone()));
+                format!("{TOOL_RESULT_START}{results}{TOOL_RESULT_END}")
+            }
+            Turn::User(text) => text.clone(),
+        };
+        prompt += &format!("{IM_START}user\n{user_side}{IM_END}\n");
+        if answered_next(i + 1) {
+            prompt += &format!("{IM_START}assistant\n");
+        }
+    }
     prompt
 }
 
@@ -132,4 +198,69 @@ fn take_block<'a>(text: &'a str, open: &str, close: &str) -> Option<Block<'a>> {
         outside: format!("{}{tail}", &text[..start]),
         closed,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The module's format written out by hand for a tool loop: a call, its result, the
+    /// assistant's prose, a later user message.
+    #[test]
+    fn a_conversation_renders_turn_by_turn() {
+        let tools = json!([{"name": "get_weather", "parameters": {"type": "object"}}]);
+        let turns = [
+            Turn::Assistant {
+                calls: json!([{"name": "get_weather", "arguments": {"city": "Oslo"}}]),
+                text: String::new(),
+            },
+            Turn::ToolResults(vec![json!({"sky": "clear", "c": 4.5})]),
+            Turn::Assistant {
+                calls: json!([]),
+                text: "Clear, 4.5 °C.".into(),
+            },
+            Turn::User("and tomorrow?".into()),
+        ];
+        let expected = concat!(
+            "<|im_start|>system\nBe brief.<|im_end|>\n",
+            "<|im_start|>user\n<tools>[{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\"}}]</tools>\nweather in Oslo<|im_end|>\n",
+            "<|im_start|>assistant\n<tool_call>[{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}}]</tool_call><|im_end|>\n",
+            "<|im_start|>user\n<tool_result>[{\"sky\":\"clear\",\"c\":4.5}]</tool_result><|im_end|>\n",
+            "<|im_start|>assistant\nClear, 4.5 °C.<|im_end|>\n",
+            "<|im_start|>user\nand tomorrow?<|im_end|>\n",
+            "<|im_start|>assistant\n",
+        );
+        let got = render_conversation(&tools, "weather in Oslo", Some("Be brief."), &turns);
+        assert_eq!(got, expected);
+        // No turns: upstream's single-turn prompt.
+        assert_eq!(
+            render_conversation(&tools, "q", None, &[]),
+            render_prompt(&tools, "q", None)
+        );
+        assert!(render_prompt(&tools, "q", None).ends_with("q<|im_end|>\n<|im_start|>assistant\n"));
+    }
+
+    /// Results followed by a user message are one exchange: the assistant header opens
+    /// once, after both.
+    #[test]
+    fn user_side_turns_in_a_row_open_the_assistant_header_once() {
+        let tools = json!([]);
+        let turns = [
+            Turn::Assistant {
+                calls: json!([{"name": "f", "arguments": {}}]),
+                text: String::new(),
+            },
+            Turn::ToolResults(vec![json!("done")]),
+            Turn::User("now g".into()),
+        ];
+        let got = render_conversation(&tools, "q", None, &turns);
+        assert!(
+            got.ends_with(
+                "<|im_start|>user\n<tool_result>[\"done\"]</tool_result><|im_end|>\n<|im_start|>user\nnow g<|im_end|>\n<|im_start|>assistant\n"
+            ),
+            "{got}"
+        );
+        assert_eq!(got.matches("<|im_start|>assistant\n").count(), 2);
+    }
 }

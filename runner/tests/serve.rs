@@ -299,7 +299,32 @@ fn the_openai_client_gets_needle_runs_answers() {
         .unwrap()
         .contains("not JSON"));
     refused(&bad["no_messages"], 400, Some("messages"), "user message");
-    refused(&bad["assistant_turn"], 400, Some("messages"), "assistant");
+    refused(&bad["ends_with_assistant"], 400, Some("messages"), "nothing to answer");
+
+    // The tool loop continued: the call and each tool's output ({"ok": true}) go back in
+    // the conversation format (runner/src/prompt.rs), written out here by hand after the
+    // upstream single-turn prompt, and the model answers it.
+    let continued = &got["continued"];
+    let tokenizer = &runner::load::load(&ModelSource::Demo, &LoadOptions::default())
+        .unwrap()
+        .tokenizer;
+    let results = vec![json!({"ok": true}); want.len()];
+    let history = format!(
+        "{}<tool_call>{}</tool_call><|im_end|>\n<|im_start|>user\n<tool_result>{}</tool_result><|im_end|>\n<|im_start|>assistant\n",
+        runner::prompt::render_prompt(&queries[0]["tools"], queries[0]["query"].as_str().unwrap(), None),
+        serde_json::to_string(&want).unwrap(),
+        serde_json::to_string(&results).unwrap(),
+    );
+    assert_eq!(
+        continued["usage"]["prompt_tokens"].as_u64(),
+        Some(1 + tokenizer.encode(&history).len() as u64),
+        "{continued}"
+    );
+    assert_eq!(continued["needle"]["success"], true, "{continued}");
+    assert!(
+        ["tool_calls", "stop"].contains(&continued["finish_reason"].as_str().unwrap()),
+        "{continued}"
+    );
     refused(
         &bad["unknown_function"],
         400,
@@ -818,8 +843,8 @@ fn n_choices_are_rows_and_logprobs_are_the_models() {
 /// model settings, strict function tools): the agent calls the tools needle-run calls for
 /// the query (judged against the one-at-a-time answer with the tools as the server renders
 /// what the agent sent: their trained form), whole and streamed (the Responses API's events), answers a query that needs no
-/// tool with the "respond" answer's text, and continuing after a call (the default
-/// tool_use_behavior) is refused with 400 naming `input`.
+/// tool with the "respond" answer's text, and the default tool_use_behavior's loop (the
+/// tools' outputs sent back, the model run again) is served turn after turn.
 #[test]
 fn openai_agents_call_tools_through_the_responses_api() {
     let queries = held_out(1);
@@ -893,16 +918,16 @@ fn openai_agents_call_tools_through_the_responses_api() {
     assert_eq!(got["plain"]["calls"], json!([]));
     assert_eq!(got["plain"]["final_output"], alone.text.as_str());
 
+    // The server takes every turn of the loop (no 400): the tools ran on the first turn and
+    // again after their outputs went back. The demo was never trained on conversations and
+    // keeps calling, so the loop ends at max_turns (issue 24's retraining is what ends it
+    // with an answer).
     let continued = &got["continued"];
-    assert_eq!(continued["error"], "BadRequestError", "{continued}");
-    assert_eq!(continued["status"], 400);
-    assert_eq!(continued["param"], "input");
+    println!("openai-agents' default loop: {continued}");
     assert!(
-        continued["message"]
-            .as_str()
-            .unwrap()
-            .contains("function_call"),
+        continued["error"].is_null() || continued["error"] == "MaxTurnsExceeded",
         "{continued}"
     );
-    assert_eq!(continued["calls_before"], json!(want));
+    assert!(continued["status"].is_null(), "{continued}");
+    assert!(continued["calls"].as_array().unwrap().len() >= 2, "{continued}");
 }

@@ -79,12 +79,18 @@ async def run(spec):
     result = await Runner.run(plain, spec["plain_query"])
     out["plain"] = {"calls": seen, "final_output": result.final_output}
 
-    # The default tool_use_behavior sends the tool's output back: a conversation, refused.
+    # The default tool_use_behavior sends the tools' outputs back and runs the model again,
+    # until it answers without calls (or max_turns).
     seen = []
     default = Agent(name="home", model="needle-demo", tools=home_tools(q["tools"], seen))
     try:
-        await Runner.run(default, q["query"])
-        out["continued"] = {"error": None}
+        result = await Runner.run(default, q["query"], max_turns=4)
+        out["continued"] = {
+            "error": None,
+            "calls": seen,
+            "final_output": result.final_output,
+            "turns": len(result.raw_responses),
+        }
     except Exception as e:  # noqa: BLE001 - what the library raises is what is reported
         body = getattr(e, "body", None)
         out["continued"] = {
@@ -92,7 +98,7 @@ async def run(spec):
             "status": getattr(e, "status_code", None),
             "param": body.get("param") if isinstance(body, dict) else None,
             "message": body.get("message") if isinstance(body, dict) else str(e),
-            "calls_before": seen,
+            "calls": seen,
         }
     return out
 

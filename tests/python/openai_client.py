@@ -205,12 +205,27 @@ def answers(spec):
     with concurrent.futures.ThreadPoolExecutor(len(queries)) as pool:
         out["concurrent"] = list(pool.map(lambda q: message_of(ask(client, q)), queries))
     user = [{"role": "user", "content": q["query"]}]
+    # The tool loop: the call goes back with each tool's output, and the model answers.
+    first = out["tool_call"]["tool_calls"]
+    history = user + [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}}
+                for c in first
+            ],
+        }
+    ] + [{"role": "tool", "tool_call_id": c["id"], "content": json.dumps({"ok": True})} for c in first]
+    out["continued"] = message_of(
+        client.chat.completions.create(model="needle-demo", messages=history, tools=openai_tools(q["tools"]))
+    )
     out["bad"] = {
         "not_json": raw_post(client.base_url.__str__().rstrip("/"), b"{not json"),
         "no_messages": refusal(lambda: client.chat.completions.create(model="needle-demo", messages=[])),
-        "assistant_turn": refusal(
+        "ends_with_assistant": refusal(
             lambda: client.chat.completions.create(
-                model="needle-demo", messages=user + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "again"}]
+                model="needle-demo", messages=user + [{"role": "assistant", "content": "ok"}], tools=openai_tools(q["tools"])
             )
         ),
         "unknown_function": refusal(

@@ -2,7 +2,7 @@
 //! compiles the answer's grammar when it has one, queues one row per choice (`n`) for the
 //! decoding thread, and answers with every choice whole or streamed ([`chat_stream`]).
 
-use crate::answer::tool_prompt_ids;
+use crate::answer::tool_conversation_ids;
 use crate::decode::{GenerateOptions, Sampling};
 use crate::serve::chat_stream;
 use crate::serve::models::wrong_model;
@@ -81,11 +81,12 @@ pub fn prepare(s: &Shared, request: &ChatRequest) -> Result<(Vec<Job>, ChoiceEve
         });
     }
     let tools = Value::Array(request.tools.clone());
-    let prompt = tool_prompt_ids(
+    let prompt = tool_conversation_ids(
         &s.tokenizer,
         &tools,
         &request.query,
         request.system.as_deref(),
+        &request.turns,
     );
     if prompt.len() >= s.max_seq_len {
         return Err(Invalid {

@@ -3,6 +3,8 @@
 //! refused with a message naming the field, never silently dropped.
 
 use crate::constrain::CallCount;
+use crate::prompt::Turn;
+use crate::serve::conversation::{self, Conversation};
 use crate::serve::stop::StopTexts;
 use crate::tool_list::declared_tools;
 use crate::tool_schema::trained_form;
@@ -41,7 +43,10 @@ pub enum ToolChoice {
 pub struct ChatRequest {
     /// The tools in the form Needle was trained on (`tool_schema::trained_form`).
     pub tools: Vec<Value>,
+    /// The first user message, the turn the tools are written in.
     pub query: String,
+    /// What follows it: the assistant's turns, tool results, later user messages.
+    pub turns: Vec<Turn>,
     pub system: Option<String>,
     pub tool_choice: ToolChoice,
     pub max_tokens: Option<usize>,
@@ -102,7 +107,11 @@ pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
         });
     };
     refuse_unsupported(body)?;
-    let (system, query) = messages(body.get("messages"))?;
+    let Conversation {
+        system,
+        query,
+        turns,
+    } = messages(body.get("messages"))?;
     let tools = tools(body.get("tools"))?;
     let tool_choice = tool_choice(body.get("tool_choice"), &tools)?;
     let max_tokens = match (body.get("max_completion_tokens"), body.get("max_tokens")) {
@@ -187,6 +196,7 @@ pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
     Ok(ChatRequest {
         tools,
         query,
+        turns,
         system,
         tool_choice,
         max_tokens,
@@ -267,71 +277,11 @@ fn refuse_unsupported(body: &Map<String, Value>) -> Result<(), Invalid> {
 /// Needle's prompt (upstream `render_example`) has an optional system turn and one user
 /// turn: system and developer messages become the system text, and the last message must
 /// be the one user message.
-fn messages(messages: Option<&Value>) -> Result<(Option<String>, String), Invalid> {
+fn messages(messages: Option<&Value>) -> Result<Conversation, Invalid> {
     let Some(Value::Array(messages)) = messages else {
         return Err(invalid("messages", "messages must be a list of messages"));
     };
-    let mut system = Vec::new();
-    let mut query = None;
-    for (i, m) in messages.iter().enumerate() {
-        let role = m
-            .get("role")
-            .and_then(Value::as_str)
-            .ok_or_else(|| invalid("messages", format!("messages[{i}] has no role string")))?;
-        let text = || content_text(m.get("content"), i);
-        match role {
-            "system" | "developer" if query.is_none() => system.push(text()?),
-            "system" | "developer" => {
-                return Err(invalid("messages", format!("messages[{i}]: a {role} message must come before the user message")))
-            }
-            "user" if query.is_none() => query = Some(text()?),
-            "user" => {
-                return Err(invalid("messages", format!(
-                    "messages[{i}]: Needle's prompt has one user turn; send the conversation's last user message alone"
-                )))
-            }
-            "assistant" | "tool" | "function" => {
-                return Err(invalid("messages", format!(
-                    "messages[{i}]: Needle's prompt has no {role} turns (one system and one user turn, as upstream \
-                     render_example); send the last user message alone"
-                )))
-            }
-            other => return Err(invalid("messages", format!("messages[{i}]: unknown role {other:?}"))),
-        }
-    }
-    let query = query.ok_or_else(|| invalid("messages", "messages need a user message"))?;
-    if query.trim().is_empty() {
-        return Err(invalid("messages", "the user message is empty"));
-    }
-    let system = Some(system.join("\n\n")).filter(|s| !s.is_empty());
-    Ok((system, query))
-}
-
-/// A message's text: a string, or a list of `{"type": "text", "text": …}` parts.
-fn content_text(content: Option<&Value>, i: usize) -> Result<String, Invalid> {
-    match content {
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .map(
-                |p| match (p.get("type").and_then(Value::as_str), p.get("text")) {
-                    (Some("text"), Some(Value::String(t))) => Ok(t.as_str()),
-                    (kind, _) => Err(invalid(
-                        "messages",
-                        format!(
-                            "messages[{i}]: only text content parts are supported, not {}",
-                            kind.unwrap_or("an untyped part")
-                        ),
-                    )),
-                },
-            )
-            .collect::<Result<Vec<_>, _>>()
-            .map(|parts| parts.concat()),
-        _ => Err(invalid(
-            "messages",
-            format!("messages[{i}] has no text content"),
-        )),
-    }
+    conversation::read(messages).map_err(|e| invalid("messages", e))
 }
 
 /// The tools in Needle's flat form ([`declared_tools`]: OpenAI's

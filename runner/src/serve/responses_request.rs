@@ -5,7 +5,8 @@
 //! `max_output_tokens`, `temperature`, `parallel_tool_calls` and `stream` their chat
 //! fields. The subset is what openai-agents sends by default for function tools. Nothing
 //! is stored, so what needs a stored response (`previous_response_id`, `conversation`)
-//! is refused, as are turns Needle's prompt cannot hold (calls and their outputs).
+//! is refused; a conversation is sent whole, its calls (`function_call` items) and their
+//! outputs (`function_call_output`) read as the chat messages they are.
 
 use crate::serve::request::{self, ChatRequest, Invalid};
 use serde_json::{json, Map, Value};
@@ -104,20 +105,41 @@ fn to_chat(body: &Map<String, Value>) -> Result<Value, Invalid> {
     Ok(Value::Object(chat))
 }
 
-/// An input item as a chat message: a message of text, or a refusal naming what it is.
+/// An input item as a chat message: a message of text, a call the model made (an
+/// assistant message with that tool call) or a call's output (a tool message), or a
+/// refusal naming what it is.
 fn message(item: &Value, i: usize) -> Result<Value, Invalid> {
     let kind = item
         .get("type")
         .and_then(Value::as_str)
         .unwrap_or("message");
-    if kind != "message" {
-        return Err(invalid(
-            "input",
-            format!(
-                "input[{i}]: Needle's prompt has no {kind} turns (one system and one user turn, as \
-                 upstream render_example); send the last user message alone"
-            ),
-        ));
+    let field = |name: &str| item.get(name).cloned().unwrap_or(Value::Null);
+    match kind {
+        "message" => {}
+        "function_call" => {
+            return Ok(json!({
+                "role": "assistant",
+                "content": null,
+                "tool_calls": [{
+                    "id": field("call_id"),
+                    "type": "function",
+                    "function": {"name": field("name"), "arguments": field("arguments")},
+                }],
+            }))
+        }
+        "function_call_output" => {
+            let output = match field("output") {
+                Value::String(text) => Value::String(text),
+                other => Value::String(other.to_string()),
+            };
+            return Ok(json!({"role": "tool", "tool_call_id": field("call_id"), "content": output}));
+        }
+        other => {
+            return Err(invalid(
+                "input",
+                format!("input[{i}]: {other} items are not supported (messages, function calls and their outputs are)"),
+            ))
+        }
     }
     let role = item.get("role").cloned().unwrap_or(Value::Null);
     let content = match item.get("content") {
