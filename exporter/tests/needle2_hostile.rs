@@ -296,7 +296,13 @@ fn header_cases(map: &Map, cases: &mut Vec<Case>) {
             cases,
             map,
             format!("{name}[{element}] = {value:#x}"),
-            |b| put_u32(b, layout::header_element_offset(name, element) as usize, value),
+            |b| {
+                put_u32(
+                    b,
+                    layout::header_element_offset(name, element) as usize,
+                    value,
+                )
+            },
             header_field(name),
         );
     }

@@ -192,7 +192,11 @@ fn the_openai_client_gets_needle_runs_answers() {
         .as_str()
         .is_some_and(|r| !r.is_empty()));
 
-    assert_eq!(calls(&got["constrained"]), want, "needle.constrain true is the default");
+    assert_eq!(
+        calls(&got["constrained"]),
+        want,
+        "needle.constrain true is the default"
+    );
 
     // Streamed: the same calls, reasoning and usage, in more than a handful of chunks.
     let stream = &got["stream"];
@@ -299,7 +303,12 @@ fn the_openai_client_gets_needle_runs_answers() {
         .unwrap()
         .contains("not JSON"));
     refused(&bad["no_messages"], 400, Some("messages"), "user message");
-    refused(&bad["ends_with_assistant"], 400, Some("messages"), "nothing to answer");
+    refused(
+        &bad["ends_with_assistant"],
+        400,
+        Some("messages"),
+        "nothing to answer",
+    );
 
     // The tool loop continued: the call and each tool's output ({"ok": true}) go back in
     // the conversation format (runner/src/prompt.rs), written out here by hand after the
@@ -929,5 +938,8 @@ fn openai_agents_call_tools_through_the_responses_api() {
         "{continued}"
     );
     assert!(continued["status"].is_null(), "{continued}");
-    assert!(continued["calls"].as_array().unwrap().len() >= 2, "{continued}");
+    assert!(
+        continued["calls"].as_array().unwrap().len() >= 2,
+        "{continued}"
+    );
 }

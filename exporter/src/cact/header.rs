@@ -113,12 +113,28 @@ pub struct CommonHeader {
     pub rope_theta: f32,
 }
 
-/// A generation's own view of the shared checks: which of its fields are sizes that must
-/// be nonzero (in file order), and which field is the width RoPE rotates.
+/// A generation's own part of the shared checks: its head widths and any other sizes that
+/// must be nonzero besides [`COMMON_SIZES`], and the width RoPE rotates.
 pub(crate) struct HeaderRules {
     pub sizes: &'static [&'static str],
     pub rope_head: &'static str,
 }
+
+/// The sizes both generations store that must be nonzero, in file order.
+const COMMON_SIZES: [&str; 12] = [
+    "vocab",
+    "d_model",
+    "num_heads",
+    "num_kv_heads",
+    "max_seq_len",
+    "hada_n",
+    "mhc_lanes",
+    "engram_slots",
+    "engram_sub_dim",
+    "num_engram_tables",
+    "engram_conv_taps",
+    "engram_conv_dilation",
+];
 
 impl CommonHeader {
     /// Reads the shared fields of `raw` and validates them by `rules`. The engram array
@@ -173,7 +189,7 @@ impl CommonHeader {
         if ![2, 3, 4, 8].contains(&self.kv_bits) {
             return Err(raw.bad("kv_bits", self.kv_bits, "2, 3, 4 or 8"));
         }
-        for &field in rules.sizes {
+        for &field in COMMON_SIZES.iter().chain(rules.sizes) {
             if raw.u32(field) == 0 {
                 return Err(raw.bad(field, 0, "a nonzero size"));
             }

@@ -26,24 +26,10 @@ use tokio::sync::mpsc::unbounded_channel;
 
 pub async fn completions(State(s): AppState, body: Result<Bytes, BytesRejection>) -> Response {
     let arrived = Instant::now();
-    let value = match json_body(body) {
-        Ok(value) => value,
+    let (_, request, events) = match admit(&s, body, request::parse) {
+        Ok(admitted) => admitted,
         Err(refusal) => return *refusal,
     };
-    if let Some(refusal) = wrong_model(&s, &value) {
-        return refusal;
-    }
-    let request = match request::parse(&value) {
-        Ok(request) => request,
-        Err(e) => return refuse(StatusCode::BAD_REQUEST, &e.message, e.param),
-    };
-    let (jobs, events) = match prepare(&s, &request) {
-        Ok(prepared) => prepared,
-        Err(e) => return refuse(StatusCode::BAD_REQUEST, &e.message, e.param),
-    };
-    if let Err(refusal) = queue_jobs(&s, jobs) {
-        return *refusal;
-    }
     let id = completion_id(&s, "chatcmpl-");
     let deadline = tokio::time::Instant::now() + s.timeout;
     match request.stream {
@@ -66,6 +52,25 @@ pub async fn completions(State(s): AppState, body: Result<Bytes, BytesRejection>
 pub fn completion_id(s: &Shared, prefix: &str) -> String {
     let n = s.completions.fetch_add(1, Ordering::Relaxed);
     format!("{prefix}{:x}{n:06x}", now())
+}
+
+/// What both endpoints do before they answer: the body read as JSON and by `parse` (a chat
+/// or a Responses request), its model name checked, its rows prepared and queued; returns
+/// the body, the request and its rows' events. A refusal is the response to send.
+pub fn admit(
+    s: &Shared,
+    body: Result<Bytes, BytesRejection>,
+    parse: fn(&Value) -> Result<ChatRequest, Invalid>,
+) -> Result<(Value, ChatRequest, ChoiceEvents), Box<Response>> {
+    let value = json_body(body)?;
+    if let Some(refusal) = wrong_model(s, &value) {
+        return Err(Box::new(refusal));
+    }
+    let bad_request = |e: Invalid| Box::new(refuse(StatusCode::BAD_REQUEST, &e.message, e.param));
+    let request = parse(&value).map_err(bad_request)?;
+    let (jobs, events) = prepare(s, &request).map_err(bad_request)?;
+    queue_jobs(s, jobs)?;
+    Ok((value, request, events))
 }
 
 /// The rows of `request` (one per choice) and the channel their events come back on; or

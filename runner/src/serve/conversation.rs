@@ -53,7 +53,10 @@ pub fn read(messages: &[Value]) -> Result<Conversation, Refusal> {
                 open_calls = ids;
                 match turns.last_mut() {
                     // Two assistant messages in a row are one turn (text, then its calls).
-                    Some(Turn::Assistant { calls: before, text }) => {
+                    Some(Turn::Assistant {
+                        calls: before,
+                        text,
+                    }) => {
                         if let (Value::Array(before), Value::Array(more)) = (before, calls) {
                             before.extend(more);
                         }
@@ -198,7 +201,10 @@ mod tests {
             {"role": "user", "content": [{"type": "text", "text": "thanks"}]},
         ]);
         let c = read(messages.as_array().unwrap()).unwrap();
-        assert_eq!(c.system.as_deref(), Some("Be brief.\n\nAnswer in one line."));
+        assert_eq!(
+            c.system.as_deref(),
+            Some("Be brief.\n\nAnswer in one line.")
+        );
         assert_eq!(c.query, "kitchen lights off and weather in Oslo");
         assert_eq!(
             c.turns,
@@ -225,16 +231,31 @@ mod tests {
         let user = json!({"role": "user", "content": "hi"});
         let calls = json!({"role": "assistant", "tool_calls": [call("a", "f", "{}")]});
         let cases = [
-            (json!([{"role": "assistant", "content": "x"}, user]), "messages[0]"),
-            (json!([user, {"role": "assistant", "content": "x"}]), "nothing to answer"),
-            (json!([user, calls, {"role": "tool", "tool_call_id": "z", "content": "1"}]), "answers no call"),
+            (
+                json!([{"role": "assistant", "content": "x"}, user]),
+                "messages[0]",
+            ),
+            (
+                json!([user, {"role": "assistant", "content": "x"}]),
+                "nothing to answer",
+            ),
+            (
+                json!([user, calls, {"role": "tool", "tool_call_id": "z", "content": "1"}]),
+                "answers no call",
+            ),
             (
                 json!([user, calls, {"role": "tool", "tool_call_id": "a", "content": "1"},
                        {"role": "tool", "tool_call_id": "a", "content": "2"}]),
                 "answered twice",
             ),
-            (json!([user, {"role": "assistant", "tool_calls": [call("a", "f", "{oops")]}]), "not JSON"),
-            (json!([user, {"role": "function", "content": "1"}]), "deprecated"),
+            (
+                json!([user, {"role": "assistant", "tool_calls": [call("a", "f", "{oops")]}]),
+                "not JSON",
+            ),
+            (
+                json!([user, {"role": "function", "content": "1"}]),
+                "deprecated",
+            ),
             (json!([]), "need a user message"),
         ];
         for (messages, says) in cases {

@@ -368,10 +368,7 @@ mod tests {
         assert_eq!(r.system.as_deref(), Some("Be brief."));
         assert_eq!(r.tools, vec![weather()["function"].clone()]);
         assert_eq!(r.tool_choice, ToolChoice::Function("get_weather".into()));
-        assert_eq!(
-            (r.max_tokens, r.temperature),
-            (Some(64), 0.0)
-        );
+        assert_eq!((r.max_tokens, r.temperature), (Some(64), 0.0));
     }
 
     #[test]

@@ -3,39 +3,23 @@
 //! ([`responses_request`]) and decoded as one; the answer is a `response` object, whole or
 //! as the Responses API's streaming events ([`responses_stream`]).
 
-use crate::serve::chat::{collect, completion_id, prepare};
-use crate::serve::models::wrong_model;
+use crate::serve::chat::{admit, collect, completion_id};
 use crate::serve::responses_object::{response_object, ResponseMeta};
-use crate::serve::shared::{json_body, now, queue_jobs, refuse, AppState};
+use crate::serve::shared::{now, AppState};
 use crate::serve::{responses_request, responses_stream};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use std::time::Instant;
 
 pub async fn create(State(s): AppState, body: Result<Bytes, BytesRejection>) -> Response {
     let arrived = Instant::now();
-    let value = match json_body(body) {
-        Ok(value) => value,
+    let (value, request, events) = match admit(&s, body, responses_request::parse) {
+        Ok(admitted) => admitted,
         Err(refusal) => return *refusal,
     };
-    if let Some(refusal) = wrong_model(&s, &value) {
-        return refusal;
-    }
-    let request = match responses_request::parse(&value) {
-        Ok(request) => request,
-        Err(e) => return refuse(StatusCode::BAD_REQUEST, &e.message, e.param),
-    };
-    let (jobs, events) = match prepare(&s, &request) {
-        Ok(prepared) => prepared,
-        Err(e) => return refuse(StatusCode::BAD_REQUEST, &e.message, e.param),
-    };
-    if let Err(refusal) = queue_jobs(&s, jobs) {
-        return *refusal;
-    }
     let meta = ResponseMeta {
         id: completion_id(&s, "resp_"),
         created_at: now(),

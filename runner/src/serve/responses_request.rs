@@ -248,7 +248,12 @@ mod tests {
         assert_eq!(r.tool_choice, ToolChoice::Function("set_lights".into()));
         assert_eq!((r.max_tokens, r.stream), (Some(64), true));
         let tools = json!([{"type": "function", "name": "ping"}]);
-        assert_eq!(parse(&json!({"input": "hi", "tools": tools})).unwrap().query, "hi");
+        assert_eq!(
+            parse(&json!({"input": "hi", "tools": tools}))
+                .unwrap()
+                .query,
+            "hi"
+        );
     }
 
     #[test]

@@ -15,24 +15,9 @@ pub struct Needle2Header {
     pub head_dim: u32,
 }
 
-/// The geometry sizes, in file order.
+/// Needle 2's sizes beside the common ones (its one head width) and its RoPE width.
 const RULES: HeaderRules = HeaderRules {
-    sizes: &[
-        "vocab",
-        "d_model",
-        "num_heads",
-        "num_kv_heads",
-        "num_layers",
-        "head_dim",
-        "max_seq_len",
-        "hada_n",
-        "mhc_lanes",
-        "engram_slots",
-        "engram_sub_dim",
-        "num_engram_tables",
-        "engram_conv_taps",
-        "engram_conv_dilation",
-    ],
+    sizes: &["num_layers", "head_dim"],
     rope_head: "head_dim",
 };
 

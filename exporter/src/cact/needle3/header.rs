@@ -27,24 +27,9 @@ pub struct Needle3Header {
     pub engram_seed_heads: u32,
 }
 
-/// The geometry sizes, in file order (`num_layers` is bounded by the mask first).
+/// Needle 3's head widths (`num_layers` is bounded by the mask first) and its RoPE width.
 const RULES: HeaderRules = HeaderRules {
-    sizes: &[
-        "vocab",
-        "d_model",
-        "num_heads",
-        "num_kv_heads",
-        "qk_head_dim",
-        "v_head_dim",
-        "max_seq_len",
-        "hada_n",
-        "mhc_lanes",
-        "engram_slots",
-        "engram_sub_dim",
-        "num_engram_tables",
-        "engram_conv_taps",
-        "engram_conv_dilation",
-    ],
+    sizes: &["qk_head_dim", "v_head_dim"],
     rope_head: "qk_head_dim",
 };
 
