@@ -943,3 +943,39 @@ fn openai_agents_call_tools_through_the_responses_api() {
         "{continued}"
     );
 }
+
+/// `response_format` `json_schema`, decoded as upstream's `extract` does (the schema as the
+/// one tool's parameters, its call's arguments the answer): the content is JSON the schema
+/// validates (Python `jsonschema`, in the script), the README query's right arguments, the
+/// same streamed, the arguments of the named-tool call of the same query, and through the
+/// SDK's `parse` with a Pydantic model, a value of that model.
+#[test]
+fn structured_output_is_the_schema_tools_call() {
+    let tools: Value = serde_json::from_str(runner::load::DEMO_TOOLS).unwrap();
+    let tool = tools
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "set_lights")
+        .unwrap()
+        .clone();
+    let server = Server::start(&[]);
+    let got = server.client(
+        "structured",
+        json!({"tool": tool, "query": "turn off the kitchen lights"}),
+    );
+    let content: Value = serde_json::from_str(got["content"].as_str().unwrap()).unwrap();
+    assert_eq!(content, json!({"room": "kitchen", "on": false}), "{got}");
+    assert_eq!(got["finish_reason"], "stop", "{got}");
+    assert_eq!(got["tool_calls"], false, "{got}");
+    assert_eq!(got["streamed_content"], got["content"], "{got}");
+    // The SDK's parse path: the Pydantic model's own schema (its class name, docstring and
+    // no field descriptions), so the demo reads a tool it was not trained on; the answer
+    // still parses into the model.
+    let rooms = tool["parameters"]["properties"]["room"]["enum"].as_array().unwrap();
+    assert!(rooms.contains(&got["parsed"]["room"]), "{got}");
+    assert_eq!(got["parsed"]["on"], false, "{got}");
+    assert_eq!(got["named_call"], content, "{got}");
+    refused(&got["with_tools"], 400, Some("response_format"), "without tools");
+    refused(&got["json_object"], 400, Some("response_format"), "json_schema");
+}

@@ -396,6 +396,62 @@ def auth(spec):
     }
 
 
+def structured(spec):
+    """`response_format` `json_schema`: the demo's set_lights parameters as the schema, whole
+    and streamed, and the SDK's own `parse` with a Pydantic model (its strict schema); the
+    named-tool call of the same query beside them."""
+    import jsonschema
+    from typing import Literal
+    from pydantic import BaseModel
+
+    client = OpenAI(base_url=spec["base_url"], api_key="not-needed", max_retries=0)
+    tool = spec["tool"]
+    user = [{"role": "user", "content": spec["query"]}]
+    fmt = {
+        "type": "json_schema",
+        "json_schema": {"name": tool["name"], "description": tool["description"], "schema": tool["parameters"], "strict": True},
+    }
+    whole = client.chat.completions.create(model="needle-demo", messages=user, response_format=fmt)
+    content = whole.choices[0].message.content
+    jsonschema.validate(json.loads(content), tool["parameters"])
+    streamed_content = ""
+    for chunk in client.chat.completions.create(model="needle-demo", messages=user, response_format=fmt, stream=True):
+        for choice in chunk.choices:
+            streamed_content += choice.delta.content or ""
+    rooms = tuple(tool["parameters"]["properties"]["room"]["enum"])
+
+    class SetLights(BaseModel):
+        """Turn the lights in a room on or off."""
+
+        room: Literal[rooms]  # type: ignore[valid-type]
+        on: bool
+
+    parsed = client.chat.completions.parse(model="needle-demo", messages=user, response_format=SetLights)
+    named = ask(
+        client,
+        {"query": spec["query"], "tools": [tool]},
+        tool_choice={"type": "function", "function": {"name": tool["name"]}},
+    )
+    return {
+        "content": content,
+        "finish_reason": whole.choices[0].finish_reason,
+        "tool_calls": bool(whole.choices[0].message.tool_calls),
+        "streamed_content": streamed_content,
+        "parsed": parsed.choices[0].message.parsed.model_dump(),
+        "named_call": json.loads(named.choices[0].message.tool_calls[0].function.arguments),
+        "with_tools": refusal(
+            lambda: client.chat.completions.create(
+                model="needle-demo", messages=user, response_format=fmt, tools=openai_tools([tool])
+            )
+        ),
+        "json_object": refusal(
+            lambda: client.chat.completions.create(
+                model="needle-demo", messages=user, response_format={"type": "json_object"}
+            )
+        ),
+    }
+
+
 if __name__ == "__main__":
     spec = json.load(sys.stdin)
     scenario = {
@@ -407,5 +463,6 @@ if __name__ == "__main__":
         "auth": auth,
         "stops": stops,
         "choices": choices,
+        "structured": structured,
     }[spec["scenario"]]
     json.dump(scenario(spec), sys.stdout)

@@ -189,7 +189,7 @@ pub async fn collect(
             .map(|(done, logprobs)| {
                 let done = done.expect("every choice is done");
                 Choice {
-                    answer: final_answer(s, &done, &request.stop),
+                    answer: final_answer(s, &done, &request.stop, request.form),
                     done,
                     logprobs: request.top_logprobs.map(|_| logprobs),
                 }

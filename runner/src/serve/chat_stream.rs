@@ -8,7 +8,7 @@
 
 use crate::prompt::{parse_answer, Answer};
 use crate::serve::call_stream::partial_calls;
-use crate::serve::request::ChatRequest;
+use crate::serve::request::{AnswerForm, ChatRequest};
 use crate::serve::response::{self, Meta};
 use crate::serve::scheduler::{Done, Event};
 use crate::serve::shared::{final_answer, now, timed_out, ChoiceEvents, Shared};
@@ -36,6 +36,7 @@ pub fn stream(
         include_usage: request.include_usage,
         logprobs: request.top_logprobs.is_some(),
         stops: request.stop.clone(),
+        form: request.form,
         events,
         deadline,
         choices: (0..request.n).map(|_| ChoiceState::default()).collect(),
@@ -91,6 +92,8 @@ struct Streamer {
     include_usage: bool,
     logprobs: bool,
     stops: StopTexts,
+    /// Calls, or one JSON value as the content (`response_format`).
+    form: AnswerForm,
     events: ChoiceEvents,
     deadline: tokio::time::Instant,
     choices: Vec<ChoiceState>,
@@ -131,8 +134,22 @@ impl Streamer {
                     }
                     let text = stable_text(&self.s.tokenizer, &choice.ids);
                     let shown = self.stops.shown(&text);
-                    self.send_growth(index, &parse_answer(shown));
-                    self.send_call_growth(index, shown);
+                    match self.form {
+                        AnswerForm::Calls => {
+                            self.send_growth(index, &parse_answer(shown));
+                            self.send_call_growth(index, shown);
+                        }
+                        // The structured answer's content: its call's arguments as decoded.
+                        AnswerForm::Json => {
+                            let mut answer = parse_answer(shown);
+                            answer.text = partial_calls(shown)
+                                .first()
+                                .and_then(|call| call.arguments)
+                                .unwrap_or_default()
+                                .to_string();
+                            self.send_growth(index, &answer);
+                        }
+                    }
                 }
                 Ok(Some((index, Event::Done(done)))) => self.finish_choice(index, done),
                 Ok(Some((_, Event::Failed(why)))) => self.fail(&why),
@@ -154,7 +171,7 @@ impl Streamer {
     /// Sends the rest of choice `index`, its calls and its finish; then, when every
     /// choice is done, the usage and `[DONE]`.
     fn finish_choice(&mut self, index: usize, done: Box<Done>) {
-        let answer = final_answer(&self.s, &done, &self.stops);
+        let answer = final_answer(&self.s, &done, &self.stops, self.form);
         self.send_growth(index, &answer);
         self.send_rest_of_calls(index, &answer, &done);
         let logprobs = self.take_logprobs(index);

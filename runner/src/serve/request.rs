@@ -8,7 +8,7 @@ use crate::serve::conversation::{self, Conversation};
 use crate::serve::stop::StopTexts;
 use crate::tool_list::declared_tools;
 use crate::tool_schema::trained_form;
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
 /// A request refused: the message and the field it is about (OpenAI's `param`).
 #[derive(Debug, PartialEq)]
@@ -65,6 +65,18 @@ pub struct ChatRequest {
     pub n: usize,
     /// `logprobs: true`, with `top_logprobs` (0 to 20) alternatives per token.
     pub top_logprobs: Option<usize>,
+    /// What the answer is: calls, or (`response_format` `json_schema`) one JSON value.
+    pub form: AnswerForm,
+}
+
+/// What an answer is to the client.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum AnswerForm {
+    /// Needle's calls as `tool_calls` (and its text as `content`).
+    Calls,
+    /// `response_format` `json_schema`: decoded as upstream's `extract` does, as the one
+    /// call of a tool whose parameters are the schema; its arguments are the `content`.
+    Json,
 }
 
 impl ChatRequest {
@@ -112,8 +124,23 @@ pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
         query,
         turns,
     } = messages(body.get("messages"))?;
-    let tools = tools(body.get("tools"))?;
-    let tool_choice = tool_choice(body.get("tool_choice"), &tools)?;
+    let mut tools = tools(body.get("tools"))?;
+    let mut tool_choice = tool_choice(body.get("tool_choice"), &tools)?;
+    let form = match schema_tool(body.get("response_format"))? {
+        None => AnswerForm::Calls,
+        Some(_) if !tools.is_empty() => {
+            return Err(invalid(
+                "response_format",
+                "a json_schema response_format is answered as the call of one tool whose \
+                 parameters are the schema; send it without tools",
+            ))
+        }
+        Some(tool) => {
+            tool_choice = ToolChoice::Function(tool_name(&tool).unwrap_or_default().to_string());
+            tools = vec![tool];
+            AnswerForm::Json
+        }
+    };
     let max_tokens = match (body.get("max_completion_tokens"), body.get("max_tokens")) {
         (Some(v), _) if !v.is_null() => Some(positive(v, "max_completion_tokens")?),
         (_, Some(v)) if !v.is_null() => Some(positive(v, "max_tokens")?),
@@ -177,7 +204,9 @@ pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
             ))
         }
     }
-    let parallel_tool_calls = flag(body.get("parallel_tool_calls"), "parallel_tool_calls", true)?;
+    // A structured answer is one value: one call.
+    let parallel_tool_calls = flag(body.get("parallel_tool_calls"), "parallel_tool_calls", true)?
+        && form == AnswerForm::Calls;
     let stop = stop_texts(body.get("stop"))?;
     let n = match body.get("n") {
         None | Some(Value::Null) => 1,
@@ -208,7 +237,53 @@ pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
         stop,
         n,
         top_logprobs,
+        form,
     })
+}
+
+/// `response_format` `json_schema` as the tool whose one call answers it (upstream's
+/// `needle.extract(text, schema)`: the schema is the only tool's parameters), in the
+/// trained form; `None` for text answers.
+fn schema_tool(format: Option<&Value>) -> Result<Option<Value>, Invalid> {
+    let Some(format) = format.filter(|f| !f.is_null()) else {
+        return Ok(None);
+    };
+    match format.get("type").and_then(Value::as_str) {
+        None | Some("text") => Ok(None),
+        Some("json_schema") => {
+            let spec = format.get("json_schema").ok_or_else(|| {
+                invalid("response_format", "response_format json_schema needs json_schema")
+            })?;
+            let name = spec
+                .get("name")
+                .and_then(Value::as_str)
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| invalid("response_format", "json_schema needs a name"))?;
+            let schema = match spec.get("schema") {
+                Some(schema @ Value::Object(_)) => schema.clone(),
+                _ => {
+                    return Err(invalid(
+                        "response_format",
+                        "json_schema.schema must be a JSON schema object",
+                    ))
+                }
+            };
+            let mut function = json!({"name": name, "parameters": schema});
+            if let Some(description) = spec.get("description").filter(|d| d.is_string()) {
+                function["description"] = description.clone();
+            }
+            Ok(Some(trained_form(&function)))
+        }
+        Some("json_object") => Err(invalid(
+            "response_format",
+            "json_object has no schema to decode under (the grammar closes every object to \
+             its declared keys); give a json_schema",
+        )),
+        Some(other) => Err(invalid(
+            "response_format",
+            format!("response_format {other:?} is not supported"),
+        )),
+    }
 }
 
 /// `logprobs` and `top_logprobs` together: `Some(k)` when log-probabilities are asked for.
@@ -259,15 +334,6 @@ fn stop_texts(stop: Option<&Value>) -> Result<StopTexts, Invalid> {
 
 /// Fields whose meaning this server cannot honour.
 fn refuse_unsupported(body: &Map<String, Value>) -> Result<(), Invalid> {
-    match body.get("response_format").and_then(|f| f.get("type")).and_then(Value::as_str) {
-        None | Some("text") => {}
-        Some(other) => {
-            return Err(invalid(
-                "response_format",
-                format!("response_format {other:?} is not supported; use tools with needle.constrain for structured answers"),
-            ))
-        }
-    }
     if body.contains_key("functions") || body.contains_key("function_call") {
         return Err(invalid("functions", "the deprecated functions/function_call fields are not supported; use tools/tool_choice"));
     }

@@ -6,7 +6,7 @@
 //! tokens) with the whole response, whose items are the ones streamed.
 
 use crate::prompt::{parse_answer, Answer};
-use crate::serve::request::ChatRequest;
+use crate::serve::request::{AnswerForm, ChatRequest};
 use crate::serve::responses_object::{
     call_item_id, calls, function_call_item, has_message, incomplete, message_id, message_item,
     output_text, response_object, ResponseMeta,
@@ -34,6 +34,7 @@ pub fn stream(
         s,
         meta,
         stops: request.stop.clone(),
+        form: request.form,
         events,
         deadline,
         arrived,
@@ -59,6 +60,8 @@ struct Streamer {
     s: Arc<Shared>,
     meta: ResponseMeta,
     stops: StopTexts,
+    /// Calls, or one JSON value as the content (`response_format`).
+    form: AnswerForm,
     events: ChoiceEvents,
     deadline: tokio::time::Instant,
     arrived: Instant,
@@ -172,7 +175,7 @@ impl Streamer {
     }
 
     fn finish(&mut self, done: Box<Done>) {
-        let answer = final_answer(&self.s, &done, &self.stops);
+        let answer = final_answer(&self.s, &done, &self.stops, self.form);
         self.send_growth(&answer, true);
         if self.message_sent.is_some() {
             let id = self.meta.id.clone();

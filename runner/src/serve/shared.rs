@@ -4,7 +4,9 @@
 use crate::constrain::ConstraintFactory;
 use crate::prompt::{parse_answer, Answer};
 use crate::provider::Provider;
+use crate::serve::call_stream::partial_calls;
 use crate::serve::metrics::Metrics;
+use crate::serve::request::AnswerForm;
 use crate::serve::response;
 use crate::serve::scheduler::{Done, Event, Job};
 use crate::serve::stop::StopTexts;
@@ -113,10 +115,38 @@ pub fn queue_jobs(s: &Shared, jobs: Vec<Job>) -> Result<(), Box<Response>> {
     Ok(())
 }
 
-/// The answer of a finished generation: its decoded text, cut at the first stop sequence.
-pub fn final_answer(s: &Shared, done: &Done, stops: &StopTexts) -> Answer {
+/// The answer of a finished generation: its decoded text, cut at the first stop sequence,
+/// in the request's `form`.
+pub fn final_answer(s: &Shared, done: &Done, stops: &StopTexts, form: AnswerForm) -> Answer {
     let text = s.tokenizer.decode(&done.decoded.generated_ids);
-    parse_answer(stops.cut(&text).0)
+    let text = stops.cut(&text).0;
+    let answer = parse_answer(text);
+    match form {
+        AnswerForm::Calls => answer,
+        AnswerForm::Json => json_answer(answer, text),
+    }
+}
+
+/// A structured answer: the one call's arguments as decoded (what a stream sent) as the
+/// text, and no calls; an answer cut off before its call is complete has no text and
+/// keeps the reason it has no calls.
+fn json_answer(answer: Answer, text: &str) -> Answer {
+    if answer.function_calls().is_empty() {
+        return Answer {
+            text: String::new(),
+            ..answer
+        };
+    }
+    let arguments = partial_calls(text)
+        .first()
+        .and_then(|call| call.arguments)
+        .unwrap_or_default()
+        .to_string();
+    Answer {
+        text: arguments,
+        calls: Ok(Value::Array(Vec::new())),
+        ..answer
+    }
 }
 
 /// The events of a request's rows, each with its choice's index.
