@@ -144,7 +144,20 @@ impl Runner {
         system: Option<&str>,
         max_new_tokens: usize,
     ) -> Result<ToolResponse> {
-        let ids = self.tool_prompt(tools, query, system);
+        self.continue_conversation(tools, query, system, &[], max_new_tokens)
+    }
+
+    /// Answers the conversation that `turns` continue after `query`
+    /// ([`crate::prompt::render_conversation`]), as [`Runner::complete`] answers a query.
+    pub fn continue_conversation(
+        &mut self,
+        tools: &Value,
+        query: &str,
+        system: Option<&str>,
+        turns: &[Turn],
+        max_new_tokens: usize,
+    ) -> Result<ToolResponse> {
+        let ids = tool_conversation_ids(&self.model.tokenizer, tools, query, system, turns);
         let stop_ids = self.tool_stop_ids()?;
         let max_len = self.model.session.config().max_seq_len();
         let mut constraint = constraint(
@@ -194,10 +207,6 @@ impl Runner {
             .zip(&runs)
             .map(|(ids, run)| self.tool_response(ids, run))
             .collect()
-    }
-
-    fn tool_prompt(&self, tools: &Value, query: &str, system: Option<&str>) -> Vec<u32> {
-        tool_prompt_ids(&self.model.tokenizer, tools, query, system)
     }
 
     fn tool_stop_ids(&self) -> Result<Vec<u32>> {

@@ -6,6 +6,7 @@ pub mod answer;
 pub mod batch;
 pub mod cache;
 pub mod constrain;
+pub mod conversation;
 pub mod decode;
 pub mod engine;
 pub mod generate;

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use exporter::cli::spelled;
 use graphs::contract::{AttentionKind, MatMulWeights, Precision};
 use runner::answer::{Runner, ToolQuery};
+use runner::conversation::{self, Conversation};
 use runner::decode::Sampling;
 use runner::graph_cache;
 use runner::load::{is_onnx, load, LoadOptions, ModelSource, DEMO_TOOLS};
@@ -127,6 +128,11 @@ struct Args {
     /// Optional system prompt (tool mode).
     #[arg(long, conflicts_with = "raw")]
     system: Option<String>,
+    /// Continue a conversation (tool mode): a JSON file with OpenAI's `messages` list (the
+    /// user's query, the assistant's `tool_calls`, `tool` results, later user messages),
+    /// rendered as `needle-run serve` renders it; answers its last turn.
+    #[arg(long, conflicts_with_all = ["query", "system", "raw", "batch", "top_tools"])]
+    messages: Option<PathBuf>,
     /// Answer every query of this file, --batch-size decoded together (tool mode):
     /// one JSON object a line, `{"query": …, "tools": […], "system": …}` (`tools` and
     /// `system` optional; `tools` defaults to --tools); one answer a line, in order.
@@ -292,9 +298,10 @@ fn serve(args: ServeArgs) -> Result<()> {
 fn run(args: Args) -> Result<()> {
     if args.raw.is_none()
         && args.batch.is_none()
+        && args.messages.is_none()
         && args.query.as_deref().is_none_or(|q| q.trim().is_empty())
     {
-        bail!("give --query \"...\" (tool mode), --batch FILE or --raw \"...\" (raw mode), or use needle-run serve; the query must not be empty");
+        bail!("give --query \"...\" or --messages FILE (tool mode), --batch FILE or --raw \"...\" (raw mode), or use needle-run serve; the query must not be empty");
     }
     let tools = match &args.tools {
         Some(path) => read_tools(path)?,
@@ -333,6 +340,16 @@ fn run(args: Args) -> Result<()> {
         } else {
             writeln!(stdout(), "{}", r.text)?;
         }
+    } else if let Some(path) = &args.messages {
+        let conversation = read_messages(path)?;
+        let r = runner.continue_conversation(
+            &Value::String(PyJson::Array(tools).dumps_compact()),
+            &conversation.query,
+            conversation.system.as_deref(),
+            &conversation.turns,
+            max_new,
+        )?;
+        writeln!(stdout(), "{}", serde_json::to_string(&r)?)?;
     } else {
         let query = args.query.as_deref().unwrap_or_default();
         let tools = match args.top_tools {
@@ -387,6 +404,24 @@ fn read_batch(path: &PathBuf, default_tools: &Value) -> Result<Vec<ToolQuery>> {
         bail!("{}: no queries", path.display());
     }
     Ok(queries)
+}
+
+/// `--messages`' conversation: OpenAI's `messages` list (or an object holding it, as a
+/// chat request does), read as `needle-run serve` reads it.
+fn read_messages(path: &PathBuf) -> Result<Conversation> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let value: Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
+    let list = match &value {
+        Value::Array(list) => list,
+        Value::Object(o) => match o.get("messages") {
+            Some(Value::Array(list)) => list,
+            _ => bail!("{}: an object without a \"messages\" list", path.display()),
+        },
+        _ => bail!("{}: not a list of messages", path.display()),
+    };
+    conversation::read(list).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
 /// Reads a tool list as Python's `json.loads` reads it: a JSON array of tools in Needle's

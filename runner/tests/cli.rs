@@ -458,3 +458,58 @@ fn top_tools_renders_only_the_best_k() {
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
 }
+
+/// `--messages` continues a conversation as `needle-run serve` does: the prompt is the
+/// query's upstream prompt followed by the call and its result in the conversation format
+/// (`runner/src/prompt.rs`), written out here by hand; a conversation that ends with the
+/// assistant's turn, or a file that is not one, is one error line.
+#[test]
+fn messages_continue_a_conversation() {
+    let dir = scratch("messages");
+    let path = dir.join("loop.json");
+    let calls = r#"[{"name":"set_lights","arguments":{"room":"kitchen","on":false}}]"#;
+    std::fs::write(
+        &path,
+        serde_json::to_string(&serde_json::json!([
+            {"role": "user", "content": "turn off the kitchen lights"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+              "function": {"name": "set_lights", "arguments": "{\"room\":\"kitchen\",\"on\":false}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "{\"ok\": true}"},
+        ]))
+        .unwrap(),
+    )
+    .unwrap();
+    let got = json_out(&run(&["--messages", path.to_str().unwrap()]));
+    let tools: Value = serde_json::from_str(runner::load::DEMO_TOOLS).unwrap();
+    let history = format!(
+        "{}<tool_call>{calls}</tool_call><|im_end|>\n<|im_start|>user\n<tool_result>[{{\"ok\":true}}]</tool_result><|im_end|>\n<|im_start|>assistant\n",
+        runner::prompt::render_prompt(&tools, "turn off the kitchen lights", None),
+    );
+    let model = runner::load::load(
+        &runner::load::ModelSource::Demo,
+        &runner::load::LoadOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        got["prompt_tokens"].as_u64(),
+        Some(1 + model.tokenizer.encode(&history).len() as u64),
+        "{got}"
+    );
+
+    let ends_with_assistant = dir.join("assistant.json");
+    std::fs::write(
+        &ends_with_assistant,
+        r#"[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]"#,
+    )
+    .unwrap();
+    fails_with(
+        &run(&["--messages", ends_with_assistant.to_str().unwrap()]),
+        "nothing to answer",
+    );
+    let not_json = dir.join("not.json");
+    std::fs::write(&not_json, "{oops").unwrap();
+    fails_with(
+        &run(&["--messages", not_json.to_str().unwrap()]),
+        "not JSON",
+    );
+}

@@ -972,10 +972,22 @@ fn structured_output_is_the_schema_tools_call() {
     // The SDK's parse path: the Pydantic model's own schema (its class name, docstring and
     // no field descriptions), so the demo reads a tool it was not trained on; the answer
     // still parses into the model.
-    let rooms = tool["parameters"]["properties"]["room"]["enum"].as_array().unwrap();
+    let rooms = tool["parameters"]["properties"]["room"]["enum"]
+        .as_array()
+        .unwrap();
     assert!(rooms.contains(&got["parsed"]["room"]), "{got}");
     assert_eq!(got["parsed"]["on"], false, "{got}");
     assert_eq!(got["named_call"], content, "{got}");
-    refused(&got["with_tools"], 400, Some("response_format"), "without tools");
-    refused(&got["json_object"], 400, Some("response_format"), "json_schema");
+    refused(
+        &got["with_tools"],
+        400,
+        Some("response_format"),
+        "without tools",
+    );
+    refused(
+        &got["json_object"],
+        400,
+        Some("response_format"),
+        "json_schema",
+    );
 }

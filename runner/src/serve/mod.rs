@@ -8,7 +8,6 @@ pub mod auth;
 pub mod call_stream;
 pub mod chat;
 pub mod chat_stream;
-pub mod conversation;
 pub mod http;
 pub mod logprobs;
 pub mod metrics;

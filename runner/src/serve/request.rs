@@ -3,8 +3,8 @@
 //! refused with a message naming the field, never silently dropped.
 
 use crate::constrain::CallCount;
+use crate::conversation::{self, Conversation};
 use crate::prompt::Turn;
-use crate::serve::conversation::{self, Conversation};
 use crate::serve::stop::StopTexts;
 use crate::tool_list::declared_tools;
 use crate::tool_schema::trained_form;
@@ -252,7 +252,10 @@ fn schema_tool(format: Option<&Value>) -> Result<Option<Value>, Invalid> {
         None | Some("text") => Ok(None),
         Some("json_schema") => {
             let spec = format.get("json_schema").ok_or_else(|| {
-                invalid("response_format", "response_format json_schema needs json_schema")
+                invalid(
+                    "response_format",
+                    "response_format json_schema needs json_schema",
+                )
             })?;
             let name = spec
                 .get("name")

@@ -1,4 +1,5 @@
-//! OpenAI `messages` read as a Needle conversation ([`crate::prompt::render_conversation`]):
+//! OpenAI `messages` (a chat request's, or `needle-run --messages`'s file) read as a Needle
+//! conversation ([`crate::prompt::render_conversation`]):
 //! system and developer messages, wherever they are, join into the system text; the first
 //! user message is the query (the turn the tools are written in); after it come the
 //! assistant's turns (its `tool_calls` and text), the tools' results (each `tool` message
