@@ -942,6 +942,14 @@ fn openai_agents_call_tools_through_the_responses_api() {
         continued["calls"].as_array().unwrap().len() >= 2,
         "{continued}"
     );
+
+    // output_type: the Responses API's text.format json_schema, decoded as the schema's one
+    // forced tool; the final output is a value of the agent's model.
+    let typed = &got["typed"];
+    println!("openai-agents' output_type: {typed}");
+    assert_eq!(typed["kind"], "Lights", "{typed}");
+    assert!(typed["final_output"]["room"].is_string(), "{typed}");
+    assert_eq!(typed["final_output"]["on"], false, "{typed}");
 }
 
 /// `response_format` `json_schema`, decoded as upstream's `extract` does (the schema as the

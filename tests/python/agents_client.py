@@ -4,8 +4,8 @@ Reads {"base_url", "queries", "plain_query"} as JSON on stdin and prints what th
 got as JSON on stdout; the judging is the Rust test's. The agents use the library's
 defaults: the Responses API, the default model settings, strict function tools. Only
 tracing is off (it would export to api.openai.com) and, where said, the agent stops at its
-first tool call (`tool_use_behavior="stop_on_first_tool"`): continuing after a call needs a
-conversation, which Needle's prompt cannot hold yet.
+first tool call (`tool_use_behavior="stop_on_first_tool"`), since the demo model was not
+trained to answer after a tool's result.
 """
 
 import asyncio
@@ -100,6 +100,20 @@ async def run(spec):
             "message": body.get("message") if isinstance(body, dict) else str(e),
             "calls": seen,
         }
+    # output_type: the Responses API's text.format json_schema (strict), the agent's final
+    # output a value of the model.
+    from typing import Literal
+    from pydantic import BaseModel, Field
+
+    rooms = tuple(next(t for t in q["tools"] if t["name"] == "set_lights")["parameters"]["properties"]["room"]["enum"])
+
+    class Lights(BaseModel):
+        room: Literal[rooms] = Field(description="Room name.")  # type: ignore[valid-type]
+        on: bool = Field(description="True to turn on, false to turn off.")
+
+    typed = Agent(name="home", model="needle-demo", output_type=Lights)
+    result = await Runner.run(typed, "turn off the kitchen lights")
+    out["typed"] = {"final_output": result.final_output.model_dump(), "kind": type(result.final_output).__name__}
     return out
 
 

@@ -6,12 +6,12 @@
 //! usage chunk if asked for, and `[DONE]`. Each chunk carries the `logprobs` entries of
 //! its choice's tokens since the previous one, when asked for.
 
-use crate::prompt::{parse_answer, Answer};
+use crate::prompt::Answer;
 use crate::serve::call_stream::partial_calls;
 use crate::serve::request::{AnswerForm, ChatRequest};
 use crate::serve::response::{self, Meta};
 use crate::serve::scheduler::{Done, Event};
-use crate::serve::shared::{final_answer, now, timed_out, ChoiceEvents, Shared};
+use crate::serve::shared::{answer_in_form, final_answer, now, timed_out, ChoiceEvents, Shared};
 use crate::serve::stop::StopTexts;
 use crate::stream::stable_text;
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -134,21 +134,9 @@ impl Streamer {
                     }
                     let text = stable_text(&self.s.tokenizer, &choice.ids);
                     let shown = self.stops.shown(&text);
-                    match self.form {
-                        AnswerForm::Calls => {
-                            self.send_growth(index, &parse_answer(shown));
-                            self.send_call_growth(index, shown);
-                        }
-                        // The structured answer's content: its call's arguments as decoded.
-                        AnswerForm::Json => {
-                            let mut answer = parse_answer(shown);
-                            answer.text = partial_calls(shown)
-                                .first()
-                                .and_then(|call| call.arguments)
-                                .unwrap_or_default()
-                                .to_string();
-                            self.send_growth(index, &answer);
-                        }
+                    self.send_growth(index, &answer_in_form(shown, self.form));
+                    if self.form == AnswerForm::Calls {
+                        self.send_call_growth(index, shown);
                     }
                 }
                 Ok(Some((index, Event::Done(done)))) => self.finish_choice(index, done),

@@ -38,6 +38,7 @@ fn responses_param(chat: &'static str) -> &'static str {
     match chat {
         "messages" => "input",
         "max_tokens" => "max_output_tokens",
+        "response_format" => "text",
         other => other,
     }
 }
@@ -51,18 +52,20 @@ fn to_chat(body: &Map<String, Value>) -> Result<Value, Invalid> {
             ));
         }
     }
-    let format = body.get("text").and_then(|t| t.pointer("/format/type"));
-    match format.and_then(Value::as_str) {
-        None | Some("text") => {}
-        Some(other) => {
-            return Err(invalid(
-                "text",
-                format!(
-                "text.format {other:?} is not supported; use function tools for structured answers"
-            ),
-            ))
-        }
-    }
+    // `text.format` is chat's `response_format`, its json_schema flattened into it.
+    let response_format = match body.get("text").and_then(|t| t.get("format")) {
+        None | Some(Value::Null) => None,
+        Some(format) => match format.get("type").and_then(Value::as_str) {
+            Some("json_schema") => {
+                let mut spec = format.clone();
+                if let Value::Object(o) = &mut spec {
+                    o.remove("type");
+                }
+                Some(json!({"type": "json_schema", "json_schema": spec}))
+            }
+            _ => Some(format.clone()),
+        },
+    };
     let mut messages = Vec::new();
     match body.get("instructions") {
         None | Some(Value::Null) => {}
@@ -85,6 +88,9 @@ fn to_chat(body: &Map<String, Value>) -> Result<Value, Invalid> {
     }
     let mut chat = Map::new();
     chat.insert("messages".into(), Value::Array(messages));
+    if let Some(format) = response_format {
+        chat.insert("response_format".into(), format);
+    }
     if let Some(tools) = body.get("tools").filter(|t| !t.is_null()) {
         chat.insert("tools".into(), chat_tools(tools)?);
     }

@@ -5,14 +5,14 @@
 //! writes it); then `response.completed` (`response.incomplete` when the answer ran out of
 //! tokens) with the whole response, whose items are the ones streamed.
 
-use crate::prompt::{parse_answer, Answer};
+use crate::prompt::Answer;
 use crate::serve::request::{AnswerForm, ChatRequest};
 use crate::serve::responses_object::{
     call_item_id, calls, function_call_item, has_message, incomplete, message_id, message_item,
     output_text, response_object, ResponseMeta,
 };
 use crate::serve::scheduler::{Done, Event};
-use crate::serve::shared::{final_answer, timed_out, ChoiceEvents, Shared};
+use crate::serve::shared::{answer_in_form, final_answer, timed_out, ChoiceEvents, Shared};
 use crate::serve::stop::StopTexts;
 use crate::stream::stable_text;
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -101,7 +101,7 @@ impl Streamer {
                     }
                     self.ids.push(sampled.id);
                     let text = stable_text(&self.s.tokenizer, &self.ids);
-                    let partial = parse_answer(self.stops.shown(&text));
+                    let partial = answer_in_form(self.stops.shown(&text), self.form);
                     self.send_growth(&partial, false);
                 }
                 Ok(Some((_, Event::Done(done)))) => self.finish(done),

@@ -119,33 +119,32 @@ pub fn queue_jobs(s: &Shared, jobs: Vec<Job>) -> Result<(), Box<Response>> {
 /// in the request's `form`.
 pub fn final_answer(s: &Shared, done: &Done, stops: &StopTexts, form: AnswerForm) -> Answer {
     let text = s.tokenizer.decode(&done.decoded.generated_ids);
-    let text = stops.cut(&text).0;
+    answer_in_form(stops.cut(&text).0, form)
+}
+
+/// The answer `text` (decoded so far, or whole) says in the request's `form`: for a
+/// structured answer, the one call's arguments as decoded so far as the text, and no calls
+/// (an answer without a complete call keeps the reason it has none).
+pub fn answer_in_form(text: &str, form: AnswerForm) -> Answer {
     let answer = parse_answer(text);
     match form {
         AnswerForm::Calls => answer,
-        AnswerForm::Json => json_answer(answer, text),
-    }
-}
-
-/// A structured answer: the one call's arguments as decoded (what a stream sent) as the
-/// text, and no calls; an answer cut off before its call is complete has no text and
-/// keeps the reason it has no calls.
-fn json_answer(answer: Answer, text: &str) -> Answer {
-    if answer.function_calls().is_empty() {
-        return Answer {
-            text: String::new(),
-            ..answer
-        };
-    }
-    let arguments = partial_calls(text)
-        .first()
-        .and_then(|call| call.arguments)
-        .unwrap_or_default()
-        .to_string();
-    Answer {
-        text: arguments,
-        calls: Ok(Value::Array(Vec::new())),
-        ..answer
+        AnswerForm::Json => {
+            let arguments = partial_calls(text)
+                .first()
+                .and_then(|call| call.arguments)
+                .unwrap_or_default()
+                .to_string();
+            let calls = match answer.calls {
+                Ok(_) => Ok(Value::Array(Vec::new())),
+                Err(why) => Err(why),
+            };
+            Answer {
+                text: arguments,
+                calls,
+                ..answer
+            }
+        }
     }
 }
 
