@@ -11,7 +11,9 @@ use crate::serve::call_stream::partial_calls;
 use crate::serve::request::{AnswerForm, ChatRequest};
 use crate::serve::response::{self, Meta};
 use crate::serve::scheduler::{Done, Event};
-use crate::serve::shared::{answer_in_form, final_answer, now, timed_out, ChoiceEvents, Shared};
+use crate::serve::shared::{
+    answer_in_form, final_answer, now, ChoiceEvents, DecoderEvents, Shared,
+};
 use crate::serve::stop::StopTexts;
 use crate::stream::stable_text;
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -37,13 +39,10 @@ pub fn stream(
         logprobs: request.top_logprobs.is_some(),
         stops: request.stop.clone(),
         form: request.form,
-        events,
-        deadline,
+        decoder: DecoderEvents::new(events, deadline, arrived),
         choices: (0..request.n).map(|_| ChoiceState::default()).collect(),
         pending: VecDeque::new(),
         finished: false,
-        arrived,
-        first_token: true,
     };
     for index in 0..request.n {
         let role = json!({"role": "assistant", "content": ""});
@@ -94,14 +93,10 @@ struct Streamer {
     stops: StopTexts,
     /// Calls, or one JSON value as the content (`response_format`).
     form: AnswerForm,
-    events: ChoiceEvents,
-    deadline: tokio::time::Instant,
+    decoder: DecoderEvents,
     choices: Vec<ChoiceState>,
     pending: VecDeque<String>,
     finished: bool,
-    arrived: Instant,
-    /// Whether the first token is still to come.
-    first_token: bool,
 }
 
 impl Streamer {
@@ -121,11 +116,8 @@ impl Streamer {
             if self.finished {
                 return None;
             }
-            match tokio::time::timeout_at(self.deadline, self.events.recv()).await {
-                Ok(Some((index, Event::Token(sampled)))) => {
-                    if std::mem::take(&mut self.first_token) {
-                        self.s.metrics.first_token(self.arrived.elapsed());
-                    }
+            match self.decoder.next(&self.s).await {
+                (index, Event::Token(sampled)) => {
                     let entry = response::logprob_entry(&self.s.token_bytes, &sampled);
                     let choice = &mut self.choices[index];
                     choice.ids.push(sampled.id);
@@ -139,13 +131,8 @@ impl Streamer {
                         self.send_call_growth(index, shown);
                     }
                 }
-                Ok(Some((index, Event::Done(done)))) => self.finish_choice(index, done),
-                Ok(Some((_, Event::Failed(why)))) => self.fail(&why),
-                Ok(None) => self.fail("the decoder stopped"),
-                Err(_) => {
-                    let why = timed_out(&self.s);
-                    self.fail(&why);
-                }
+                (index, Event::Done(done)) => self.finish_choice(index, done),
+                (_, Event::Failed(why)) => self.fail(&why),
             }
         }
     }
@@ -275,7 +262,7 @@ impl Streamer {
     }
 
     fn end(&mut self) {
-        self.s.metrics.request_done(self.arrived.elapsed());
+        self.s.metrics.request_done(self.decoder.arrived.elapsed());
         self.pending.push_back("[DONE]".to_string());
         self.finished = true;
     }

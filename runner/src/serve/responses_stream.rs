@@ -12,7 +12,7 @@ use crate::serve::responses_object::{
     output_text, response_object, ResponseMeta,
 };
 use crate::serve::scheduler::{Done, Event};
-use crate::serve::shared::{answer_in_form, final_answer, timed_out, ChoiceEvents, Shared};
+use crate::serve::shared::{answer_in_form, final_answer, ChoiceEvents, DecoderEvents, Shared};
 use crate::serve::stop::StopTexts;
 use crate::stream::stable_text;
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -35,10 +35,7 @@ pub fn stream(
         meta,
         stops: request.stop.clone(),
         form: request.form,
-        events,
-        deadline,
-        arrived,
-        first_token: true,
+        decoder: DecoderEvents::new(events, deadline, arrived),
         ids: Vec::new(),
         sequence: 0,
         calls_sent: false,
@@ -62,10 +59,7 @@ struct Streamer {
     stops: StopTexts,
     /// Calls, or one JSON value as the content (`response_format`).
     form: AnswerForm,
-    events: ChoiceEvents,
-    deadline: tokio::time::Instant,
-    arrived: Instant,
-    first_token: bool,
+    decoder: DecoderEvents,
     ids: Vec<u32>,
     sequence: u64,
     /// Whether the calls' items were sent.
@@ -94,23 +88,15 @@ impl Streamer {
             if self.finished {
                 return None;
             }
-            match tokio::time::timeout_at(self.deadline, self.events.recv()).await {
-                Ok(Some((_, Event::Token(sampled)))) => {
-                    if std::mem::take(&mut self.first_token) {
-                        self.s.metrics.first_token(self.arrived.elapsed());
-                    }
+            match self.decoder.next(&self.s).await {
+                (_, Event::Token(sampled)) => {
                     self.ids.push(sampled.id);
                     let text = stable_text(&self.s.tokenizer, &self.ids);
                     let partial = answer_in_form(self.stops.shown(&text), self.form);
                     self.send_growth(&partial, false);
                 }
-                Ok(Some((_, Event::Done(done)))) => self.finish(done),
-                Ok(Some((_, Event::Failed(why)))) => self.fail(&why),
-                Ok(None) => self.fail("the decoder stopped"),
-                Err(_) => {
-                    let why = timed_out(&self.s);
-                    self.fail(&why);
-                }
+                (_, Event::Done(done)) => self.finish(done),
+                (_, Event::Failed(why)) => self.fail(&why),
             }
         }
     }
@@ -213,7 +199,7 @@ impl Streamer {
     }
 
     fn end(&mut self) {
-        self.s.metrics.request_done(self.arrived.elapsed());
+        self.s.metrics.request_done(self.decoder.arrived.elapsed());
         self.finished = true;
     }
 }

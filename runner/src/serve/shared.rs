@@ -21,7 +21,7 @@ use serde_json::Value;
 use std::sync::atomic::AtomicU64;
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 /// What every handler shares.
@@ -150,6 +150,42 @@ pub fn answer_in_form(text: &str, form: AnswerForm) -> Answer {
 
 /// The events of a request's rows, each with its choice's index.
 pub type ChoiceEvents = UnboundedReceiver<(usize, Event)>;
+
+/// A streamed request's rows as the stream reads them: each event in turn, the first
+/// token's latency counted, and the decoder's stop or the request's deadline as a failure.
+pub struct DecoderEvents {
+    events: ChoiceEvents,
+    deadline: tokio::time::Instant,
+    /// When the request arrived (its latency is counted from here).
+    pub arrived: Instant,
+    first_token: bool,
+}
+
+impl DecoderEvents {
+    pub fn new(events: ChoiceEvents, deadline: tokio::time::Instant, arrived: Instant) -> Self {
+        DecoderEvents {
+            events,
+            deadline,
+            arrived,
+            first_token: true,
+        }
+    }
+
+    /// The next event of choice `.0`; `Event::Failed` when the decoder stopped or the
+    /// deadline passed.
+    pub async fn next(&mut self, s: &Shared) -> (usize, Event) {
+        match tokio::time::timeout_at(self.deadline, self.events.recv()).await {
+            Ok(Some((index, event))) => {
+                if matches!(event, Event::Token(_)) && std::mem::take(&mut self.first_token) {
+                    s.metrics.first_token(self.arrived.elapsed());
+                }
+                (index, event)
+            }
+            Ok(None) => (0, Event::Failed("the decoder stopped".into())),
+            Err(_) => (0, Event::Failed(timed_out(s))),
+        }
+    }
+}
 
 /// Why a request that ran out of time is answered 504.
 pub fn timed_out(s: &Shared) -> String {
