@@ -1,0 +1,67 @@
+//! The activation side of a CQ product: each token's inputs padded to whole groups,
+//! rotated by `H` group by group, and laid out in the order a SIMD path reads codes.
+//!
+//! A SIMD path widens `lanes` code bytes to `lanes` integer lanes and takes code `s` of
+//! every byte with one shift: lane `i`, shift `s` holds the code of input `i·P + s`
+//! (`P = 8 / bits` codes per byte). So within each chunk of `lanes · P` inputs the
+//! activation is stored shift-major: `xt[s·lanes + i] = (H x)[i·P + s]`.
+
+use super::CqMatrix;
+use crate::hadamard;
+use crate::isa::Isa;
+
+/// The path a product runs on and the activation order it reads.
+pub(super) struct Layout {
+    pub isa: Isa,
+    /// Float lanes of the path (1 for scalar: natural order).
+    lanes: usize,
+    /// Codes per byte.
+    per_byte: usize,
+}
+
+impl Layout {
+    /// The widest path up to `isa` that reads `bits`-bit codes whole bytes at a time in
+    /// chunks that fit a group (3-bit codes straddle bytes: scalar).
+    pub fn new(isa: Isa, bits: usize, group: usize) -> Layout {
+        let per_byte = 8 / bits;
+        let fits = |lanes: usize| bits != 3 && group % (lanes * per_byte) == 0;
+        let (isa, lanes) = match isa {
+            Isa::Avx512 if fits(16) => (Isa::Avx512, 16),
+            Isa::Avx512 | Isa::Avx2 if fits(8) => (Isa::Avx2, 8),
+            _ => (Isa::Scalar, 1),
+        };
+        Layout {
+            isa,
+            lanes,
+            per_byte,
+        }
+    }
+}
+
+/// The prepared activations `[tokens, groups · group]`.
+pub(super) fn prepare(w: &CqMatrix, x: &[f32], tokens: usize, layout: &Layout) -> Vec<f32> {
+    let in_pad = w.groups() * w.group;
+    let mut out = vec![0.0f32; tokens * in_pad];
+    let mut rotated = vec![0.0f32; in_pad];
+    for (t, token) in out.chunks_exact_mut(in_pad).enumerate() {
+        rotated[..w.cols].copy_from_slice(&x[t * w.cols..(t + 1) * w.cols]);
+        rotated[w.cols..].fill(0.0);
+        rotated.chunks_exact_mut(w.group).for_each(hadamard::rotate);
+        if layout.lanes == 1 {
+            token.copy_from_slice(&rotated);
+            continue;
+        }
+        let chunk = layout.lanes * layout.per_byte;
+        for (dst, src) in token
+            .chunks_exact_mut(chunk)
+            .zip(rotated.chunks_exact(chunk))
+        {
+            for s in 0..layout.per_byte {
+                for i in 0..layout.lanes {
+                    dst[s * layout.lanes + i] = src[i * layout.per_byte + s];
+                }
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,241 @@
+//! `needle.CqMatMul`: `Y = X · Wᵀ` for a CQ matrix `W` kept as the `.cact` stores it.
+//!
+//! Inputs, exactly the `.cact` record (upstream `export._cq_pack`):
+//! - `X` float32 `[…, cols]`, any number of leading axes (the tokens);
+//! - `codes` uint8 `[rows, groups · group · bits / 8]`: per row, one LSB-first bitstream
+//!   of `bits`-bit codebook indices over the inputs padded to whole groups;
+//! - `norms` float16 `[rows, groups]`: each group's norm;
+//! - `codebook` float32 `[2^bits]`: the value of each index (ternary: `{0, +c, unused, −c}`
+//!   as 2-bit crumbs).
+//!
+//! Output `Y` float32 `[…, rows]`. Upstream decodes group `g` of row `r` as
+//! `W[r, g] = (codebook[idx[r, g]] · norm[r, g]) H` with `H` the orthonormal Walsh–Hadamard
+//! matrix of size `group`. `H` is symmetric, so
+//! `Y[t, r] = Σ_g norm[r, g] · (codebook[idx[r, g]] · (H X[t, g]))`: the rotation moves onto
+//! the activation, once per token for every row, and the weights are read as codes.
+//!
+//! Each output element is summed in one fixed order (per group, then the groups in order)
+//! whatever the number of tokens, the row blocking or the threads, so a row of a batch
+//! gets the value it gets alone. The order differs between instruction-set paths.
+
+mod activations;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod scalar;
+
+use crate::f16;
+use crate::isa::Isa;
+use crate::split::RowSplit;
+use activations::{prepare, Layout};
+
+/// Rows per block handed to a thread: a multiple of the 4 rows the SIMD paths sum at once.
+const BLOCK_ROWS: usize = 32;
+
+/// A CQ matrix as the graph stores it, its sizes checked against each other.
+#[derive(Clone, Copy, Debug)]
+pub struct CqMatrix<'a> {
+    rows: usize,
+    cols: usize,
+    group: usize,
+    bits: usize,
+    codes: &'a [u8],
+    norms: &'a [u16],
+    codebook: &'a [f32],
+}
+
+/// Why tensors do not form a CQ matrix (the op's inputs or attributes disagree).
+#[derive(Debug, PartialEq)]
+pub struct CqShapeError(pub String);
+
+impl std::fmt::Display for CqShapeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CqShapeError {}
+
+impl<'a> CqMatrix<'a> {
+    /// `codes` `[rows, row bytes]`, `norms` `[rows, groups]`, `codebook` `[2^bits]`.
+    pub fn new(
+        rows: usize,
+        cols: usize,
+        group: usize,
+        bits: usize,
+        codes: &'a [u8],
+        norms: &'a [u16],
+        codebook: &'a [f32],
+    ) -> Result<Self, CqShapeError> {
+        let fail = |what: String| Err(CqShapeError(what));
+        if !(1..=4).contains(&bits) {
+            return fail(format!("bits {bits} is not 1, 2, 3 or 4"));
+        }
+        if !group.is_power_of_two() || group < 8 {
+            return fail(format!("group {group} is not a power of two ≥ 8"));
+        }
+        if cols == 0 || rows == 0 {
+            return fail(format!("an empty matrix ({rows} × {cols})"));
+        }
+        let groups = cols.div_ceil(group);
+        let row_bytes = groups * group * bits / 8;
+        if codes.len() != rows * row_bytes {
+            return fail(format!(
+                "codes hold {} bytes, {rows} rows of {cols} {bits}-bit codes in groups of {group} need {}",
+                codes.len(),
+                rows * row_bytes
+            ));
+        }
+        if norms.len() != rows * groups {
+            return fail(format!(
+                "norms hold {} values, {rows} rows × {groups} groups need {}",
+                norms.len(),
+                rows * groups
+            ));
+        }
+        if codebook.len() != 1 << bits {
+            return fail(format!(
+                "codebook holds {} values, {bits}-bit codes need {}",
+                codebook.len(),
+                1 << bits
+            ));
+        }
+        Ok(CqMatrix {
+            rows,
+            cols,
+            group,
+            bits,
+            codes,
+            norms,
+            codebook,
+        })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    fn groups(&self) -> usize {
+        self.cols.div_ceil(self.group)
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.groups() * self.group * self.bits / 8
+    }
+
+    fn row_codes(&self, r: usize) -> &'a [u8] {
+        &self.codes[r * self.row_bytes()..(r + 1) * self.row_bytes()]
+    }
+
+    /// The codebook repeated over 16 entries (`table[j] = codebook[j mod 2^bits]`), so a
+    /// SIMD lookup by the low bits of a shifted byte needs no mask.
+    fn table(&self) -> [f32; 16] {
+        std::array::from_fn(|j| self.codebook[j % self.codebook.len()])
+    }
+}
+
+/// `y[t, r] = Σ_c x[t, c] · W[r, c]` for `tokens` rows of `x` (`[tokens, cols]`) into `y`
+/// (`[tokens, rows]`), on `isa` (or the widest narrower path the matrix allows), row
+/// blocks spread by `split`.
+pub fn cq_matmul(
+    w: &CqMatrix,
+    x: &[f32],
+    tokens: usize,
+    y: &mut [f32],
+    isa: Isa,
+    split: &dyn RowSplit,
+) {
+    assert_eq!(x.len(), tokens * w.cols, "x is [tokens, cols]");
+    assert_eq!(y.len(), tokens * w.rows, "y is [tokens, rows]");
+    let layout = Layout::new(isa, w.bits, w.group);
+    let xt = prepare(w, x, tokens, &layout);
+    let table = w.table();
+    let out = Output(y.as_mut_ptr());
+    split.for_each(w.rows.div_ceil(BLOCK_ROWS), &|block| {
+        let first = block * BLOCK_ROWS;
+        let last = (first + BLOCK_ROWS).min(w.rows);
+        rows_block(w, first..last, &xt, tokens, &layout, &table, &out);
+    });
+}
+
+/// The output buffer shared by the row blocks. Sound to share: each block writes only
+/// the elements of its own rows, and `cq_matmul` holds `y` exclusively until every block
+/// has returned.
+struct Output(*mut f32);
+unsafe impl Sync for Output {}
+
+fn rows_block(
+    w: &CqMatrix,
+    rows: std::ops::Range<usize>,
+    xt: &[f32],
+    tokens: usize,
+    layout: &Layout,
+    table: &[f32; 16],
+    out: &Output,
+) {
+    let groups = w.groups();
+    let in_pad = groups * w.group;
+    let norms: Vec<f32> = w.norms[rows.start * groups..rows.end * groups]
+        .iter()
+        .map(|&n| f16::to_f32(n))
+        .collect();
+    let row_norms = |r: usize| &norms[(r - rows.start) * groups..(r - rows.start + 1) * groups];
+    let mut r = rows.start;
+    while r < rows.end {
+        let take = if rows.end - r >= 4 { 4 } else { 1 };
+        for t in 0..tokens {
+            let token = &xt[t * in_pad..(t + 1) * in_pad];
+            let mut sums = [0.0f32; 4];
+            match take {
+                4 => {
+                    sums = dots::<4>(
+                        w,
+                        layout,
+                        std::array::from_fn(|j| w.row_codes(r + j)),
+                        std::array::from_fn(|j| row_norms(r + j)),
+                        token,
+                        table,
+                    )
+                }
+                _ => {
+                    sums[0] =
+                        dots::<1>(w, layout, [w.row_codes(r)], [row_norms(r)], token, table)[0]
+                }
+            }
+            for (j, sum) in sums.iter().enumerate().take(take) {
+                // Sound: row r + j belongs to this block alone, and t < tokens.
+                unsafe { *out.0.add(t * w.rows + r + j) = *sum };
+            }
+        }
+        r += take;
+    }
+}
+
+/// The dots of `R` rows with one prepared token, on the layout's path.
+fn dots<const R: usize>(
+    w: &CqMatrix,
+    layout: &Layout,
+    codes: [&[u8]; R],
+    norms: [&[f32]; R],
+    xt: &[f32],
+    table: &[f32; 16],
+) -> [f32; R] {
+    match layout.isa {
+        Isa::Scalar => scalar::dots(codes, norms, xt, w.group, w.bits, w.codebook),
+        #[cfg(target_arch = "x86_64")]
+        // Sound: a layout picks an x86 path only where `Isa::available` detected it.
+        Isa::Avx2 => unsafe { avx2::dots(codes, norms, xt, w.group, w.bits, table) },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { avx512::dots(codes, norms, xt, w.group, w.bits, table) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("no x86 path off x86-64"),
+    }
+}
+
+#[cfg(test)]
+mod tests;

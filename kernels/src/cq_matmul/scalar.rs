@@ -1,0 +1,32 @@
+//! The reference path: each code unpacked from its row's bitstream, any width.
+
+/// The dots of `R` rows (`codes`, f32 `norms` per group) with one rotated token `xt`
+/// (natural order), summed per group, then `Σ_g norm · group sum` in group order.
+pub(super) fn dots<const R: usize>(
+    codes: [&[u8]; R],
+    norms: [&[f32]; R],
+    xt: &[f32],
+    group: usize,
+    bits: usize,
+    codebook: &[f32],
+) -> [f32; R] {
+    std::array::from_fn(|j| {
+        let mut sum = 0.0f32;
+        for (g, (x, norm)) in xt.chunks_exact(group).zip(norms[j]).enumerate() {
+            let mut group_sum = 0.0f32;
+            for (k, x) in x.iter().enumerate() {
+                group_sum += codebook[code(codes[j], g * group + k, bits)] * x;
+            }
+            sum += norm * group_sum;
+        }
+        sum
+    })
+}
+
+/// Code `k` of a row stored as one LSB-first bitstream of `bits`-bit fields.
+fn code(row: &[u8], k: usize, bits: usize) -> usize {
+    let bit = k * bits;
+    let low = row[bit / 8] as usize;
+    let high = row.get(bit / 8 + 1).copied().unwrap_or(0) as usize;
+    ((low | (high << 8)) >> (bit % 8)) & ((1 << bits) - 1)
+}

@@ -1,0 +1,236 @@
+//! Every path against upstream's formula evaluated densely in f64 (decode each group as
+//! `(codebook[idx] · norm) H`, then the plain matrix product), on every width and on
+//! shapes with padded groups, odd row counts, several tokens and small groups (which send
+//! wide paths to narrower ones).
+
+use super::*;
+use crate::split::Serial;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn uniform(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+/// A random CQ matrix: codes, fp16 norms in [0.25, 2), and a codebook.
+struct Case {
+    rows: usize,
+    cols: usize,
+    group: usize,
+    bits: usize,
+    codes: Vec<u8>,
+    norms: Vec<u16>,
+    codebook: Vec<f32>,
+}
+
+impl Case {
+    fn new(rows: usize, cols: usize, group: usize, bits: usize, seed: u64) -> Case {
+        let mut rng = Rng(seed);
+        let in_pad = cols.div_ceil(group) * group;
+        let codes = (0..rows * in_pad * bits / 8)
+            .map(|_| rng.next() as u8)
+            .collect();
+        let norms = (0..rows * cols.div_ceil(group))
+            // fp16 with exponent 13..=15 (0.25 ≤ n < 2) and a random mantissa.
+            .map(|_| ((13 + rng.next() % 3) << 10 | (rng.next() & 0x3ff)) as u16)
+            .collect();
+        let codebook = (0..1 << bits).map(|_| rng.uniform() * 0.2).collect();
+        Case {
+            rows,
+            cols,
+            group,
+            bits,
+            codes,
+            norms,
+            codebook,
+        }
+    }
+
+    fn matrix(&self) -> CqMatrix<'_> {
+        CqMatrix::new(
+            self.rows,
+            self.cols,
+            self.group,
+            self.bits,
+            &self.codes,
+            &self.norms,
+            &self.codebook,
+        )
+        .expect("a consistent case")
+    }
+
+    /// Row `r` decoded as upstream does, in f64: `(codebook[idx] · norm) @ H` per group.
+    fn dense_row(&self, r: usize) -> Vec<f64> {
+        let (group, groups) = (self.group, self.cols.div_ceil(self.group));
+        let row_bytes = groups * group * self.bits / 8;
+        let row = &self.codes[r * row_bytes..(r + 1) * row_bytes];
+        let mut out = Vec::new();
+        for g in 0..groups {
+            let norm = f16::to_f32(self.norms[r * groups + g]) as f64;
+            let scaled: Vec<f64> = (0..group)
+                .map(|k| {
+                    let bit = (g * group + k) * self.bits;
+                    let pair =
+                        row[bit / 8] as usize | (*row.get(bit / 8 + 1).unwrap_or(&0) as usize) << 8;
+                    let index = (pair >> (bit % 8)) & ((1 << self.bits) - 1);
+                    self.codebook[index] as f64 * norm
+                })
+                .collect();
+            for j in 0..group {
+                let dot: f64 = (0..group)
+                    .map(|k| {
+                        let sign = if (k & j).count_ones() % 2 == 0 {
+                            1.0
+                        } else {
+                            -1.0
+                        };
+                        scaled[k] * sign / (group as f64).sqrt()
+                    })
+                    .sum();
+                out.push(dot);
+            }
+        }
+        out.truncate(self.cols);
+        out
+    }
+}
+
+fn tokens_for(case: &Case, tokens: usize, seed: u64) -> Vec<f32> {
+    let mut rng = Rng(seed);
+    (0..tokens * case.cols).map(|_| rng.uniform()).collect()
+}
+
+fn run(case: &Case, x: &[f32], tokens: usize, isa: Isa) -> Vec<f32> {
+    let mut y = vec![f32::NAN; tokens * case.rows];
+    cq_matmul(&case.matrix(), x, tokens, &mut y, isa, &Serial);
+    y
+}
+
+/// Each output within 1e-5 of the sum of its terms' magnitudes from the f64 product.
+fn assert_matches_dense(case: &Case, tokens: usize, isa: Isa) {
+    let x = tokens_for(case, tokens, 7);
+    let y = run(case, &x, tokens, isa);
+    for r in 0..case.rows {
+        let w = case.dense_row(r);
+        for t in 0..tokens {
+            let xs = &x[t * case.cols..(t + 1) * case.cols];
+            let exact: f64 = w.iter().zip(xs).map(|(w, x)| w * *x as f64).sum();
+            let scale: f64 = w.iter().zip(xs).map(|(w, x)| (w * *x as f64).abs()).sum();
+            let got = y[t * case.rows + r] as f64;
+            assert!(
+                (got - exact).abs() <= 1e-5 * scale + 1e-12,
+                "{} bits {} group {} cols {} row {r} token {t}: {got} vs {exact}",
+                isa.name(),
+                case.bits,
+                case.group,
+                case.cols,
+            );
+        }
+    }
+}
+
+#[test]
+fn every_path_and_width_matches_upstreams_decode() {
+    for isa in Isa::available() {
+        for bits in 1..=4 {
+            for (rows, cols, group) in [(37, 200, 128), (8, 256, 128), (5, 96, 32), (6, 40, 8)] {
+                let case = Case::new(rows, cols, group, bits, 11 + bits as u64);
+                assert_matches_dense(&case, 3, isa);
+            }
+        }
+    }
+}
+
+#[test]
+fn ternary_crumbs_decode_through_their_codebook() {
+    // Ternary is stored as 2-bit crumbs with the codebook {0, +c, unused, −c}; crumb 2
+    // never occurs in a valid file.
+    let mut case = Case::new(9, 256, 128, 2, 5);
+    let c = 1.224_006_4 / (128f32).sqrt();
+    case.codebook = vec![0.0, c, 0.0, -c];
+    for byte in &mut case.codes {
+        for k in 0..4 {
+            if (*byte >> (2 * k)) & 3 == 2 {
+                *byte ^= 1 << (2 * k + 1);
+            }
+        }
+    }
+    for isa in Isa::available() {
+        assert_matches_dense(&case, 2, isa);
+    }
+}
+
+#[test]
+fn a_token_gets_the_same_bits_in_a_batch_and_alone() {
+    for isa in Isa::available() {
+        for bits in [1, 2, 3, 4] {
+            let case = Case::new(45, 384, 128, bits, 3);
+            let x = tokens_for(&case, 4, 9);
+            let together = run(&case, &x, 4, isa);
+            for t in 0..4 {
+                let alone = run(&case, &x[t * case.cols..(t + 1) * case.cols], 1, isa);
+                let bits_of = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits_of(&alone),
+                    bits_of(&together[t * case.rows..(t + 1) * case.rows]),
+                    "{} {bits}-bit token {t}",
+                    isa.name()
+                );
+            }
+        }
+    }
+}
+
+/// Row blocks on scoped threads, in reverse order.
+struct Threads;
+
+impl RowSplit for Threads {
+    fn for_each(&self, blocks: usize, f: &(dyn Fn(usize) + Sync)) {
+        std::thread::scope(|s| {
+            for block in (0..blocks).rev() {
+                s.spawn(move || f(block));
+            }
+        });
+    }
+}
+
+#[test]
+fn threads_change_no_bit() {
+    let case = Case::new(100, 256, 128, 4, 21);
+    let x = tokens_for(&case, 2, 1);
+    let isa = Isa::best();
+    let serial = run(&case, &x, 2, isa);
+    let mut threaded = vec![0.0; serial.len()];
+    cq_matmul(&case.matrix(), &x, 2, &mut threaded, isa, &Threads);
+    assert_eq!(serial, threaded);
+}
+
+#[test]
+fn inconsistent_tensors_are_refused_with_what_disagrees() {
+    let case = Case::new(4, 256, 128, 4, 1);
+    let short = &case.codes[..case.codes.len() - 1];
+    let error = CqMatrix::new(4, 256, 128, 4, short, &case.norms, &case.codebook).unwrap_err();
+    assert!(error.0.contains("codes hold 511 bytes"), "{error}");
+    let error = CqMatrix::new(4, 256, 96, 4, &case.codes, &case.norms, &case.codebook).unwrap_err();
+    assert!(error.0.contains("group 96"), "{error}");
+    let error = CqMatrix::new(
+        4,
+        256,
+        128,
+        4,
+        &case.codes,
+        &case.norms,
+        &case.codebook[..8],
+    )
+    .unwrap_err();
+    assert!(error.0.contains("codebook holds 8"), "{error}");
+}

@@ -1,0 +1,16 @@
+//! The CPU kernels of the Needle op domain, written over plain slices: no onnxruntime type
+//! reaches them, so `needle-run`'s in-process domain and a library that another
+//! onnxruntime loads share one implementation.
+//!
+//! Every op has a scalar path, the reference each SIMD path is tested against, and the
+//! SIMD paths this machine can run beside it; [`Isa::best`] picks one at run time.
+
+pub mod cq_matmul;
+mod f16;
+mod hadamard;
+pub mod isa;
+pub mod split;
+
+pub use cq_matmul::{cq_matmul, CqMatrix, CqShapeError};
+pub use isa::Isa;
+pub use split::{RowSplit, Serial};
