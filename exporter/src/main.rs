@@ -31,7 +31,9 @@ struct Args {
     precision: Precision,
     /// Weights of the large MatMuls: `float` is the exact model; `cq` the exact model as the
     /// `.cact`'s codes, decoded by ops onnxruntime folds at session creation (about the
-    /// `.cact`'s size, slower to load); `int8`/`int4` re-quantize them into
+    /// `.cact`'s size, slower to load); `packed` the exact model as the codes, multiplied by
+    /// the Needle kernels (`needle.CqMatMul`: needle-run, or onnxruntime with the kernels
+    /// library; float32 only); `int8`/`int4` re-quantize them into
     /// `com.microsoft.MatMulNBits` blocks (smaller, faster, approximate).
     #[arg(long, value_parser = spelled::<MatMulWeights>(), default_value_t = MatMulWeights::Float)]
     weights: MatMulWeights,
@@ -110,6 +112,15 @@ fn run(args: Args) -> Result<()> {
              later: leave out --onnxruntime {}",
             args.onnxruntime
         );
+    }
+    if args.weights == MatMulWeights::Packed && args.precision != Precision::Fp32 {
+        bail!(
+            "--weights packed multiplies float32 activations: leave out --precision {}",
+            args.precision
+        );
+    }
+    if args.weights == MatMulWeights::Packed && args.genai {
+        bail!("--genai folders run on stock onnxruntime-genai, which lacks the Needle kernels: leave out --weights packed");
     }
     files.check(&args.model, args.force)?;
     let mut model = NeedleModel::read(&args.model)?;

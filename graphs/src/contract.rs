@@ -349,6 +349,15 @@ impl Spelled for Precision {
 }
 spelled_traits!(Precision);
 
+/// The Needle op domain: kernels of our own, which an onnxruntime session gets from
+/// `needle-run` (in process) or from the kernels library (`register_custom_ops_library`).
+pub mod needle_ops {
+    /// The domain of every Needle op.
+    pub const DOMAIN: &str = "needle";
+    /// `Y = X · Wᵀ` for a CQ matrix kept as codes (`kernels/src/cq_matmul/mod.rs`).
+    pub const CQ_MATMUL: &str = "CqMatMul";
+}
+
 /// How the weights of the large MatMuls (projections, logits) are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MatMulWeights {
@@ -358,6 +367,10 @@ pub enum MatMulWeights {
     /// ai.onnx ops on initializers, which onnxruntime folds into float initializers at
     /// session creation: the exact model at about the `.cact`'s size on disk.
     Cq,
+    /// The `.cact`'s CQ codes, norms and codebooks as the graph's initializers, multiplied
+    /// as codes by [`needle_ops::CQ_MATMUL`] (a custom op: onnxruntime with the Needle
+    /// kernels loaded): the exact model at the `.cact`'s size on disk and in memory.
+    Packed,
     /// `com.microsoft.MatMulNBits`, symmetric 8-bit blocks of 32 along K.
     Int8,
     /// `com.microsoft.MatMulNBits`, symmetric 4-bit blocks of 32 along K.
@@ -369,6 +382,11 @@ impl MatMulWeights {
     pub fn is_block_quantized(self) -> bool {
         matches!(self, MatMulWeights::Int8 | MatMulWeights::Int4)
     }
+
+    /// Keeps the `.cact`'s CQ codes in the graph (tables' rows decoded as gathered).
+    pub fn keeps_codes(self) -> bool {
+        matches!(self, MatMulWeights::Cq | MatMulWeights::Packed)
+    }
 }
 
 impl Spelled for MatMulWeights {
@@ -376,6 +394,7 @@ impl Spelled for MatMulWeights {
     const ALL: &'static [Self] = &[
         MatMulWeights::Float,
         MatMulWeights::Cq,
+        MatMulWeights::Packed,
         MatMulWeights::Int8,
         MatMulWeights::Int4,
     ];
@@ -383,6 +402,7 @@ impl Spelled for MatMulWeights {
         match self {
             MatMulWeights::Float => "float",
             MatMulWeights::Cq => "cq",
+            MatMulWeights::Packed => "packed",
             MatMulWeights::Int8 => "int8",
             MatMulWeights::Int4 => "int4",
         }

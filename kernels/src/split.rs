@@ -2,7 +2,7 @@
 //! (onnxruntime's, inside a session) or none.
 
 /// Runs `f(block)` once for every block in `0..blocks`, in any order, possibly at once.
-pub trait RowSplit: Sync {
+pub trait RowSplit {
     fn for_each(&self, blocks: usize, f: &(dyn Fn(usize) + Sync));
 }
 

@@ -12,6 +12,7 @@ pub mod engine;
 pub mod generate;
 pub mod graph_cache;
 pub mod load;
+pub mod needle_ops;
 pub mod ort_env;
 pub mod plan;
 pub mod prompt;

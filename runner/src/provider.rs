@@ -174,7 +174,8 @@ pub fn session_builder(
 pub fn tuned_builder(environment: &Environment, threads: usize) -> ort::Result<SessionBuilder> {
     Ok(Session::builder(environment)?
         .with_optimization_level(GraphOptimizationLevel::All)?
-        .with_intra_threads(threads)?)
+        .with_intra_threads(threads)?
+        .with_operators(crate::needle_ops::domain()?)?)
 }
 
 fn register(builder: SessionBuilder, provider: Provider) -> Result<SessionBuilder, String> {

@@ -13,6 +13,7 @@
 use crate::blocks::block_quant::matmul_nbits;
 use crate::blocks::context::{BuildContext, RotaryKernel};
 use crate::blocks::cq_kernel::{cq_kernel, CqKernel};
+use crate::blocks::cq_matmul::cq_matmul;
 use crate::blocks::weights::{CqRows, Tensor};
 use crate::builder::{Attr, Dim, GraphBuilder, Value, MS_DOMAIN};
 use crate::contract::dims::{BATCH, SEQUENCE, TOTAL_SEQUENCE};
@@ -256,10 +257,21 @@ pub fn projections<C>(
             split_last(b, &y, &outs)
         });
     }
-    if let Some(kernel) = (storage == MatMulWeights::Cq)
-        .then(|| cq_kernel_of(ws))
-        .flatten()
-    {
+    let codes: Option<Vec<&CqRows>> = ws.iter().map(|w| w.codes.as_deref()).collect();
+    if let (MatMulWeights::Packed, Some(codes)) = (storage, &codes) {
+        return b.scope(name, |b| match CqRows::stacked(codes) {
+            Some(stacked) => {
+                let y = cq_matmul(b, x, &stacked);
+                split_last(b, &y, &outs)
+            }
+            // Parts of different widths (hand-packed files) get one product each.
+            None => (0..codes.len())
+                .map(|i| b.scope(i, |b| cq_matmul(b, x, codes[i])))
+                .collect(),
+        });
+    }
+    let cq_kernel_of = codes.as_deref().and_then(CqKernel::of);
+    if let (MatMulWeights::Cq, Some(kernel)) = (storage, cq_kernel_of) {
         return b.scope(name, |b| {
             let kernel = cq_kernel(b, "kernel", &kernel);
             let y = b.matmul(x, &kernel);
@@ -282,13 +294,6 @@ pub fn projections<C>(
         let y = b.matmul(x, &kernel);
         split_last(b, &y, &outs)
     })
-}
-
-/// The CQ kernel of matrices that are all CQ with one codebook (otherwise they stay
-/// float: FP16/FP32 matrices of hand-made files).
-fn cq_kernel_of(ws: &[&Tensor]) -> Option<CqKernel> {
-    let codes: Option<Vec<&CqRows>> = ws.iter().map(|w| w.codes.as_deref()).collect();
-    CqKernel::of(&codes?)
 }
 
 /// `y` split along its last axis into parts of `sizes` (no node for one part).

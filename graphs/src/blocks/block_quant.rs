@@ -17,7 +17,7 @@ fn bits(storage: MatMulWeights) -> usize {
     match storage {
         MatMulWeights::Int8 => 8,
         MatMulWeights::Int4 => 4,
-        MatMulWeights::Float | MatMulWeights::Cq => {
+        MatMulWeights::Float | MatMulWeights::Cq | MatMulWeights::Packed => {
             unreachable!("block quantization is only emitted for block-quantized weights")
         }
     }
@@ -143,7 +143,7 @@ fn gather_nbits(
 
 /// Rows `indices` of a weight table `[rows, cols]`: `GatherBlockQuantized` with
 /// block-quantized `storage` where the width allows, the rows decoded from the `.cact`'s
-/// codes with `cq` storage, else a Gather of the float table named `name`.
+/// codes with `cq` and `packed` storage, else a Gather of the float table named `name`.
 pub fn gather_table(
     b: &mut GraphBuilder,
     storage: MatMulWeights,
@@ -152,7 +152,7 @@ pub fn gather_table(
     indices: &Value,
 ) -> Value {
     let (rows, cols) = (table.shape[0], table.shape[1]);
-    if let (MatMulWeights::Cq, Some(codes)) = (storage, &table.codes) {
+    if let (true, Some(codes)) = (storage.keeps_codes(), &table.codes) {
         return gather_cq_rows(b, name, codes, indices);
     }
     if storage.is_block_quantized() {

@@ -41,14 +41,7 @@ impl CqKernel {
     /// The kernel of `parts` (each `[out_i, in]`) stacked along the outputs; `None` unless
     /// they share the input width, the group and the codebook.
     pub fn of(parts: &[&CqRows]) -> Option<CqKernel> {
-        let first = parts.first()?;
-        let same = |p: &&CqRows| {
-            (p.cols, p.group, p.index_bits, &p.codebook)
-                == (first.cols, first.group, first.index_bits, &first.codebook)
-        };
-        if !parts.iter().all(same) {
-            return None;
-        }
+        let first = CqRows::stacked(parts)?;
         let index_bits = if first.index_bits == 3 {
             4
         } else {
@@ -58,18 +51,17 @@ impl CqKernel {
         codebook.resize(1 << index_bits, 0.0);
         let per_byte = 8 / index_bits;
         let (group, groups) = (first.group, first.groups());
-        let outputs: usize = parts.iter().map(|p| p.rows).sum();
+        let outputs = first.rows;
         let padded = outputs.div_ceil(per_byte) * per_byte;
         let out_bytes = padded / per_byte;
         let mut codes = vec![0u8; groups * group * out_bytes];
         let mut norms = vec![0u16; groups * padded];
-        let rows = parts.iter().flat_map(|p| (0..p.rows).map(move |r| (*p, r)));
-        for (j, (part, r)) in rows.enumerate() {
+        for j in 0..outputs {
             let (byte, shift) = (j / per_byte, (j % per_byte) * index_bits);
             for g in 0..groups {
-                norms[g * padded + j] = part.norm(r, g);
+                norms[g * padded + j] = first.norm(j, g);
                 for k in 0..group {
-                    let index = part.index(r, g * group + k);
+                    let index = first.index(j, g * group + k);
                     codes[(g * group + k) * out_bytes + byte] |= (index << shift) as u8;
                 }
             }

@@ -4,6 +4,7 @@
 use crate::blocks::block_quant::{gather_table, matmul_nbits};
 use crate::blocks::context::BuildContext;
 use crate::blocks::cq_kernel::{cq_kernel, CqKernel};
+use crate::blocks::cq_matmul::cq_matmul;
 use crate::blocks::norms::zc_rms_norm;
 use crate::blocks::weights::Tensor;
 use crate::builder::{Dim, GraphBuilder, Value};
@@ -24,7 +25,7 @@ pub fn embed_tokens<C>(
     let storage = ctx.matmul_weights();
     let dense = match storage {
         MatMulWeights::Float => true,
-        MatMulWeights::Cq => embedding.codes.is_none(),
+        MatMulWeights::Cq | MatMulWeights::Packed => embedding.codes.is_none(),
         MatMulWeights::Int8 | MatMulWeights::Int4 => false,
     };
     let emb = dense.then(|| b.weight("embedding", &embedding.shape, &embedding.data));
@@ -79,6 +80,7 @@ pub fn lm_head<C>(
         }
         None => b.scope("embedding", |b| {
             match (ctx.matmul_weights(), &table.codes) {
+                (MatMulWeights::Packed, Some(codes)) => cq_matmul(b, &x, &codes.first_rows(rows)),
                 (MatMulWeights::Cq, Some(codes)) => {
                     let head = CqKernel::of(&[&codes.first_rows(rows)]).expect("one matrix");
                     let kernel = cq_kernel(b, "kernel", &head);

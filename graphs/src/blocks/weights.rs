@@ -101,6 +101,25 @@ impl CqRows {
         }
     }
 
+    /// `parts` stacked along their rows (one matrix of `Σ rows_i` outputs), `None` unless
+    /// they share the input width, the group, the width of the codes and the codebook.
+    pub fn stacked(parts: &[&CqRows]) -> Option<CqRows> {
+        let first = parts.first()?;
+        let same = |p: &&&CqRows| {
+            (p.cols, p.group, p.index_bits, &p.codebook)
+                == (first.cols, first.group, first.index_bits, &first.codebook)
+        };
+        if !parts.iter().all(|p| same(&p)) {
+            return None;
+        }
+        Some(CqRows {
+            rows: parts.iter().map(|p| p.rows).sum(),
+            codes: parts.iter().flat_map(|p| p.codes.iter().copied()).collect(),
+            norms: parts.iter().flat_map(|p| p.norms.iter().copied()).collect(),
+            ..(*first).clone()
+        })
+    }
+
     /// The fp16 norm of group `g` of row `r`.
     pub fn norm(&self, r: usize, g: usize) -> u16 {
         self.norms[r * self.groups() + g]

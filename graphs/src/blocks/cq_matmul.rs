@@ -1,0 +1,50 @@
+//! `needle.CqMatMul` nodes (`packed` weight storage): a CQ matrix's codes, fp16 norms and
+//! codebook go into the graph exactly as the `.cact` stores them, and the Needle kernels
+//! multiply by the codes (`kernels/src/cq_matmul/mod.rs` states the op's contract).
+//!
+//! ```text
+//! x [.., cols] ─ needle.CqMatMul(codes [rows, row bytes] u8, norms [rows, groups] f16,
+//!                                codebook [2^bits] f32; cols, group, bits) ─ [.., rows]
+//! ```
+
+use crate::blocks::weights::CqRows;
+use crate::builder::{Attr, GraphBuilder, Value};
+use crate::contract::needle_ops;
+use crate::onnx::data_type;
+
+/// `x · Wᵀ` for the CQ matrix `w`; initializers `<scope>.codes`, `.norms`, `.codebook`.
+pub fn cq_matmul(b: &mut GraphBuilder, x: &Value, w: &CqRows) -> Value {
+    let codes = b.weight_bytes(
+        "codes",
+        data_type::UINT8,
+        &[w.rows, w.row_bytes()],
+        w.codes.clone(),
+    );
+    let norms_raw = w.norms.iter().flat_map(|n| n.to_le_bytes()).collect();
+    let norms = b.weight_bytes(
+        "norms",
+        data_type::FLOAT16,
+        &[w.rows, w.groups()],
+        norms_raw,
+    );
+    let codebook_raw = w.codebook.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let codebook = b.weight_bytes(
+        "codebook",
+        data_type::FLOAT,
+        &[w.codebook.len()],
+        codebook_raw,
+    );
+    let attrs = vec![
+        ("cols", Attr::Int(w.cols as i64)),
+        ("group", Attr::Int(w.group as i64)),
+        ("bits", Attr::Int(w.index_bits as i64)),
+    ];
+    b.op_in(
+        needle_ops::DOMAIN,
+        needle_ops::CQ_MATMUL,
+        &[x, &codes, &norms, &codebook],
+        attrs,
+        1,
+    )
+    .remove(0)
+}

@@ -1,0 +1,71 @@
+//! `packed` weight storage (`needle-export --weights packed`): the `.cact`'s codes
+//! multiplied as codes by `needle.CqMatMul`. It must be the exact model: the upstream
+//! cases within the contract's bound, the float export's logits within 1e-5 relative (the
+//! same weights summed in another order), and every upstream greedy generation token for
+//! token, on every fixture (Needle 3's n3q carries CQ1, CQ2, CQ3, CQ4 and ternary), both
+//! attention variants, in batches of unequal rows.
+
+use graphs::contract::{AttentionKind, MatMulWeights, Precision};
+use needle_tests::{
+    case_logits, case_row_errors, cases, fixture, fixture_generate_options, generations, options,
+    session_of, GENERATING_MODELS, MODELS, TOLERANCE,
+};
+use runner::generate::generate;
+use runner::provider::Provider;
+use runner::session::NeedleSession;
+
+const KINDS: [AttentionKind; 2] = [AttentionKind::FUSED, AttentionKind::Reference];
+
+fn session(model: &str, kind: AttentionKind, weights: MatMulWeights) -> NeedleSession {
+    let bytes = std::fs::read(fixture(&format!("{model}.cact"))).unwrap();
+    session_of(
+        &bytes,
+        &options(kind, Precision::Fp32, weights),
+        Provider::Cpu,
+    )
+}
+
+#[test]
+fn packed_weights_are_the_exact_model_on_every_fixture() {
+    let mut report = Vec::new();
+    for model in MODELS {
+        for kind in KINDS {
+            let mut float = session(model, kind, MatMulWeights::Float);
+            let mut packed = session(model, kind, MatMulWeights::Packed);
+            let vocab = packed.config().output_vocab();
+            for case in cases(model) {
+                let want = case_logits(&mut float, &case);
+                let got = case_logits(&mut packed, &case);
+                let upstream = case_row_errors(&got, &case.logits, &case, vocab);
+                let exported = case_row_errors(&got, &want, &case, vocab);
+                for (b, (upstream, float)) in upstream.into_iter().zip(exported).enumerate() {
+                    let row = format!("{model} {kind:?} {}[{b}]", case.name);
+                    report.push(format!(
+                        "{row}: upstream {upstream:.2e}, float export {float:.2e}"
+                    ));
+                    assert!(upstream <= TOLERANCE, "{row}: upstream {upstream}");
+                    assert!(float <= 1e-5, "{row}: float export {float}");
+                }
+            }
+        }
+    }
+    println!("{}", report.join("\n"));
+}
+
+#[test]
+fn packed_greedy_generation_matches_upstream_for_every_prompt() {
+    for model in GENERATING_MODELS {
+        for kind in KINDS {
+            let mut s = session(model, kind, MatMulWeights::Packed);
+            for r in generations(model) {
+                let got = generate(&mut s, &r.prompt_ids, &fixture_generate_options()).unwrap();
+                assert_eq!(got.generated_ids, r.generated_ids, "{model} {kind:?}");
+                assert_eq!(
+                    got.stopped_on.is_some(),
+                    r.stopped_on_eos,
+                    "{model} {kind:?}"
+                );
+            }
+        }
+    }
+}
