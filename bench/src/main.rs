@@ -7,7 +7,7 @@
 //!                           (target/bench/needle-shipped.cact, made on first use)
 //! needle-bench --quick      smoke run on tests/fixtures/m64.cact: small sizes, one iteration, no JAX
 //! needle-bench --peer-only  only the whole-process comparison with needle-rs
-//! needle-bench --profile    onnxruntime profile of decode steps of the fused fp32 graph
+//! needle-bench --profile    onnxruntime profile of decode steps of the --variants graphs
 //! needle-bench --mask       what --constrain's mask costs a token, against a decode step
 //! needle-bench --serve      load test of needle-run serve (the demo model unless --model)
 //! ```
@@ -79,7 +79,7 @@ struct Args {
     /// Measure what --constrain's mask costs a token against a decode step instead.
     #[arg(long)]
     mask: bool,
-    /// Profile decode steps of the fused fp32 graph instead (for each --threads value).
+    /// Profile decode steps of each --variants graph instead (for each --threads value).
     #[arg(long)]
     profile: bool,
     /// Load-test needle-run serve instead: 1, 8 and 32 concurrent clients (and 32 against
@@ -298,7 +298,10 @@ fn run(args: Args) -> Result<()> {
     }
     if args.profile {
         for &threads in &args.threads {
-            profile::run(&model, threads, &plan, &root.join("target/bench/profile"))?;
+            for &variant in &variants {
+                let dir = root.join("target/bench/profile");
+                profile::run(&model, variant, threads, &plan, &dir)?;
+            }
         }
         return Ok(());
     }

@@ -1,12 +1,11 @@
-//! `needle-bench --profile`: onnxruntime's profiler on decode steps of the fused fp32
-//! graph, summarised by op type, by block and by node (layer numbers folded together).
+//! `needle-bench --profile`: onnxruntime's profiler on decode steps of each `--variants`
+//! graph (fp32), summarised by op type, by block and by node (layer numbers folded together).
 
 use crate::measure::{step, tokens, CpuShare};
 use crate::Plan;
 use anyhow::{anyhow, Context, Result};
 use exporter::export::ExportOptions;
 use exporter::model::NeedleModel;
-use graphs::contract::{AttentionKind, MatMulWeights, Precision, RuntimeTarget, Variant};
 use runner::decode;
 use runner::provider::{session_builder, Provider};
 use runner::session::NeedleSession;
@@ -21,23 +20,25 @@ const PROFILED_STEPS: usize = 16;
 /// For each of the plan's decode lengths: a fresh profiled session, a prefill of that
 /// length, one warm-up step and `PROFILED_STEPS` profiled steps. Prints the decode
 /// summary of each, and the summary of the longest prefill. The raw traces stay in `dir`.
-pub fn run(model: &Path, threads: usize, plan: &Plan, dir: &Path) -> Result<()> {
+pub fn run(
+    model: &Path,
+    variant: crate::Variant,
+    threads: usize,
+    plan: &Plan,
+    dir: &Path,
+) -> Result<()> {
     let bytes = std::fs::read(model).with_context(|| format!("cannot read {}", model.display()))?;
     let name = model.file_name().unwrap_or_default().to_string_lossy();
     let parsed =
         NeedleModel::from_bytes(&name, &bytes).with_context(|| format!("{}", model.display()))?;
-    let onnx = parsed.export(&ExportOptions::in_memory(Variant {
-        attention: AttentionKind::FUSED,
-        precision: Precision::Fp32,
-        matmul_weights: MatMulWeights::Float,
-        runtime: RuntimeTarget::Since1_24,
-    }));
+    let onnx = parsed.export(&ExportOptions::in_memory(variant.graph()));
+    let graph = variant.name();
     drop((parsed, bytes));
     std::fs::create_dir_all(dir)?;
     let env = runner::ort_env::init()?;
     let mut prefill = String::new();
     for &past in &plan.decode_past {
-        let prefix = dir.join(format!("decode-{threads}t-{past}"));
+        let prefix = dir.join(format!("decode-{graph}-{threads}t-{past}"));
         let mut registered = session_builder(env, Provider::Cpu, false, threads)?;
         registered.builder = registered
             .builder
@@ -64,7 +65,7 @@ pub fn run(model: &Path, threads: usize, plan: &Plan, dir: &Path) -> Result<()> 
             .with_context(|| format!("{}: not a JSON trace", trace.display()))?;
         let runs = model_runs(&events);
         let title = format!(
-            "Decode: fused fp32 graph, {threads} thread(s), {PROFILED_STEPS} one-token steps after {past} past tokens \
+            "Decode: {graph} fp32 graph, {threads} thread(s), {PROFILED_STEPS} one-token steps after {past} past tokens \
              (other processes meanwhile: {others:.2} cores; trace {})",
             trace.display()
         );
@@ -78,7 +79,7 @@ pub fn run(model: &Path, threads: usize, plan: &Plan, dir: &Path) -> Result<()> 
             )
         );
         let title = format!(
-            "Prefill of {past} tokens: fused fp32 graph, {threads} thread(s), first run of the session \
+            "Prefill of {past} tokens: {graph} fp32 graph, {threads} thread(s), first run of the session \
              (other processes meanwhile: {others:.2} cores)"
         );
         prefill = summarise(&events, &runs[..runs.len().min(1)], &title, "run");

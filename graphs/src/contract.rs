@@ -356,6 +356,8 @@ pub mod needle_ops {
     pub const DOMAIN: &str = "needle";
     /// `Y = X · Wᵀ` for a CQ matrix kept as codes (`kernels/src/cq_matmul/mod.rs`).
     pub const CQ_MATMUL: &str = "CqMatMul";
+    /// The hyper-connections' Sinkhorn mix in one kernel (`kernels/src/sinkhorn.rs`).
+    pub const SINKHORN: &str = "Sinkhorn";
 }
 
 /// How the weights of the large MatMuls (projections, logits) are stored.

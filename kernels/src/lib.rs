@@ -9,8 +9,10 @@ pub mod cq_matmul;
 mod f16;
 mod hadamard;
 pub mod isa;
+pub mod sinkhorn;
 pub mod split;
 
 pub use cq_matmul::{cq_matmul, CqMatrix, CqShapeError};
 pub use isa::Isa;
+pub use sinkhorn::sinkhorn;
 pub use split::{RowSplit, Serial};

@@ -7,7 +7,7 @@
 
 use graphs::contract::needle_ops;
 use half::slice::HalfFloatSliceExt;
-use kernels::{cq_matmul, CqMatrix, Isa, RowSplit};
+use kernels::{cq_matmul, sinkhorn, CqMatrix, Isa, RowSplit};
 use ort::operator::{
     ComputeContext, Kernel, KernelContext, Operator, OperatorDomain, OperatorInput, OperatorOutput,
 };
@@ -15,7 +15,9 @@ use ort::value::TensorElementType;
 
 /// The domain with every Needle op.
 pub fn domain() -> ort::Result<OperatorDomain> {
-    OperatorDomain::new(needle_ops::DOMAIN)?.add(CqMatMulOp)
+    OperatorDomain::new(needle_ops::DOMAIN)?
+        .add(CqMatMulOp)?
+        .add(SinkhornOp)
 }
 
 /// `needle.CqMatMul` (`kernels/src/cq_matmul/mod.rs` states its contract).
@@ -99,6 +101,60 @@ impl Kernel for CqMatMulKernel {
         let (_, y) = y.try_extract_tensor_mut::<f32>()?;
         let tokens = x.len() / self.cols;
         cq_matmul(&w, x, tokens, y, self.isa, &SessionThreads(ctx));
+        Ok(())
+    }
+}
+
+/// `needle.Sinkhorn` (`kernels/src/sinkhorn.rs` states its contract).
+struct SinkhornOp;
+
+impl Operator for SinkhornOp {
+    type Kernel<'attr> = SinkhornKernel;
+
+    fn name(&self) -> &str {
+        needle_ops::SINKHORN
+    }
+
+    fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
+        [OperatorInput::required(TensorElementType::Float32)]
+    }
+
+    fn outputs(&self) -> impl IntoIterator<Item = OperatorOutput> {
+        [OperatorOutput::required(TensorElementType::Float32)]
+    }
+
+    fn create_kernel<'attr>(&self, info: &KernelContext<'attr>) -> ort::Result<SinkhornKernel> {
+        let iterations = info
+            .get::<i64>("iterations")
+            .and_then(|v| usize::try_from(v).ok())
+            .ok_or_else(|| ort::Error::new("needle.Sinkhorn: no attribute iterations"))?;
+        Ok(SinkhornKernel { iterations })
+    }
+}
+
+struct SinkhornKernel {
+    iterations: usize,
+}
+
+impl Kernel for SinkhornKernel {
+    fn compute(&mut self, ctx: &ComputeContext) -> ort::Result<()> {
+        let logits = ctx
+            .input(0)?
+            .ok_or_else(|| ort::Error::new("needle.Sinkhorn: input missing"))?;
+        let (shape, logits) = logits.try_extract_tensor::<f32>()?;
+        let n = match shape.as_ref() {
+            [.., rows, cols] if rows == cols && *rows > 0 => *rows as usize,
+            _ => {
+                return Err(ort::Error::new(format!(
+                    "needle.Sinkhorn: logits are {shape:?}, not [.., n, n]"
+                )))
+            }
+        };
+        let mut out = ctx
+            .output(0, shape.to_vec())?
+            .ok_or_else(|| ort::Error::new("needle.Sinkhorn: no output"))?;
+        let (_, out) = out.try_extract_tensor_mut::<f32>()?;
+        sinkhorn(logits, n, self.iterations, out);
         Ok(())
     }
 }

@@ -13,6 +13,10 @@ pub struct Kernels {
     pub rms_normalization: RmsNorm,
     /// A `RotaryEmbedding` kernel instead of Slice/Mul/Concat.
     pub rotary_embedding: Option<RotaryKernel>,
+    /// The Needle op domain's fused kernels (the Sinkhorn mix) instead of their stock
+    /// expansions: only where the graph needs the Needle kernels anyway (packed weights),
+    /// so stock graphs stay stock.
+    pub needle_ops: bool,
 }
 
 /// How an RMS normalisation is written.
@@ -46,18 +50,22 @@ impl Kernels {
     /// reference variant stays on opset-21 primitives that any runtime and execution
     /// provider takes.
     pub fn for_variant(variant: Variant) -> Self {
+        let needle_ops = variant.matmul_weights == MatMulWeights::Packed;
         match (variant.attention, variant.runtime) {
             (AttentionKind::Fused(_), RuntimeTarget::Since1_24) => Kernels {
                 rms_normalization: RmsNorm::Kernel,
                 rotary_embedding: Some(RotaryKernel::Onnx),
+                needle_ops,
             },
             (AttentionKind::Fused(_), RuntimeTarget::From1_20To1_23) => Kernels {
                 rms_normalization: RmsNorm::FusedByOnnxruntime,
                 rotary_embedding: Some(RotaryKernel::Contrib),
+                needle_ops,
             },
             (AttentionKind::Reference, _) => Kernels {
                 rms_normalization: RmsNorm::Expanded,
                 rotary_embedding: None,
+                needle_ops,
             },
         }
     }

@@ -11,6 +11,7 @@ use crate::blocks::context::BuildContext;
 use crate::blocks::norms::rms_unit;
 use crate::blocks::weights::{MhcWeights, Tensor};
 use crate::builder::{Attr, GraphBuilder, Value};
+use crate::contract::needle_ops;
 
 const SINKHORN_ITERS: usize = 20;
 
@@ -60,7 +61,18 @@ pub fn hc_post<C>(
     let two = b.scalar_float(2.0);
     let h_post = b.mul(&two, &h_post);
     let res = b.reshape(&mix.res, &[0, 0, n, n]);
-    let h_res = b.scope("sinkhorn", |b| sinkhorn(b, &res));
+    let h_res = match ctx.kernels.needle_ops {
+        true => b
+            .op_in(
+                needle_ops::DOMAIN,
+                needle_ops::SINKHORN,
+                &[&res],
+                vec![("iterations", Attr::Int(SINKHORN_ITERS as i64))],
+                1,
+            )
+            .remove(0),
+        false => b.scope("sinkhorn", |b| sinkhorn(b, &res)),
+    };
     let mixed = b.matmul(&h_res, x);
     let h_post = b.unsqueeze(&h_post, &[3]);
     let y = b.unsqueeze(y, &[2]);
