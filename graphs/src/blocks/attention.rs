@@ -270,8 +270,10 @@ pub fn projections<C>(
                 .collect(),
         });
     }
-    let cq_kernel_of = codes.as_deref().and_then(CqKernel::of);
-    if let (MatMulWeights::Cq, Some(kernel)) = (storage, cq_kernel_of) {
+    let folded = (storage == MatMulWeights::Cq)
+        .then(|| codes.as_deref().and_then(CqKernel::of))
+        .flatten();
+    if let Some(kernel) = folded {
         return b.scope(name, |b| {
             let kernel = cq_kernel(b, "kernel", &kernel);
             let y = b.matmul(x, &kernel);

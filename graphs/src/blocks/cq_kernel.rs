@@ -41,17 +41,17 @@ impl CqKernel {
     /// The kernel of `parts` (each `[out_i, in]`) stacked along the outputs; `None` unless
     /// they share the input width, the group and the codebook.
     pub fn of(parts: &[&CqRows]) -> Option<CqKernel> {
-        let first = CqRows::stacked(parts)?;
-        let index_bits = if first.index_bits == 3 {
+        let stacked = CqRows::stacked(parts)?;
+        let index_bits = if stacked.index_bits == 3 {
             4
         } else {
-            first.index_bits
+            stacked.index_bits
         };
-        let mut codebook = first.codebook.clone();
+        let mut codebook = stacked.codebook.clone();
         codebook.resize(1 << index_bits, 0.0);
         let per_byte = 8 / index_bits;
-        let (group, groups) = (first.group, first.groups());
-        let outputs = first.rows;
+        let (group, groups) = (stacked.group, stacked.groups());
+        let outputs = stacked.rows;
         let padded = outputs.div_ceil(per_byte) * per_byte;
         let out_bytes = padded / per_byte;
         let mut codes = vec![0u8; groups * group * out_bytes];
@@ -59,15 +59,15 @@ impl CqKernel {
         for j in 0..outputs {
             let (byte, shift) = (j / per_byte, (j % per_byte) * index_bits);
             for g in 0..groups {
-                norms[g * padded + j] = first.norm(j, g);
+                norms[g * padded + j] = stacked.norm(j, g);
                 for k in 0..group {
-                    let index = first.index(j, g * group + k);
+                    let index = stacked.index(j, g * group + k);
                     codes[(g * group + k) * out_bytes + byte] |= (index << shift) as u8;
                 }
             }
         }
         Some(CqKernel {
-            inputs: first.cols,
+            inputs: stacked.cols,
             outputs,
             group,
             groups,

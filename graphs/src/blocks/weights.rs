@@ -105,18 +105,20 @@ impl CqRows {
     /// they share the input width, the group, the width of the codes and the codebook.
     pub fn stacked(parts: &[&CqRows]) -> Option<CqRows> {
         let first = parts.first()?;
-        let same = |p: &&&CqRows| {
+        fn layout(p: &CqRows) -> (usize, usize, usize, &[f32]) {
             (p.cols, p.group, p.index_bits, &p.codebook)
-                == (first.cols, first.group, first.index_bits, &first.codebook)
-        };
-        if !parts.iter().all(|p| same(&p)) {
+        }
+        if parts.iter().any(|p| layout(p) != layout(first)) {
             return None;
         }
         Some(CqRows {
             rows: parts.iter().map(|p| p.rows).sum(),
+            cols: first.cols,
+            group: first.group,
+            index_bits: first.index_bits,
             codes: parts.iter().flat_map(|p| p.codes.iter().copied()).collect(),
             norms: parts.iter().flat_map(|p| p.norms.iter().copied()).collect(),
-            ..(*first).clone()
+            codebook: first.codebook.clone(),
         })
     }
 
