@@ -7,6 +7,7 @@
 //!                                codebook [2^bits] f32; cols, group, bits) ─ [.., rows]
 //! ```
 
+use crate::blocks::cq_rows::codes_and_norms;
 use crate::blocks::weights::CqRows;
 use crate::builder::{Attr, GraphBuilder, Value};
 use crate::contract::needle_ops;
@@ -14,19 +15,7 @@ use crate::onnx::data_type;
 
 /// `x · Wᵀ` for the CQ matrix `w`; initializers `<scope>.codes`, `.norms`, `.codebook`.
 pub fn cq_matmul(b: &mut GraphBuilder, x: &Value, w: &CqRows) -> Value {
-    let codes = b.weight_bytes(
-        "codes",
-        data_type::UINT8,
-        &[w.rows, w.row_bytes()],
-        w.codes.clone(),
-    );
-    let norms_raw = w.norms.iter().flat_map(|n| n.to_le_bytes()).collect();
-    let norms = b.weight_bytes(
-        "norms",
-        data_type::FLOAT16,
-        &[w.rows, w.groups()],
-        norms_raw,
-    );
+    let [codes, norms] = codes_and_norms(b, w);
     let codebook_raw = w.codebook.iter().flat_map(|v| v.to_le_bytes()).collect();
     let codebook = b.weight_bytes(
         "codebook",

@@ -34,6 +34,21 @@ pub fn gather_cq_rows(b: &mut GraphBuilder, name: &str, table: &CqRows, indices:
 /// what a code reads its value from, in the graph's precision: for whole-byte codes the
 /// values of every byte's codes `[256, codes per byte]`, else the codebook.
 fn initializers(b: &mut GraphBuilder, table: &CqRows) -> [Value; 3] {
+    let [codes, norms] = codes_and_norms(b, table);
+    let bits = table.index_bits;
+    let lookup = match whole_byte_codes(bits) {
+        Some(per_byte) => {
+            let values = byte_values(&table.codebook, bits);
+            b.weight("byte_values", &[256, per_byte], &values)
+        }
+        None => b.weight("codebook", &[table.codebook.len()], &table.codebook),
+    };
+    [codes, norms, lookup]
+}
+
+/// The matrix's codes `[rows, row bytes]` (uint8) and fp16 norms `[rows, groups]` as the
+/// `.cact` stores them: initializers `<scope>.codes` and `<scope>.norms`.
+pub(crate) fn codes_and_norms(b: &mut GraphBuilder, table: &CqRows) -> [Value; 2] {
     let codes = b.weight_bytes(
         "codes",
         data_type::UINT8,
@@ -47,15 +62,7 @@ fn initializers(b: &mut GraphBuilder, table: &CqRows) -> [Value; 3] {
         &[table.rows, table.groups()],
         norms_raw,
     );
-    let bits = table.index_bits;
-    let lookup = match whole_byte_codes(bits) {
-        Some(per_byte) => {
-            let values = byte_values(&table.codebook, bits);
-            b.weight("byte_values", &[256, per_byte], &values)
-        }
-        None => b.weight("codebook", &[table.codebook.len()], &table.codebook),
-    };
-    [codes, norms, lookup]
+    [codes, norms]
 }
 
 /// `[lead.., cols]` from rows of codes `[lead.., row bytes]` and their norms
