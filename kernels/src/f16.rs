@@ -1,7 +1,7 @@
-//! IEEE half → single conversion of the CQ group norms, exact.
+//! IEEE half → single conversion, exact: the CQ group norms (here and in the `.cact` reader).
 
 /// `bits` (an IEEE half) as float32, exactly.
-pub(crate) fn to_f32(bits: u16) -> f32 {
+pub fn to_f32(bits: u16) -> f32 {
     let sign = ((bits as u32) & 0x8000) << 16;
     let exp = ((bits >> 10) & 0x1f) as u32;
     let mant = (bits & 0x3ff) as u32;
@@ -20,15 +20,22 @@ pub(crate) fn to_f32(bits: u16) -> f32 {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn known_halves() {
-        for (bits, value) in [
-            (0x3c00u16, 1.0f32),
-            (0xc000, -2.0),
-            (0x0001, 5.960_464_5e-8),
-            (0x7bff, 65504.0),
+    fn special_values() {
+        for (h, f) in [
             (0x0000, 0.0),
+            (0x3c00, 1.0),
+            (0xc000, -2.0),
+            (0x7bff, 65504.0),
+            (0x0001, 2f32.powi(-24)),
+            (0x03ff, 1023.0 * 2f32.powi(-24)),
+            (0x0400, 2f32.powi(-14)),
+            (0x3555, 0.333_251_95),
         ] {
-            assert_eq!(super::to_f32(bits), value, "{bits:#06x}");
+            assert_eq!(super::to_f32(h), f, "{h:#06x}");
         }
+        assert_eq!(super::to_f32(0x8000).to_bits(), (-0.0f32).to_bits());
+        assert_eq!(super::to_f32(0x7c00), f32::INFINITY);
+        assert_eq!(super::to_f32(0xfc00), f32::NEG_INFINITY);
+        assert!(super::to_f32(0x7e00).is_nan());
     }
 }

@@ -6,7 +6,7 @@
 //! SIMD paths this machine can run beside it; [`Isa::best`] picks one at run time.
 
 pub mod cq_matmul;
-mod f16;
+pub mod f16;
 mod hadamard;
 pub mod isa;
 pub mod sinkhorn;

@@ -12,6 +12,7 @@ use super::codebooks::Codebooks;
 use super::directory::{index_bits, padded_in, Encoding, Entry, BINARY_BITS, TERNARY_BITS};
 use super::CactError;
 use graphs::blocks::weights::CqRows;
+use kernels::f16;
 
 /// Decodes a float entry's blob to float32, row-major in `entry.shape`.
 pub(crate) fn decode(
@@ -22,7 +23,7 @@ pub(crate) fn decode(
     let values = match entry.encoding {
         Encoding::Fp16 => blob
             .chunks_exact(2)
-            .map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]])))
+            .map(|b| f16::to_f32(u16::from_le_bytes([b[0], b[1]])))
             .collect(),
         Encoding::Fp32 => blob
             .chunks_exact(4)
@@ -125,24 +126,6 @@ fn source_offset(entry: &Entry, index: usize) -> u64 {
         }
         Encoding::Raw => start,
     }
-}
-
-/// Exact IEEE half to single conversion.
-pub(crate) fn f16_to_f32(h: u16) -> f32 {
-    let sign = ((h as u32) & 0x8000) << 16;
-    let exp = ((h >> 10) & 0x1f) as u32;
-    let mant = (h & 0x3ff) as u32;
-    let bits = match (exp, mant) {
-        (0, 0) => sign,
-        (0, _) => {
-            let shift = mant.leading_zeros() - 21;
-            let mant = (mant << shift) & 0x3ff;
-            sign | ((113 - shift) << 23) | (mant << 13)
-        }
-        (0x1f, _) => sign | 0x7f80_0000 | (mant << 13),
-        _ => sign | ((exp + 112) << 23) | (mant << 13),
-    };
-    f32::from_bits(bits)
 }
 
 /// The codebook a CQ record decodes with. For 2/3/4 bits this is the one in
@@ -264,7 +247,7 @@ impl CqMatrix<'_> {
         let stored_bits = index_bits(self.bits);
         let row = &self.packed[r * row_bytes..(r + 1) * row_bytes];
         let n = 2 * (r * groups + g);
-        let norm = f16_to_f32(u16::from_le_bytes([self.norms[n], self.norms[n + 1]]));
+        let norm = f16::to_f32(u16::from_le_bytes([self.norms[n], self.norms[n + 1]]));
         for (k, xk) in x.iter_mut().enumerate() {
             let code = unpack(row, g * group + k, stored_bits);
             let idx = if self.bits == TERNARY_BITS {
@@ -385,26 +368,6 @@ fn rotate_tile<const R: usize, const L: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn f16_special_values() {
-        for (h, f) in [
-            (0x0000, 0.0),
-            (0x3c00, 1.0),
-            (0xc000, -2.0),
-            (0x7bff, 65504.0),
-            (0x0001, 2f32.powi(-24)),
-            (0x03ff, 1023.0 * 2f32.powi(-24)),
-            (0x0400, 2f32.powi(-14)),
-            (0x3555, 0.333_251_95),
-        ] {
-            assert_eq!(f16_to_f32(h), f, "{h:#06x}");
-        }
-        assert_eq!(f16_to_f32(0x8000).to_bits(), (-0.0f32).to_bits());
-        assert_eq!(f16_to_f32(0x7c00), f32::INFINITY);
-        assert_eq!(f16_to_f32(0xfc00), f32::NEG_INFINITY);
-        assert!(f16_to_f32(0x7e00).is_nan());
-    }
 
     /// The summation order of [`rotate`], written the plain way.
     fn reference(x: &[f32], h: &[f32], single_group: bool) -> Vec<f32> {
