@@ -24,7 +24,7 @@ impl Layout {
     /// chunks that fit a group (3-bit codes straddle bytes: scalar).
     pub fn new(isa: Isa, bits: usize, group: usize) -> Layout {
         let per_byte = 8 / bits;
-        let fits = |lanes: usize| bits != 3 && group % (lanes * per_byte) == 0;
+        let fits = |lanes: usize| bits != 3 && group.is_multiple_of(lanes * per_byte);
         let (isa, lanes) = match isa {
             Isa::Avx512 if fits(16) => (Isa::Avx512, 16),
             Isa::Avx512 | Isa::Avx2 if fits(8) => (Isa::Avx2, 8),

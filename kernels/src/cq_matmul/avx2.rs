@@ -36,7 +36,7 @@ unsafe fn dots_of<const R: usize, const B: usize>(
 ) -> [f32; R] {
     let per_byte = 8 / B;
     let chunk = 8 * per_byte;
-    debug_assert!(group % chunk == 0 && xt.len() % group == 0);
+    debug_assert!(group.is_multiple_of(chunk) && xt.len().is_multiple_of(group));
     debug_assert!(codes.iter().all(|row| row.len() == xt.len() * B / 8));
     let low_table = _mm256_loadu_ps(table.as_ptr());
     let high_table = _mm256_loadu_ps(table.as_ptr().add(8));
