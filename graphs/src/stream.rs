@@ -210,15 +210,15 @@ pub(crate) fn build<A: Architecture>(
 }
 
 /// One layer's state in: its KV cache and, when the generation has one, its other state.
-struct LayerPast<'a> {
-    kv: &'a KvPair,
-    state: Option<&'a Value>,
+pub(crate) struct LayerPast<'a> {
+    pub kv: &'a KvPair,
+    pub state: Option<&'a Value>,
 }
 
 /// `Block`: `x + σ(attn_gate)·post_norm(attention(norm_in x))`, then
 /// `+ mlp(pre_hada_norm x)`.
 #[allow(clippy::too_many_arguments)]
-fn block<A: Architecture>(
+pub(crate) fn block<A: Architecture>(
     b: &mut GraphBuilder,
     ctx: &BuildContext<A>,
     attention: &A::Attention,

@@ -13,6 +13,19 @@ pub struct Kernels {
     pub rms_normalization: RmsNorm,
     /// A `RotaryEmbedding` kernel instead of Slice/Mul/Concat.
     pub rotary_embedding: Option<RotaryKernel>,
+    /// Which ops the blocks write their steps in.
+    pub op_forms: OpForms,
+}
+
+/// The ops the blocks write the Sinkhorn, zero padding, lane broadcast and sums in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpForms {
+    /// The stock graphs' (`LogSoftmax`, `Pad`, `Expand`, `ReduceSum`).
+    Onnx,
+    /// Only ops that onnxruntime's CoreML (MLProgram) and NNAPI execution providers both
+    /// take (Softmax/ReduceMean/Div, MatMul, Slice/Concat, Mul), so that the accelerator
+    /// graphs (`crate::accelerator`) stay one partition.
+    MobileAccelerators,
 }
 
 /// How an RMS normalisation is written.
@@ -50,14 +63,17 @@ impl Kernels {
             (AttentionKind::Fused(_), RuntimeTarget::Since1_24) => Kernels {
                 rms_normalization: RmsNorm::Kernel,
                 rotary_embedding: Some(RotaryKernel::Onnx),
+                op_forms: OpForms::Onnx,
             },
             (AttentionKind::Fused(_), RuntimeTarget::From1_20To1_23) => Kernels {
                 rms_normalization: RmsNorm::FusedByOnnxruntime,
                 rotary_embedding: Some(RotaryKernel::Contrib),
+                op_forms: OpForms::Onnx,
             },
             (AttentionKind::Reference, _) => Kernels {
                 rms_normalization: RmsNorm::Expanded,
                 rotary_embedding: None,
+                op_forms: OpForms::Onnx,
             },
         }
     }
