@@ -1,0 +1,366 @@
+//! The accelerator graphs (`needle-export --target coreml|nnapi|tensorrt`): the model
+//! with every shape fixed and every op in a form that onnxruntime's CoreML (MLProgram)
+//! and NNAPI execution providers take, so that the accelerator gets the model as one
+//! partition. One graph per fixed `sequence`: 1 for a decode step, a chunk for prefill.
+//! Batch 1. Needle 2 only so far.
+//!
+//! The cache has a fixed capacity (`max_seq_len` slots) and belongs to the caller: the
+//! graph reads it whole, with `attention_mask` saying which slots hold the row's tokens,
+//! and returns this call's keys and values, which the caller writes at the tokens'
+//! positions (in place: the cache is never copied through the graph).
+//!
+//! ```text
+//! token_window [1, W+S] ─Gather(embedding)·√d ─×1[lanes]─ Slice(last S) ─ layer × L ─ lm_head ─▶ logits [1,S,V]
+//!              └─ edge: n-gram hash, GatherElements(tables) ─▶ each engram site's rows [1,W+S,T,sub]
+//! position_ids [1, S] ─Gather(cos, sin)─ RoPE;  ─ edge: ReduceMin ≥ W−i ─▶ the window's validity
+//! attention_mask [1, C] ─(m−1)·max─ ++ causal [S,S] ─▶ bias [1,1,1,S,C+S] over past_key_values ++ this call's keys
+//! layer i ─▶ new_key_values.{i}.key/.value [1, KV, S, hd]
+//! ```
+//!
+//! The integer work sits at the graph's edge (`edge`), reading graph inputs only; the
+//! float blocks are the stock graphs' (`crate::blocks`, `crate::needle2`) in their
+//! [`OpForms::MobileAccelerators`] forms, with the [`CoreInputs::FixedCache`] core.
+
+mod edge;
+
+use crate::blocks::attention::{lowest_float, rope, CoreInputs, KvPair};
+use crate::blocks::context::{BuildContext, Kernels, OpForms, RmsNorm};
+use crate::blocks::embedding::{embed_tokens, lm_head};
+use crate::blocks::engram::{engram_kv, inject, EngramKv};
+use crate::blocks::hyper_connections::{hc_post, hc_pre};
+use crate::blocks::weights::EngramTables;
+use crate::builder::{Dim, GraphBuilder, Opset, Value};
+use crate::config::ModelConfig;
+use crate::contract::names::{self, layer_cache};
+use crate::contract::{keys, AcceleratorTarget, MatMulWeights, Precision};
+use crate::description::ExportDescription;
+use crate::model::ModelWeights;
+use crate::needle2::attention::AttentionCtx;
+use crate::needle2::{Config, Weights};
+use crate::onnx::{data_type, ModelProto};
+use crate::stream::{block, LayerPast};
+
+/// Rows per call of every accelerator graph.
+pub const BATCH: usize = 1;
+
+/// Tokens per call of the prefill graph: a prompt goes through it in chunks, the last
+/// one padded after the prompt's end.
+pub const PREFILL_CHUNK: usize = 64;
+
+/// What an accelerator graph cannot be yet, or `Ok`: Needle 2 only, float32 dense
+/// weights, and no sliding window (its per-query mask over a chunk is not written yet).
+pub fn check(desc: &ExportDescription) -> Result<(), String> {
+    let ModelConfig::Needle2(cfg) = &desc.config else {
+        return Err("accelerator graphs (--target) take Needle 2 models only so far".into());
+    };
+    if desc.variant.precision != Precision::Fp32 {
+        return Err("accelerator graphs (--target) are float32 only so far".into());
+    }
+    if desc.variant.matmul_weights != MatMulWeights::Float {
+        return Err("accelerator graphs (--target) take --weights float only".into());
+    }
+    if cfg.sliding_window().is_some() {
+        return Err(format!(
+            "accelerator graphs (--target) do not yet take a model whose sliding window ({} keys) \
+             is shorter than its max_seq_len ({})",
+            cfg.common.kv_window, cfg.common.max_seq_len
+        ));
+    }
+    Ok(())
+}
+
+/// The accelerator graph for `target` that takes `sequence` tokens a call.
+///
+/// # Panics
+/// When [`check`] refuses `desc`, or `weights` are of another generation.
+pub fn build(
+    desc: &ExportDescription,
+    weights: &ModelWeights,
+    target: AcceleratorTarget,
+    sequence: usize,
+) -> ModelProto {
+    check(desc).expect("the caller checks the description first");
+    match (&desc.config, weights) {
+        (ModelConfig::Needle2(cfg), ModelWeights::Needle2(w)) => {
+            build_needle2(desc, cfg, w, target, sequence)
+        }
+        _ => panic!("the weights are of another generation than the description"),
+    }
+}
+
+/// The graph inputs.
+struct Inputs {
+    /// `int32 [1, W + S]`.
+    token_window: Value,
+    /// `int32 [1, S]`.
+    position_ids: Value,
+    /// `float [1, C]`, 1 for the slots that hold the row's tokens.
+    mask: Value,
+    /// Each layer's cache, `[1, KV, C, hd]`.
+    pasts: Vec<KvPair>,
+}
+
+fn build_needle2(
+    desc: &ExportDescription,
+    cfg: &Config,
+    w: &Weights,
+    target: AcceleratorTarget,
+    sequence: usize,
+) -> ModelProto {
+    let ctx = BuildContext {
+        cfg,
+        common: &cfg.common,
+        variant: desc.variant,
+        kernels: Kernels {
+            rms_normalization: RmsNorm::Expanded,
+            rotary_embedding: None,
+            op_forms: OpForms::MobileAccelerators,
+        },
+    };
+    let common = &cfg.common;
+    let e = &common.engram;
+    let history = e.history();
+    let window = history + sequence;
+    let capacity = common.max_seq_len;
+    let mut b = GraphBuilder::new(Opset::V21, desc.variant.precision);
+    let float = b.precision().data_type();
+    let inputs = declare_inputs(&mut b, cfg, window, sequence, capacity);
+
+    let valid = edge::window_validity(&mut b, &inputs.position_ids, history, window);
+    let valid = b.cast(&valid, float);
+    let attention = b.scope("attn_ctx", |b| AttentionCtx {
+        rope: rope(
+            b,
+            &ctx,
+            cfg.head_dim,
+            common.max_seq_len,
+            common.rope_theta,
+            &inputs.position_ids,
+        ),
+        core: CoreInputs::FixedCache {
+            bias: attention_bias(b, &inputs.mask, sequence, capacity),
+        },
+    });
+    let engram_kv = engram_sites(&mut b, &ctx, w, &inputs.token_window, &valid, window);
+
+    let (embedding, x) = b.scope("embed_tokens", |b| {
+        embed_tokens(b, &ctx, &w.embedding, &inputs.token_window)
+    });
+    let mut x = b.slice(&x, 1, history as i64, window as i64);
+    let mut new_kvs = Vec::with_capacity(w.layers.len());
+    for (i, layer_weights) in w.layers.iter().enumerate() {
+        let (next, new_kv) = b.scope(format!("layers.{i}"), |b| {
+            let (u, mix) = hc_pre(b, &ctx, &x, &w.mhc, i);
+            let site = e.sites.iter().position(|&s| s == i);
+            let bx = match site {
+                Some(s) => b.scope(format!("engrams.{s}"), |b| {
+                    inject(b, &ctx, &u, &engram_kv[s])
+                }),
+                None => u.clone(),
+            };
+            let past = LayerPast {
+                kv: &inputs.pasts[i],
+                state: None,
+            };
+            let (out, new_kv, _) = block(b, &ctx, &attention, &(), i, &bx, layer_weights, past);
+            let y = b.sub(&out, &u);
+            (hc_post(b, &ctx, &x, &y, &mix), new_kv)
+        });
+        x = next;
+        new_kvs.push(new_kv);
+    }
+    let logits = b.scope("lm_head", |b| {
+        lm_head(
+            b,
+            &ctx,
+            &w.final_norm,
+            &w.embedding,
+            embedding.as_ref(),
+            common.vocab,
+            &x,
+        )
+    });
+    declare_outputs(&mut b, cfg, &logits, &new_kvs, sequence);
+    let mut model = b.finish(
+        "needle",
+        doc_string(desc, sequence, capacity),
+        metadata(desc, target, sequence, capacity),
+    );
+    // The shared blocks name some shapes with the stock graphs' symbols; here every shape
+    // is fixed and shape inference finds them all, which the checker needs to see.
+    if let Some(graph) = model.graph.as_mut() {
+        graph.value_info.clear();
+    }
+    model
+}
+
+/// Keys and values of every engram site for this call's tokens, from the rows the
+/// integer edge fetched.
+fn engram_sites(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext<Config>,
+    w: &Weights,
+    token_window: &Value,
+    valid: &Value,
+    window: usize,
+) -> Vec<EngramKv> {
+    if w.engrams.is_empty() {
+        return Vec::new();
+    }
+    let e = &ctx.common.engram;
+    let indices = edge::table_indices(b, e, ctx.common.vocab, token_window, window);
+    w.engrams
+        .iter()
+        .enumerate()
+        .map(|(s, site)| {
+            b.scope(format!("engrams.{s}"), |b| {
+                let EngramTables::Dense(tables) = &site.tables else {
+                    unreachable!("Needle 2's engram tables are dense");
+                };
+                let rows = edge::fetch_rows(b, e, &tables.data, &indices);
+                let rows = b.transpose(&rows, &[1, 2, 0, 3]);
+                engram_kv(b, ctx, valid, &rows, site)
+            })
+        })
+        .collect()
+}
+
+/// `[1, 1, 1, S, C + S]`: 0 where a query sees a key, the lowest float where not. The
+/// cached slots are all before this call's tokens, so a query sees every slot the mask
+/// marks; among this call's tokens it sees itself and those before it.
+fn attention_bias(b: &mut GraphBuilder, mask: &Value, sequence: usize, capacity: usize) -> Value {
+    let lowest = lowest_float(b.precision());
+    let one = b.scalar_float(1.0);
+    let missing = b.sub(mask, &one);
+    let highest = b.scalar_float(-lowest);
+    let past = b.mul(&missing, &highest);
+    let past = b.reshape(&past, &[1, 1, 1, 1, capacity as i64]);
+    let rows = b.const_float(
+        &[1, 1, 1, sequence, capacity],
+        &vec![0.0; sequence * capacity],
+    );
+    let past = b.add(&past, &rows);
+    let causal: Vec<f32> = (0..sequence * sequence)
+        .map(|k| {
+            if k % sequence <= k / sequence {
+                0.0
+            } else {
+                lowest
+            }
+        })
+        .collect();
+    let causal = b.const_float(&[1, 1, 1, sequence, sequence], &causal);
+    b.concat(&[&past, &causal], 4)
+}
+
+fn fixed(dims: &[usize]) -> Vec<Dim> {
+    dims.iter().map(|&d| Dim::Fixed(d)).collect()
+}
+
+fn cache_dims(cfg: &Config, len: usize) -> Vec<Dim> {
+    fixed(&[BATCH, cfg.common.num_kv_heads, len, cfg.head_dim])
+}
+
+fn declare_inputs(
+    b: &mut GraphBuilder,
+    cfg: &Config,
+    window: usize,
+    sequence: usize,
+    capacity: usize,
+) -> Inputs {
+    let float = b.precision().data_type();
+    let token_window = b.input(
+        names::TOKEN_WINDOW,
+        data_type::INT32,
+        &fixed(&[BATCH, window]),
+    );
+    let position_ids = b.input(
+        names::POSITION_IDS,
+        data_type::INT32,
+        &fixed(&[BATCH, sequence]),
+    );
+    let mask = b.input(names::ATTENTION_MASK, float, &fixed(&[BATCH, capacity]));
+    let pasts = (0..cfg.common.num_layers)
+        .map(|i| {
+            let n = layer_cache(i);
+            KvPair {
+                key: b.input(&n.past_key, float, &cache_dims(cfg, capacity)),
+                value: b.input(&n.past_value, float, &cache_dims(cfg, capacity)),
+            }
+        })
+        .collect();
+    Inputs {
+        token_window,
+        position_ids,
+        mask,
+        pasts,
+    }
+}
+
+fn declare_outputs(
+    b: &mut GraphBuilder,
+    cfg: &Config,
+    logits: &Value,
+    new_kvs: &[KvPair],
+    sequence: usize,
+) {
+    let float = b.precision().data_type();
+    let vocab = cfg.common.vocab;
+    b.output(
+        logits,
+        names::LOGITS,
+        data_type::FLOAT,
+        &fixed(&[BATCH, sequence, vocab]),
+    );
+    for (i, kv) in new_kvs.iter().enumerate() {
+        let (key, value) = names::new_key_values(i);
+        b.output(&kv.key, &key, float, &cache_dims(cfg, sequence));
+        b.output(&kv.value, &value, float, &cache_dims(cfg, sequence));
+    }
+}
+
+/// The stock description's metadata without what only the stock interface has (a token
+/// history pair, shared past/present buffers), and the accelerator's own keys.
+fn metadata(
+    desc: &ExportDescription,
+    target: AcceleratorTarget,
+    sequence: usize,
+    capacity: usize,
+) -> Vec<(String, String)> {
+    let stock_only = [keys::TOKEN_HISTORY, keys::PAST_PRESENT_SHARE_BUFFER];
+    let mut meta: Vec<(String, String)> = desc
+        .to_metadata()
+        .into_iter()
+        .filter(|(k, _)| !stock_only.contains(&k.as_str()))
+        .collect();
+    meta.push((keys::TARGET.into(), target.to_string()));
+    meta.push((keys::CACHE_CAPACITY.into(), capacity.to_string()));
+    meta.push((keys::FIXED_SEQUENCE.into(), sequence.to_string()));
+    meta
+}
+
+fn doc_string(desc: &ExportDescription, sequence: usize, capacity: usize) -> String {
+    let history = desc.config.engram_history();
+    let (key, _) = names::new_key_values(0);
+    format!(
+        "Needle {} accelerator graph (fixed shapes, batch {BATCH}, {sequence} token(s) a call, \
+         a cache of {capacity} slots). Inputs: {tw} int32 [1, {w}], the row's {history} tokens \
+         before this call (0 where it has none) then this call's; {pos} int32 [1, {sequence}], \
+         their positions; {mask} [1, {capacity}], 1 for the cache slots that hold the row's \
+         tokens; past_key_values.{{i}}.key/.value [1, kv, {capacity}, head_dim], the cache \
+         (slot p: position p). Outputs: {logits} [1, {sequence}, vocab] float32; \
+         {kv}/.value [1, kv, {sequence}, head_dim]: this call's keys and values, to be \
+         written into the cache at their positions (a final chunk's padding: not at all).",
+        desc.generation(),
+        tw = names::TOKEN_WINDOW,
+        w = history + sequence,
+        pos = names::POSITION_IDS,
+        mask = names::ATTENTION_MASK,
+        logits = names::LOGITS,
+        kv = key
+            .replace(".0.", ".{i}.")
+            .trim_end_matches(".key")
+            .to_string()
+            + ".key",
+    )
+}
