@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use test_support::{fixture, python, repo_root, scratch};
 
-/// The Needle 2 models with upstream logits and generations.
-const FIXTURES: [&str; 3] = ["m48", "m64", "m96"];
+/// The Needle 2 fixtures: upstream logits for all, greedy generations for all but m64w
+/// (whose 24-key sliding window binds in its 120-token case).
+const FIXTURES: [&str; 4] = ["m48", "m64", "m96", "m64w"];
 /// The bar: this share of the nodes in the accelerator's one partition.
 const ONE_PARTITION_SHARE: f64 = 0.95;
 /// The bound on the contract's relative error against upstream for these graphs.
@@ -93,18 +94,24 @@ fn the_accelerator_graphs_match_upstream_through_prefill_chunks_and_decode_steps
         let (decode, prefill) = export_pair(&dir, model, &fixture(&format!("{model}.cact")));
         let cases = fixture(&format!("{model}.cases.safetensors"));
         let generations = fixture(&format!("{model}.generate.json"));
-        let report = run_json(
-            "accelerator_run.py",
-            &[&decode, &prefill, &cases, &generations],
-        );
+        let mut args = vec![decode.as_path(), &prefill, &cases];
+        if generations.exists() {
+            args.push(&generations);
+        }
+        let report = run_json("accelerator_run.py", &args);
         println!("{model}: {}", report["cases"]);
         for (case, err) in report["cases"].as_object().unwrap() {
             let err = err.as_f64().unwrap();
             assert!(err <= BOUND, "{model} case {case}: {err}");
         }
-        let long = "D[0]";
-        assert!(report["prefill_chunks"][long].as_u64().unwrap() >= MIN_PREFILL_CHUNKS);
-        assert!(report["decode_steps"][long].as_u64().unwrap() >= MIN_DECODE_STEPS);
+        let long_case = report["cases"].as_object().unwrap().keys().any(|case| {
+            report["prefill_chunks"][case].as_u64().unwrap() >= MIN_PREFILL_CHUNKS
+                && report["decode_steps"][case].as_u64().unwrap() >= MIN_DECODE_STEPS
+        });
+        assert!(
+            long_case,
+            "{model}: no case spans prefill chunks and decode steps"
+        );
         for generation in report["generations"].as_array().unwrap() {
             assert_eq!(generation["got"], generation["expected"], "{model}");
         }
@@ -115,9 +122,8 @@ fn the_accelerator_graphs_match_upstream_through_prefill_chunks_and_decode_steps
 fn what_the_accelerator_graphs_cannot_be_yet_is_one_error_line_and_no_output() {
     let dir = scratch("accelerator-refused");
     let m64 = fixture("m64.cact");
-    let cases: [(PathBuf, &[&str], &str); 5] = [
+    let cases: [(PathBuf, &[&str], &str); 4] = [
         (fixture("needle3/n3a.cact"), &[], "Needle 2 models only"),
-        (fixture("m64w.cact"), &[], "sliding window"),
         (m64.clone(), &["--precision", "fp16"], "float32 only"),
         (m64.clone(), &["--genai"], "--genai"),
         (m64, &["--attention", "reference"], "--attention"),

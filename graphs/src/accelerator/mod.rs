@@ -48,9 +48,9 @@ pub const BATCH: usize = 1;
 pub const PREFILL_CHUNK: usize = 64;
 
 /// What an accelerator graph cannot be yet, or `Ok`: Needle 2 only, float32 dense
-/// weights, and no sliding window (its per-query mask over a chunk is not written yet).
+/// weights.
 pub fn check(desc: &ExportDescription) -> Result<(), String> {
-    let ModelConfig::Needle2(cfg) = &desc.config else {
+    let ModelConfig::Needle2(_) = &desc.config else {
         return Err("accelerator graphs (--target) take Needle 2 models only so far".into());
     };
     if desc.variant.precision != Precision::Fp32 {
@@ -58,13 +58,6 @@ pub fn check(desc: &ExportDescription) -> Result<(), String> {
     }
     if desc.variant.matmul_weights != MatMulWeights::Float {
         return Err("accelerator graphs (--target) take --weights float only".into());
-    }
-    if cfg.sliding_window().is_some() {
-        return Err(format!(
-            "accelerator graphs (--target) do not yet take a model whose sliding window ({} keys) \
-             is shorter than its max_seq_len ({})",
-            cfg.common.kv_window, cfg.common.max_seq_len
-        ));
     }
     Ok(())
 }
@@ -138,7 +131,7 @@ fn build_needle2(
             &inputs.position_ids,
         ),
         core: CoreInputs::FixedCache {
-            bias: attention_bias(b, &inputs.mask, sequence, capacity),
+            bias: attention_bias(b, &inputs, cfg.sliding_window(), sequence, capacity),
         },
     });
     let engram_kv = engram_sites(&mut b, &ctx, w, &inputs.token_window, &valid, window);
@@ -227,30 +220,68 @@ fn engram_sites(
 
 /// `[1, 1, 1, S, C + S]`: 0 where a query sees a key, the lowest float where not. The
 /// cached slots are all before this call's tokens, so a query sees every slot the mask
-/// marks; among this call's tokens it sees itself and those before it.
-fn attention_bias(b: &mut GraphBuilder, mask: &Value, sequence: usize, capacity: usize) -> Value {
-    let lowest = lowest_float(b.precision());
+/// marks; among this call's tokens it sees itself and those before it; with a sliding
+/// window of `w` keys, only keys fewer than `w` positions back. Written as a 0/1
+/// "hidden" indicator (float ops only: NNAPI has no comparisons), scaled once.
+fn attention_bias(
+    b: &mut GraphBuilder,
+    inputs: &Inputs,
+    window: Option<usize>,
+    sequence: usize,
+    capacity: usize,
+) -> Value {
     let one = b.scalar_float(1.0);
-    let missing = b.sub(mask, &one);
-    let highest = b.scalar_float(-lowest);
-    let past = b.mul(&missing, &highest);
-    let past = b.reshape(&past, &[1, 1, 1, 1, capacity as i64]);
+    let empty = b.sub(&one, &inputs.mask);
+    let empty = b.reshape(&empty, &[1, 1, 1, 1, capacity as i64]);
     let rows = b.const_float(
         &[1, 1, 1, sequence, capacity],
         &vec![0.0; sequence * capacity],
     );
-    let past = b.add(&past, &rows);
-    let causal: Vec<f32> = (0..sequence * sequence)
+    let past = b.add(&empty, &rows);
+    let later: Vec<f32> = (0..sequence * sequence)
         .map(|k| {
             if k % sequence <= k / sequence {
                 0.0
             } else {
-                lowest
+                1.0
             }
         })
         .collect();
-    let causal = b.const_float(&[1, 1, 1, sequence, sequence], &causal);
-    b.concat(&[&past, &causal], 4)
+    let later = b.const_float(&[1, 1, 1, sequence, sequence], &later);
+    let mut hidden = b.concat(&[&past, &later], 4);
+    if let Some(keys) = window {
+        let out_of_window = b.scope("sliding_window", |b| {
+            out_of_window(b, &inputs.position_ids, keys, sequence, capacity)
+        });
+        hidden = b.op1("Max", &[&hidden, &out_of_window], vec![]);
+    }
+    let lowest = b.scalar_float(lowest_float(b.precision()));
+    b.mul(&hidden, &lowest)
+}
+
+/// `[1, 1, 1, S, C + S]`: 1 where the key is `keys` or more positions before the query.
+/// Slot `p` holds position `p`; this call's keys are at its queries' positions. The
+/// distance `d` is a whole number, so `clip(d − (keys − 1), 0, 1)` is 0 within the
+/// window and 1 beyond it.
+fn out_of_window(
+    b: &mut GraphBuilder,
+    position_ids: &Value,
+    keys: usize,
+    sequence: usize,
+    capacity: usize,
+) -> Value {
+    let float = b.precision().data_type();
+    let queries = b.cast(position_ids, float);
+    let slots: Vec<f32> = (0..capacity).map(|p| p as f32).collect();
+    let slots = b.const_float(&[1, capacity], &slots);
+    let key_positions = b.concat(&[&slots, &queries], 1);
+    let key_positions = b.reshape(&key_positions, &[1, 1, 1, 1, (capacity + sequence) as i64]);
+    let queries = b.reshape(&queries, &[1, 1, 1, sequence as i64, 1]);
+    let distance = b.sub(&queries, &key_positions);
+    let reach = b.scalar_float(keys as f32 - 1.0);
+    let beyond = b.sub(&distance, &reach);
+    let (zero, one) = (b.scalar_float(0.0), b.scalar_float(1.0));
+    b.op1("Clip", &[&beyond, &zero, &one], vec![])
 }
 
 fn fixed(dims: &[usize]) -> Vec<Dim> {
