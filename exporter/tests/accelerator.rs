@@ -1,5 +1,6 @@
 //! `needle-export --target`: the accelerator graphs against onnxruntime's own mobile
-//! usability checker (`tests/python/mobile_partitions.py` runs its partitioning estimate)
+//! usability checker (`tests/python/mobile_partitions.py` runs its partitioning estimate
+//! and checks the per-op notes it prints but does not check)
 //! and against upstream's logits and greedy generations on the CPU EP
 //! (`tests/python/accelerator_run.py` drives the fixed-capacity cache).
 
@@ -62,6 +63,9 @@ fn coreml_and_nnapi_take_each_accelerator_graph_as_one_partition() {
         let (decode, prefill) = export_pair(&dir, &name, &cact);
         for graph in [decode, prefill] {
             let report = run_json("mobile_partitions.py", &[&graph]);
+            for (note, nodes) in report["notes"].as_object().unwrap() {
+                assert_eq!(nodes, &serde_json::json!([]), "{} {note}", graph.display());
+            }
             for ep in ["CoreML MLProgram", "NNAPI"] {
                 let r = &report[ep];
                 let (nodes, largest) = (
