@@ -22,23 +22,22 @@
 //! [`OpForms::MobileAccelerators`] forms, with the [`CoreInputs::FixedCache`] core.
 
 mod edge;
+mod needle2;
 
-use crate::blocks::attention::{lowest_float, rope, CoreInputs, KvPair};
+use crate::blocks::attention::{lowest_float, CoreInputs, KvPair};
 use crate::blocks::context::{BuildContext, Kernels, OpForms, RmsNorm};
 use crate::blocks::embedding::{embed_tokens, lm_head};
 use crate::blocks::engram::{engram_kv, inject, EngramKv};
 use crate::blocks::hyper_connections::{hc_post, hc_pre};
-use crate::blocks::weights::EngramTables;
+use crate::blocks::weights::{EngramTables, EngramWeights};
 use crate::builder::{Dim, GraphBuilder, Opset, Value};
 use crate::config::ModelConfig;
 use crate::contract::names::{self, layer_cache};
-use crate::contract::{keys, AcceleratorTarget, MatMulWeights, Precision};
+use crate::contract::{keys, AcceleratorTarget, HeadShape, MatMulWeights, Precision};
 use crate::description::ExportDescription;
 use crate::model::ModelWeights;
-use crate::needle2::attention::AttentionCtx;
-use crate::needle2::{Config, Weights};
 use crate::onnx::{data_type, ModelProto};
-use crate::stream::{block, LayerPast};
+use crate::stream::{block, Architecture, LayerPast};
 
 /// Rows per call of every accelerator graph.
 pub const BATCH: usize = 1;
@@ -75,10 +74,25 @@ pub fn build(
     check(desc).expect("the caller checks the description first");
     match (&desc.config, weights) {
         (ModelConfig::Needle2(cfg), ModelWeights::Needle2(w)) => {
-            build_needle2(desc, cfg, w, target, sequence)
+            build_stream(desc, cfg, w, target, sequence)
         }
         _ => panic!("the weights are of another generation than the description"),
     }
+}
+
+/// What a generation puts into the accelerator stream besides its stock [`Architecture`].
+pub(crate) trait Accelerated: Architecture {
+    /// The sliding window of each attention core the layers pick from (`None`: every
+    /// earlier key).
+    fn core_windows(&self) -> Vec<Option<usize>>;
+    /// Every layer's attention context: RoPE for `position_ids` and `cores`, one
+    /// [`CoreInputs::FixedCache`] per [`Self::core_windows`] entry.
+    fn fixed_attention(
+        b: &mut GraphBuilder,
+        ctx: &BuildContext<Self>,
+        position_ids: &Value,
+        cores: Vec<CoreInputs>,
+    ) -> Self::Attention;
 }
 
 /// The graph inputs.
@@ -93,16 +107,17 @@ struct Inputs {
     pasts: Vec<KvPair>,
 }
 
-fn build_needle2(
+fn build_stream<A: Accelerated>(
     desc: &ExportDescription,
-    cfg: &Config,
-    w: &Weights,
+    cfg: &A,
+    w: &A::Weights,
     target: AcceleratorTarget,
     sequence: usize,
 ) -> ModelProto {
+    let common = cfg.common();
     let ctx = BuildContext {
         cfg,
-        common: &cfg.common,
+        common,
         variant: desc.variant,
         kernels: Kernels {
             rms_normalization: RmsNorm::Expanded,
@@ -110,7 +125,7 @@ fn build_needle2(
             op_forms: OpForms::MobileAccelerators,
         },
     };
-    let common = &cfg.common;
+    let stream = A::stream_weights(w);
     let e = &common.engram;
     let history = e.history();
     let window = history + sequence;
@@ -121,29 +136,35 @@ fn build_needle2(
 
     let valid = edge::window_validity(&mut b, &inputs.position_ids, history, window);
     let valid = b.cast(&valid, float);
-    let attention = b.scope("attn_ctx", |b| AttentionCtx {
-        rope: rope(
-            b,
-            &ctx,
-            cfg.head_dim,
-            common.max_seq_len,
-            common.rope_theta,
-            &inputs.position_ids,
-        ),
-        core: CoreInputs::FixedCache {
-            bias: attention_bias(b, &inputs, cfg.sliding_window(), sequence, capacity),
-        },
+    let attention = b.scope("attn_ctx", |b| {
+        let cores = cfg
+            .core_windows()
+            .into_iter()
+            .map(|keys| CoreInputs::FixedCache {
+                bias: attention_bias(b, &inputs, keys, sequence, capacity),
+            })
+            .collect();
+        A::fixed_attention(b, &ctx, &inputs.position_ids, cores)
     });
-    let engram_kv = engram_sites(&mut b, &ctx, w, &inputs.token_window, &valid, window);
+    let engram_kv = engram_sites(
+        &mut b,
+        &ctx,
+        stream.engrams,
+        &inputs.token_window,
+        &valid,
+        window,
+    );
+    let constants = A::mlp_constants(&mut b, w);
 
     let (embedding, x) = b.scope("embed_tokens", |b| {
-        embed_tokens(b, &ctx, &w.embedding, &inputs.token_window)
+        embed_tokens(b, &ctx, stream.embedding, &inputs.token_window)
     });
     let mut x = b.slice(&x, 1, history as i64, window as i64);
-    let mut new_kvs = Vec::with_capacity(w.layers.len());
-    for (i, layer_weights) in w.layers.iter().enumerate() {
+    let layers = A::layers(w);
+    let mut new_kvs = Vec::with_capacity(layers.len());
+    for (i, layer_weights) in layers.iter().enumerate() {
         let (next, new_kv) = b.scope(format!("layers.{i}"), |b| {
-            let (u, mix) = hc_pre(b, &ctx, &x, &w.mhc, i);
+            let (u, mix) = hc_pre(b, &ctx, &x, stream.mhc, i);
             let site = e.sites.iter().position(|&s| s == i);
             let bx = match site {
                 Some(s) => b.scope(format!("engrams.{s}"), |b| {
@@ -155,7 +176,8 @@ fn build_needle2(
                 kv: &inputs.pasts[i],
                 state: None,
             };
-            let (out, new_kv, _) = block(b, &ctx, &attention, &(), i, &bx, layer_weights, past);
+            let (out, new_kv, _) =
+                block(b, &ctx, &attention, &constants, i, &bx, layer_weights, past);
             let y = b.sub(&out, &u);
             (hc_post(b, &ctx, &x, &y, &mix), new_kv)
         });
@@ -166,10 +188,10 @@ fn build_needle2(
         lm_head(
             b,
             &ctx,
-            &w.final_norm,
-            &w.embedding,
+            stream.final_norm,
+            stream.embedding,
             embedding.as_ref(),
-            common.vocab,
+            cfg.output_rows(),
             &x,
         )
     });
@@ -189,20 +211,20 @@ fn build_needle2(
 
 /// Keys and values of every engram site for this call's tokens, from the rows the
 /// integer edge fetched.
-fn engram_sites(
+fn engram_sites<C>(
     b: &mut GraphBuilder,
-    ctx: &BuildContext<Config>,
-    w: &Weights,
+    ctx: &BuildContext<C>,
+    sites: &[EngramWeights],
     token_window: &Value,
     valid: &Value,
     window: usize,
 ) -> Vec<EngramKv> {
-    if w.engrams.is_empty() {
+    if sites.is_empty() {
         return Vec::new();
     }
     let e = &ctx.common.engram;
     let indices = edge::table_indices(b, e, ctx.common.vocab, token_window, window);
-    w.engrams
+    sites
         .iter()
         .enumerate()
         .map(|(s, site)| {
@@ -288,13 +310,15 @@ fn fixed(dims: &[usize]) -> Vec<Dim> {
     dims.iter().map(|&d| Dim::Fixed(d)).collect()
 }
 
-fn cache_dims(cfg: &Config, len: usize) -> Vec<Dim> {
-    fixed(&[BATCH, cfg.common.num_kv_heads, len, cfg.head_dim])
+/// `[1, KV, len, width]` of the cached keys (`value` false) or values.
+fn cache_dims(shape: HeadShape, len: usize, value: bool) -> Vec<Dim> {
+    let width = if value { shape.v_dim } else { shape.qk_dim };
+    fixed(&[BATCH, shape.kv_heads, len, width])
 }
 
-fn declare_inputs(
+fn declare_inputs<A: Accelerated>(
     b: &mut GraphBuilder,
-    cfg: &Config,
+    cfg: &A,
     window: usize,
     sequence: usize,
     capacity: usize,
@@ -311,12 +335,13 @@ fn declare_inputs(
         &fixed(&[BATCH, sequence]),
     );
     let mask = b.input(names::ATTENTION_MASK, float, &fixed(&[BATCH, capacity]));
-    let pasts = (0..cfg.common.num_layers)
+    let shape = cfg.head_shape();
+    let pasts = (0..cfg.common().num_layers)
         .map(|i| {
             let n = layer_cache(i);
             KvPair {
-                key: b.input(&n.past_key, float, &cache_dims(cfg, capacity)),
-                value: b.input(&n.past_value, float, &cache_dims(cfg, capacity)),
+                key: b.input(&n.past_key, float, &cache_dims(shape, capacity, false)),
+                value: b.input(&n.past_value, float, &cache_dims(shape, capacity, true)),
             }
         })
         .collect();
@@ -328,15 +353,15 @@ fn declare_inputs(
     }
 }
 
-fn declare_outputs(
+fn declare_outputs<A: Accelerated>(
     b: &mut GraphBuilder,
-    cfg: &Config,
+    cfg: &A,
     logits: &Value,
     new_kvs: &[KvPair],
     sequence: usize,
 ) {
     let float = b.precision().data_type();
-    let vocab = cfg.common.vocab;
+    let (vocab, shape) = (cfg.output_rows(), cfg.head_shape());
     b.output(
         logits,
         names::LOGITS,
@@ -345,8 +370,8 @@ fn declare_outputs(
     );
     for (i, kv) in new_kvs.iter().enumerate() {
         let (key, value) = names::new_key_values(i);
-        b.output(&kv.key, &key, float, &cache_dims(cfg, sequence));
-        b.output(&kv.value, &value, float, &cache_dims(cfg, sequence));
+        b.output(&kv.key, &key, float, &cache_dims(shape, sequence, false));
+        b.output(&kv.value, &value, float, &cache_dims(shape, sequence, true));
     }
 }
 
