@@ -401,6 +401,24 @@ fn value_info(name: &str, elem_type: i32, dims: &[Dim]) -> ValueInfoProto {
     }
 }
 
+/// Exact IEEE half to single conversion.
+pub fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h as u32) & 0x8000) << 16;
+    let exp = ((h >> 10) & 0x1f) as u32;
+    let mant = (h & 0x3ff) as u32;
+    let bits = match (exp, mant) {
+        (0, 0) => sign,
+        (0, _) => {
+            let shift = mant.leading_zeros() - 21;
+            let mant = (mant << shift) & 0x3ff;
+            sign | ((113 - shift) << 23) | (mant << 13)
+        }
+        (0x1f, _) => sign | 0x7f80_0000 | (mant << 13),
+        _ => sign | ((exp + 112) << 23) | (mant << 13),
+    };
+    f32::from_bits(bits)
+}
+
 /// IEEE binary16 bits of `x`, rounded to nearest even (overflow to infinity).
 pub fn f32_to_f16(x: f32) -> u16 {
     let bits = x.to_bits();

@@ -80,7 +80,11 @@ pub(crate) trait Architecture: Geometry + Sized {
     ) -> Self::Attention;
     /// The attention core the token history is written through.
     fn history_core(attention: &Self::Attention) -> &CoreInputs;
-    fn mlp_constants(b: &mut GraphBuilder, w: &Self::Weights) -> Self::MlpConstants;
+    fn mlp_constants(
+        b: &mut GraphBuilder,
+        ctx: &BuildContext<Self>,
+        w: &Self::Weights,
+    ) -> Self::MlpConstants;
 
     /// Attention of layer `layer`: its output, present cache and next state.
     #[allow(clippy::too_many_arguments)]
@@ -139,7 +143,7 @@ pub(crate) fn build<A: Architecture>(
     let history = &inputs.pasts[num_layers];
     let window = engram_window(&mut b, &ctx, history, &masks, &inputs);
     let engram_kv = engram::site_kvs(&mut b, &ctx, stream.engrams, &window);
-    let constants = A::mlp_constants(&mut b, w);
+    let constants = A::mlp_constants(&mut b, &ctx, w);
 
     let (embedding, mut x) = b.scope("embed_tokens", |b| {
         embed_tokens(b, &ctx, stream.embedding, &inputs.input_ids)

@@ -12,6 +12,7 @@ use super::codebooks::Codebooks;
 use super::directory::{index_bits, padded_in, Encoding, Entry, BINARY_BITS, TERNARY_BITS};
 use super::CactError;
 use graphs::blocks::weights::CqRows;
+pub(crate) use graphs::builder::f16_to_f32;
 
 /// Decodes a float entry's blob to float32, row-major in `entry.shape`.
 pub(crate) fn decode(
@@ -125,24 +126,6 @@ fn source_offset(entry: &Entry, index: usize) -> u64 {
         }
         Encoding::Raw => start,
     }
-}
-
-/// Exact IEEE half to single conversion.
-pub(crate) fn f16_to_f32(h: u16) -> f32 {
-    let sign = ((h as u32) & 0x8000) << 16;
-    let exp = ((h >> 10) & 0x1f) as u32;
-    let mant = (h & 0x3ff) as u32;
-    let bits = match (exp, mant) {
-        (0, 0) => sign,
-        (0, _) => {
-            let shift = mant.leading_zeros() - 21;
-            let mant = (mant << shift) & 0x3ff;
-            sign | ((113 - shift) << 23) | (mant << 13)
-        }
-        (0x1f, _) => sign | 0x7f80_0000 | (mant << 13),
-        _ => sign | ((exp + 112) << 23) | (mant << 13),
-    };
-    f32::from_bits(bits)
 }
 
 /// The codebook a CQ record decodes with. For 2/3/4 bits this is the one in

@@ -10,8 +10,8 @@
 //! x ─Pad─ *d1 ─H─ *d2 ─silu─ H ─ *d3 ─Slice─▶      H: Reshape[a,b] ─ H_a·Z ─ Z·H_b ─ Reshape[n]
 //! ```
 
-use crate::blocks::context::{BuildContext, OpForms};
-use crate::blocks::hadamard::walsh_hadamard;
+use crate::blocks::context::BuildContext;
+use crate::blocks::hadamard::{pad_to_width, walsh_hadamard};
 use crate::builder::{GraphBuilder, Value};
 use crate::needle2::{Config, LayerWeights};
 
@@ -27,19 +27,7 @@ pub fn hadamard_mlp(
     let d1 = b.weight("d1", &[n], &w.d1.data);
     let d2 = b.weight("d2", &[n], &w.d2.data);
     let d3 = b.weight("d3", &[n], &w.d3.data);
-    let z = match (n > d_model, ctx.kernels.op_forms) {
-        (false, _) => x.clone(),
-        (true, OpForms::Onnx) => b.pad_back(x, 3, 2, (n - d_model) as i64),
-        // CoreML's MLProgram has no `Pad`; `x · [I | 0]` is the padded `x` exactly (one
-        // product by 1 per output, the rest zeros).
-        (true, OpForms::MobileAccelerators) => {
-            let widen: Vec<f32> = (0..d_model * n)
-                .map(|k| if k / n == k % n { 1.0 } else { 0.0 })
-                .collect();
-            let widen = b.const_float(&[d_model, n], &widen);
-            b.matmul(x, &widen)
-        }
-    };
+    let z = pad_to_width(b, ctx.kernels.op_forms, x, d_model, n);
     let z = b.mul(&d1, &z);
     let z = walsh_hadamard_transform(b, &z, n);
     let z = b.mul(&d2, &z);

@@ -59,7 +59,7 @@ impl Architecture for Config {
         &attention.core
     }
 
-    fn mlp_constants(_b: &mut GraphBuilder, _w: &Weights) {}
+    fn mlp_constants(_b: &mut GraphBuilder, _ctx: &BuildContext<Config>, _w: &Weights) {}
 
     fn attention(
         b: &mut GraphBuilder,
