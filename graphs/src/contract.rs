@@ -35,6 +35,14 @@ pub mod names {
     const NEW_KV_PREFIX: &str = "new_key_values.";
     const PAST_KV_PREFIX: &str = "past_key_values.";
 
+    /// Accelerator graphs, Needle 3 with the QKV conv: layer `i`'s raw Q, K and V
+    /// projections of this call's tokens, `new_key_values.{i}.qkv_conv`
+    /// `[batch, sequence, q + k + v width]`; the caller's next `past_key_values.{i}.qkv_conv`
+    /// is the row's last `qkv_conv_taps − 1` of them (real tokens only).
+    pub fn new_state(i: usize) -> String {
+        format!("{NEW_KV_PREFIX}{i}.qkv_conv")
+    }
+
     /// Accelerator graphs: layer `i`'s keys and values of this call's tokens,
     /// `new_key_values.{i}.key` / `.value` `[batch, num_kv_heads, sequence, head_dim]`,
     /// which the caller writes into its fixed-capacity cache at the tokens' positions.

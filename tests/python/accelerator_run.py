@@ -5,18 +5,19 @@ Usage: accelerator_run.py DECODE.onnx PREFILL.onnx CASES.safetensors [GENERATE.j
 Drives the graphs the way their interface says (graphs/src/accelerator/mod.rs): a cache of
 fixed capacity owned here, each call's `new_key_values.*` written into it at the tokens'
 positions, `attention_mask` marking the filled slots, `token_window` the row's last W
-tokens before the call then the call's own (a final prefill chunk padded with zeros).
+tokens before the call then the call's own (a final prefill chunk padded with zeros), and
+Needle 3's QKV-conv state: the row's last raw projections each call returned.
 
-1. Every row of every upstream case: its first tokens through the prefill graph (in
-   chunks, the last one partial), then the rest one token a step through the decode
-   graph (40 steps, or all but the first token for shorter rows); logits at every real
-   position against upstream's, the contract's rule: max|got − ref| / max(1, max|ref|).
+1. Every row of every upstream case twice: whole through the prefill graph (in chunks,
+   the last one partial: `<case>[<row>].prefill`), and its first tokens through the
+   prefill graph then the rest one token a step through the decode graph (40 steps, or
+   all but the first token for shorter rows: `<case>[<row>].cached`); logits at every
+   real position against upstream's, the contract's rule: max|got − ref| / max(1, max|ref|).
 2. Every upstream greedy generation: the prompt through the prefill graph, then greedy
    decode steps until EOS (id 1) or as many tokens as upstream generated.
 
-Prints one JSON object: `{"cases": {"<case>[<row>]": error}, "prefill_chunks":
-{"<case>[<row>]": chunks}, "decode_steps": {...}, "generations": [{"expected": [...],
-"got": [...]}]}`.
+Prints one JSON object: `{"cases": {"<run>": error}, "prefill_chunks": {"<run>": chunks},
+"decode_steps": {"<run>": steps}, "generations": [{"expected": [...], "got": [...]}]}`.
 """
 import json
 import sys
@@ -63,8 +64,15 @@ class Row:
         feeds["attention_mask"] = self.mask
         result = dict(zip(graph.outputs, graph.session.run(graph.outputs, feeds)))
         for name, value in result.items():
-            if name.startswith("new_key_values."):
-                past = "past_key_values." + name[len("new_key_values."):]
+            if not name.startswith("new_key_values."):
+                continue
+            past = "past_key_values." + name[len("new_key_values."):]
+            if name.endswith(".qkv_conv"):
+                # Needle 3's conv state: the row's last `slots` raw projections.
+                slots = self.pasts[past].shape[1]
+                rows = np.concatenate([self.pasts[past], value[:, :n]], axis=1)
+                self.pasts[past] = rows[:, -slots:]
+            else:
                 self.pasts[past][:, :, p0:p0 + n] = value[:, :, :n]
         self.mask[0, p0:p0 + n] = 1
         self.tokens.extend(tokens)
@@ -89,14 +97,14 @@ def main(decode_path, prefill_path, cases_path, generate_path=None):
         ids, lengths, ref = (cases[f"{name}.{k}"] for k in ("input_ids", "lengths", "logits"))
         for b, length in enumerate(lengths):
             tokens = [int(t) for t in ids[b, :length]]
-            steps = min(len(tokens) - 1, DECODE_STEPS)
-            row = Row(decode)
-            got, chunks = row.prefill(prefill, tokens[:len(tokens) - steps])
-            got = [got] + [row.call(decode, [t]) for t in tokens[len(tokens) - steps:]]
-            key = f"{name}[{b}]"
-            report["cases"][key] = relative_error(np.concatenate(got), ref[b, :length])
-            report["prefill_chunks"][key] = chunks
-            report["decode_steps"][key] = steps
+            for run, steps in [("prefill", 0), ("cached", min(len(tokens) - 1, DECODE_STEPS))]:
+                row = Row(decode)
+                got, chunks = row.prefill(prefill, tokens[:len(tokens) - steps])
+                got = [got] + [row.call(decode, [t]) for t in tokens[len(tokens) - steps:]]
+                key = f"{name}[{b}].{run}"
+                report["cases"][key] = relative_error(np.concatenate(got), ref[b, :length])
+                report["prefill_chunks"][key] = chunks
+                report["decode_steps"][key] = steps
     if generate_path:
         for reference in json.load(open(generate_path)):
             row = Row(decode)

@@ -23,6 +23,9 @@
 
 mod edge;
 mod needle2;
+mod needle3;
+
+use std::borrow::Cow;
 
 use crate::blocks::attention::{lowest_float, CoreInputs, KvPair};
 use crate::blocks::context::{BuildContext, Kernels, OpForms, RmsNorm};
@@ -46,12 +49,8 @@ pub const BATCH: usize = 1;
 /// one padded after the prompt's end.
 pub const PREFILL_CHUNK: usize = 64;
 
-/// What an accelerator graph cannot be yet, or `Ok`: Needle 2 only, float32 dense
-/// weights.
+/// What an accelerator graph cannot be yet, or `Ok`: float32 dense weights.
 pub fn check(desc: &ExportDescription) -> Result<(), String> {
-    let ModelConfig::Needle2(_) = &desc.config else {
-        return Err("accelerator graphs (--target) take Needle 2 models only so far".into());
-    };
     if desc.variant.precision != Precision::Fp32 {
         return Err("accelerator graphs (--target) are float32 only so far".into());
     }
@@ -74,6 +73,9 @@ pub fn build(
     check(desc).expect("the caller checks the description first");
     match (&desc.config, weights) {
         (ModelConfig::Needle2(cfg), ModelWeights::Needle2(w)) => {
+            build_stream(desc, cfg, w, target, sequence)
+        }
+        (ModelConfig::Needle3(cfg), ModelWeights::Needle3(w)) => {
             build_stream(desc, cfg, w, target, sequence)
         }
         _ => panic!("the weights are of another generation than the description"),
@@ -105,6 +107,9 @@ struct Inputs {
     mask: Value,
     /// Each layer's cache, `[1, KV, C, hd]`.
     pasts: Vec<KvPair>,
+    /// Each layer's state besides its cache, `[1, slots, width]` (none when the
+    /// generation has none): the last `slots` rows of what the layer returned before.
+    states: Vec<Value>,
 }
 
 fn build_stream<A: Accelerated>(
@@ -154,14 +159,14 @@ fn build_stream<A: Accelerated>(
         &valid,
         window,
     );
-    let constants = A::mlp_constants(&mut b, w);
+    let constants = A::mlp_constants(&mut b, &ctx, w);
 
     let (embedding, x) = b.scope("embed_tokens", |b| {
         embed_tokens(b, &ctx, stream.embedding, &inputs.token_window)
     });
     let mut x = b.slice(&x, 1, history as i64, window as i64);
     let layers = A::layers(w);
-    let mut new_kvs = Vec::with_capacity(layers.len());
+    let mut new_kvs: Vec<(KvPair, Option<Value>)> = Vec::with_capacity(layers.len());
     for (i, layer_weights) in layers.iter().enumerate() {
         let (next, new_kv) = b.scope(format!("layers.{i}"), |b| {
             let (u, mix) = hc_pre(b, &ctx, &x, stream.mhc, i);
@@ -174,12 +179,12 @@ fn build_stream<A: Accelerated>(
             };
             let past = LayerPast {
                 kv: &inputs.pasts[i],
-                state: None,
+                state: inputs.states.get(i),
             };
-            let (out, new_kv, _) =
+            let (out, new_kv, new_state) =
                 block(b, &ctx, &attention, &constants, i, &bx, layer_weights, past);
             let y = b.sub(&out, &u);
-            (hc_post(b, &ctx, &x, &y, &mix), new_kv)
+            (hc_post(b, &ctx, &x, &y, &mix), (new_kv, new_state))
         });
         x = next;
         new_kvs.push(new_kv);
@@ -229,10 +234,13 @@ fn engram_sites<C>(
         .enumerate()
         .map(|(s, site)| {
             b.scope(format!("engrams.{s}"), |b| {
-                let EngramTables::Dense(tables) = &site.tables else {
-                    unreachable!("Needle 2's engram tables are dense");
+                // The rows the graph gathers are float: the codes' decoding gathers by the
+                // codes' values, which CoreML would leave to the CPU mid-stream.
+                let tables = match &site.tables {
+                    EngramTables::Dense(t) => Cow::Borrowed(t.data.as_slice()),
+                    EngramTables::Codes(codes) => Cow::Owned(codes.decoded()),
                 };
-                let rows = edge::fetch_rows(b, e, &tables.data, &indices);
+                let rows = edge::fetch_rows(b, e, &tables, &indices);
                 let rows = b.transpose(&rows, &[1, 2, 0, 3]);
                 engram_kv(b, ctx, valid, &rows, site)
             })
@@ -345,11 +353,21 @@ fn declare_inputs<A: Accelerated>(
             }
         })
         .collect();
+    let states = match cfg.layer_state() {
+        Some((slots, width)) => (0..cfg.common().num_layers)
+            .map(|i| {
+                let (past, _) = names::qkv_conv_state(i);
+                b.input(&past, float, &fixed(&[BATCH, slots, width]))
+            })
+            .collect(),
+        None => Vec::new(),
+    };
     Inputs {
         token_window,
         position_ids,
         mask,
         pasts,
+        states,
     }
 }
 
@@ -357,7 +375,7 @@ fn declare_outputs<A: Accelerated>(
     b: &mut GraphBuilder,
     cfg: &A,
     logits: &Value,
-    new_kvs: &[KvPair],
+    new_kvs: &[(KvPair, Option<Value>)],
     sequence: usize,
 ) {
     let float = b.precision().data_type();
@@ -368,10 +386,14 @@ fn declare_outputs<A: Accelerated>(
         data_type::FLOAT,
         &fixed(&[BATCH, sequence, vocab]),
     );
-    for (i, kv) in new_kvs.iter().enumerate() {
+    for (i, (kv, state)) in new_kvs.iter().enumerate() {
         let (key, value) = names::new_key_values(i);
         b.output(&kv.key, &key, float, &cache_dims(shape, sequence, false));
         b.output(&kv.value, &value, float, &cache_dims(shape, sequence, true));
+        if let (Some(state), Some((_, width))) = (state, cfg.layer_state()) {
+            let name = names::new_state(i);
+            b.output(state, &name, float, &fixed(&[BATCH, sequence, width]));
+        }
     }
 }
 
