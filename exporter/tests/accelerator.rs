@@ -141,6 +141,22 @@ fn the_accelerator_graphs_match_upstream_through_prefill_chunks_and_decode_steps
     }
 }
 
+/// `--target --layers 4` of n3a is upstream's `needle build --layers 4` of it (n3a_d4).
+#[test]
+fn a_ladder_rung_of_the_accelerator_graphs_matches_upstreams_rung() {
+    let dir = scratch("accelerator-rung");
+    let out = dir.join("n3a-4.onnx");
+    let o = export(&fixture("needle3/n3a.cact"), &out, &["--layers", "4"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let prefill = dir.join("n3a-4.prefill.onnx");
+    let cases = fixture("needle3/n3a_d4.cases.safetensors");
+    let report = run_json("accelerator_run.py", &[&out, &prefill, &cases]);
+    for (case, err) in report["cases"].as_object().unwrap() {
+        let err = err.as_f64().unwrap();
+        assert!(err <= BOUND, "n3a --layers 4 case {case}: {err}");
+    }
+}
+
 #[test]
 fn what_the_accelerator_graphs_cannot_be_yet_is_one_error_line_and_no_output() {
     let dir = scratch("accelerator-refused");

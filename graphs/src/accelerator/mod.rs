@@ -2,7 +2,7 @@
 //! with every shape fixed and every op in a form that onnxruntime's CoreML (MLProgram)
 //! and NNAPI execution providers take, so that the accelerator gets the model as one
 //! partition. One graph per fixed `sequence`: 1 for a decode step, a chunk for prefill.
-//! Batch 1. Needle 2 only so far.
+//! Batch 1. Both generations, through [`Accelerated`] (`needle2.rs`, `needle3.rs`).
 //!
 //! The cache has a fixed capacity (`max_seq_len` slots) and belongs to the caller: the
 //! graph reads it whole, with `attention_mask` saying which slots hold the row's tokens,
@@ -13,12 +13,12 @@
 //! token_window [1, W+S] ─Gather(embedding)·√d ─×1[lanes]─ Slice(last S) ─ layer × L ─ lm_head ─▶ logits [1,S,V]
 //!              └─ edge: n-gram hash, GatherElements(tables) ─▶ each engram site's rows [1,W+S,T,sub]
 //! position_ids [1, S] ─Gather(cos, sin)─ RoPE;  ─ edge: ReduceMin ≥ W−i ─▶ the window's validity
-//! attention_mask [1, C] ─(m−1)·max─ ++ causal [S,S] ─▶ bias [1,1,1,S,C+S] over past_key_values ++ this call's keys
-//! layer i ─▶ new_key_values.{i}.key/.value [1, KV, S, hd]
+//! attention_mask [1, C] ─1−m─ ++ causal [S,S] ─ max(window) ─·lowest─▶ bias [1,1,1,S,C+S] over past_key_values ++ this call's keys
+//! layer i ─▶ new_key_values.{i}.key/.value [1, KV, S, hd] (Needle 3: and .qkv_conv, this call's raw projections)
 //! ```
 //!
 //! The integer work sits at the graph's edge (`edge`), reading graph inputs only; the
-//! float blocks are the stock graphs' (`crate::blocks`, `crate::needle2`) in their
+//! float blocks are the stock graphs' (`crate::blocks`, `crate::needle2`, `crate::needle3`) in their
 //! [`OpForms::MobileAccelerators`] forms, with the [`CoreInputs::FixedCache`] core.
 
 mod edge;
@@ -420,25 +420,32 @@ fn metadata(
 fn doc_string(desc: &ExportDescription, sequence: usize, capacity: usize) -> String {
     let history = desc.config.engram_history();
     let (key, _) = names::new_key_values(0);
-    format!(
+    let mut doc = format!(
         "Needle {} accelerator graph (fixed shapes, batch {BATCH}, {sequence} token(s) a call, \
          a cache of {capacity} slots). Inputs: {tw} int32 [1, {w}], the row's {history} tokens \
          before this call (0 where it has none) then this call's; {pos} int32 [1, {sequence}], \
          their positions; {mask} [1, {capacity}], 1 for the cache slots that hold the row's \
-         tokens; past_key_values.{{i}}.key/.value [1, kv, {capacity}, head_dim], the cache \
+         tokens; past_key_values.{{i}}.key/.value [1, kv, {capacity}, ·], the cache \
          (slot p: position p). Outputs: {logits} [1, {sequence}, vocab] float32; \
-         {kv}/.value [1, kv, {sequence}, head_dim]: this call's keys and values, to be \
-         written into the cache at their positions (a final chunk's padding: not at all).",
+         {kv}/.value [1, kv, {sequence}, ·]: this call's keys and values, to be written into \
+         the cache at their positions (a final chunk's padding: not at all).",
         desc.generation(),
         tw = names::TOKEN_WINDOW,
         w = history + sequence,
         pos = names::POSITION_IDS,
         mask = names::ATTENTION_MASK,
         logits = names::LOGITS,
-        kv = key
-            .replace(".0.", ".{i}.")
-            .trim_end_matches(".key")
-            .to_string()
-            + ".key",
-    )
+        kv = key.replace(".0.", ".{i}."),
+    );
+    if let Some((slots, width)) = desc.config.qkv_conv_state() {
+        let (past, _) = names::qkv_conv_state(0);
+        doc.push_str(&format!(
+            " Per layer also {} [1, {slots}, {width}], the row's last {slots} raw q, k and v \
+             projections before this call (zeros before its start), and out {} [1, \
+             {sequence}, {width}], this call's, whose last real {slots} are the next state.",
+            past.replace(".0.", ".{i}."),
+            names::new_state(0).replace(".0.", ".{i}."),
+        ));
+    }
+    doc
 }
