@@ -8,7 +8,7 @@
 //! the whole path first and the accelerator gets one partition.
 //!
 //! ```text
-//! token_window ─GatherElements(ids as i64)─ Einsum(shift_j ⊗ active_j) ─ Xor ─ Einsum(·P or ·1) ─ And(2³²−1) ─ × max(orders)
+//! token_window ─GatherElements(ids as i64)─ Einsum(shift_j, active_j) ─ Xor ─ Einsum(·P or ·1) ─ And(2³²−1) ─ × max(orders)
 //!   ─ acc ^ (acc >> 15, bit by bit) ─ Mod(slots) ─ Einsum(⊗ ones[sub]) ─▶ indices
 //! indices ─ GatherElements(site's tables [T,1,slots,sub]) ─▶ [T, 1, N, sub] (the site transposes it)
 //! position_ids ─ ReduceMin ─ GreaterOrEqual(W − i) ─▶ validity [1, N] (bool)
@@ -51,12 +51,14 @@ pub fn table_indices(
         let mask = b.scalar_i64(MASK32);
         for j in 0..max_order {
             let active: Vec<bool> = (0..t).map(|table| order_of(e, table) > j).collect();
-            let shift = b.const_bytes(data_type::INT64, &[n, n, t], shifted_tokens(n, j, &active));
-            let tok = einsum(b, "bm,mnt->bnt", &ids, &shift);
+            let shift = b.const_bytes(data_type::INT64, &[n, n], shifted_tokens(n, j));
+            let takes: Vec<i64> = active.iter().map(|&a| a as i64).collect();
+            let takes = b.const_i64(&takes);
+            let tok = einsum(b, "bm,mn,t->bnt", &[&ids, &shift, &takes]);
             let mixed = b.op1("BitwiseXor", &[&acc, &tok], vec![]);
             let factors: Vec<i64> = active.iter().map(|&a| if a { PRIME } else { 1 }).collect();
             let factors = b.const_i64(&factors);
-            let product = einsum(b, "bnt,t->bnt", &mixed, &factors);
+            let product = einsum(b, "bnt,t->bnt", &[&mixed, &factors]);
             acc = b.op1("BitwiseAnd", &[&product, &mask], vec![]);
         }
         let high = shift_right_15(b, &acc);
@@ -64,7 +66,7 @@ pub fn table_indices(
         let slots = b.scalar_i64(e.slots as i64);
         let slot = b.op1("Mod", &[&acc, &slots], vec![]);
         let ones = b.const_i64(&vec![1; e.sub_dim]);
-        einsum(b, "bnt,s->tbns", &slot, &ones)
+        einsum(b, "bnt,s->tbns", &[&slot, &ones])
     })
 }
 
@@ -75,7 +77,7 @@ pub fn table_indices(
 fn shift_right_15(b: &mut GraphBuilder, x: &Value) -> Value {
     let bits: Vec<u32> = (15..32).collect();
     let ones = b.const_i64(&vec![1; bits.len()]);
-    let spread = einsum(b, "bnt,k->bntk", x, &ones);
+    let spread = einsum(b, "bnt,k->bntk", &[x, &ones]);
     let powers: Vec<i64> = bits.iter().map(|&k| 1i64 << k).collect();
     let below: Vec<i64> = powers.iter().map(|p| p - 1).collect();
     let powers = b.const_i64(&powers);
@@ -84,7 +86,7 @@ fn shift_right_15(b: &mut GraphBuilder, x: &Value) -> Value {
     let bit = b.op1("Mod", &[&masked, &below], vec![]);
     let weights: Vec<i64> = bits.iter().map(|&k| 1i64 << (k - 15)).collect();
     let weights = b.const_i64(&weights);
-    einsum(b, "bntk,k->bnt", &bit, &weights)
+    einsum(b, "bntk,k->bnt", &[&bit, &weights])
 }
 
 /// A site's fetched rows `[T, 1, N, sub_dim]` from its tables (`[T·slots, sub_dim]`
@@ -130,21 +132,16 @@ fn order_of(e: &EngramGeometry, table: usize) -> usize {
     e.orders[table / e.heads()]
 }
 
-fn einsum(b: &mut GraphBuilder, equation: &'static str, x: &Value, y: &Value) -> Value {
-    b.op1("Einsum", &[x, y], vec![("equation", Attr::Str(equation))])
+fn einsum(b: &mut GraphBuilder, equation: &'static str, operands: &[&Value]) -> Value {
+    b.op1("Einsum", operands, vec![("equation", Attr::Str(equation))])
 }
 
-/// `[N, N, T]` int64 little-endian: entry `(m, p, t)` is 1 when table `t` takes step `j`
-/// and `m = p − j`, so `ids · it` is each position's token `j` back for those tables (0
-/// before the window's start, and for the others).
-fn shifted_tokens(n: usize, j: usize, active: &[bool]) -> Vec<u8> {
-    let t = active.len();
-    let mut raw = vec![0u8; n * n * t * 8];
+/// `[N, N]` int64 little-endian: entry `(m, p)` is 1 when `m = p − j`, so `ids · it` is
+/// each position's token `j` back (0 before the window's start).
+fn shifted_tokens(n: usize, j: usize) -> Vec<u8> {
+    let mut raw = vec![0u8; n * n * 8];
     for p in j..n {
-        for (table, _) in active.iter().enumerate().filter(|(_, &a)| a) {
-            let at = (((p - j) * n + p) * t + table) * 8;
-            raw[at] = 1;
-        }
+        raw[((p - j) * n + p) * 8] = 1;
     }
     raw
 }
