@@ -2,7 +2,8 @@
 //! `needle-export`, the runner's in-memory export, the tests and the benchmarks.
 
 use crate::model::NeedleModel;
-use graphs::contract::Variant;
+use graphs::accelerator;
+use graphs::contract::{AcceleratorTarget, Variant};
 use graphs::description::{ExportDescription, TokenizerDescription, TokenizerFile};
 use graphs::model::build;
 use prost::Message;
@@ -52,5 +53,18 @@ impl NeedleModel {
     /// The serialized graph of one variant.
     pub fn export(&self, opts: &ExportOptions) -> Vec<u8> {
         build(&self.describe(opts), &self.weights).encode_to_vec()
+    }
+
+    /// The serialized accelerator graph for `target` that takes `sequence` tokens a call
+    /// (`graphs::accelerator`), or why the model has none.
+    pub fn export_accelerator(
+        &self,
+        opts: &ExportOptions,
+        target: AcceleratorTarget,
+        sequence: usize,
+    ) -> Result<Vec<u8>, String> {
+        let desc = self.describe(opts);
+        accelerator::check(&desc)?;
+        Ok(accelerator::build(&desc, &self.weights, target, sequence).encode_to_vec())
     }
 }

@@ -8,7 +8,8 @@ use exporter::model::NeedleModel;
 use exporter::output::{interrupt, ExportFiles};
 use exporter::tokenizer::NeedleTokenizer;
 use graphs::contract::{
-    parse_spelled, AttentionKind, Generation, MatMulWeights, Precision, RuntimeTarget, Spelled,
+    parse_spelled, AcceleratorTarget, AttentionKind, Generation, MatMulWeights, Precision,
+    RuntimeTarget, Spelled,
 };
 use std::io::{stdout, Write};
 use std::path::PathBuf;
@@ -23,9 +24,10 @@ struct Args {
     /// The graph to write; `--attention both` also writes `OUT.reference.onnx`. With
     /// `--genai`, the folder to write.
     out: PathBuf,
-    /// Attention core: onnxruntime's fused kernel, a plain ai.onnx subgraph, or both files.
-    #[arg(long, value_parser = attention_targets(), default_value_t = Targets::One(AttentionKind::FUSED))]
-    attention: Targets,
+    /// Attention core: onnxruntime's fused kernel (the default), a plain ai.onnx subgraph,
+    /// or both files.
+    #[arg(long, value_parser = attention_targets())]
+    attention: Option<Targets>,
     /// Float precision of weights and activations (logits stay float32).
     #[arg(long, value_parser = spelled::<Precision>(), default_value_t = Precision::Fp32)]
     precision: Precision,
@@ -49,6 +51,12 @@ struct Args {
     /// tokenizer.json, tokenizer_config.json (one attention variant).
     #[arg(long)]
     genai: bool,
+    /// Write the static-shape graphs for an accelerator's execution provider instead:
+    /// `OUT.onnx` takes one token a call (decode), `OUT.prefill.onnx` a chunk; fixed
+    /// batch and cache capacity, ops CoreML and NNAPI take (fp32, float weights; not with
+    /// --attention, --genai, --onnxruntime).
+    #[arg(long, value_parser = spelled::<AcceleratorTarget>())]
+    target: Option<AcceleratorTarget>,
     /// Export the N-layer ladder rung of a Needle 3 model (2 to its depth), its blocks
     /// chosen as upstream chooses them.
     #[arg(long)]
@@ -97,14 +105,23 @@ fn main() -> ExitCode {
 
 fn run(args: Args) -> Result<()> {
     interrupt::remove_temporaries_on_signal().context("cannot watch for SIGINT/SIGTERM")?;
-    let attentions = match args.attention {
+    let attentions = match args.attention.unwrap_or(Targets::One(AttentionKind::FUSED)) {
         Targets::One(kind) => vec![kind],
         Targets::Both => vec![AttentionKind::FUSED, AttentionKind::Reference],
     };
-    let files = match (args.genai, attentions.as_slice()) {
-        (false, _) => ExportFiles::beside(&args.out, &attentions),
-        (true, [attention]) => ExportFiles::genai_folder(&args.out, *attention),
-        (true, _) => bail!("--genai writes one graph: choose --attention fused or reference"),
+    let files = match (args.target, args.genai, attentions.as_slice()) {
+        (Some(target), false, _) => {
+            if args.attention.is_some() || args.onnxruntime != RuntimeTarget::Since1_24 {
+                bail!("--target writes its own graphs: leave out --attention and --onnxruntime");
+            }
+            ExportFiles::accelerator(&args.out, target)
+        }
+        (Some(_), true, _) => bail!("--target and --genai write different exports: choose one"),
+        (None, false, _) => ExportFiles::beside(&args.out, &attentions),
+        (None, true, [attention]) => ExportFiles::genai_folder(&args.out, *attention),
+        (None, true, _) => {
+            bail!("--genai writes one graph: choose --attention fused or reference")
+        }
     };
     if args.genai && args.onnxruntime != RuntimeTarget::Since1_24 {
         bail!(

@@ -27,7 +27,31 @@ pub mod names {
     /// embedding of this call's real tokens (a sequence's when it is fed whole, empty
     /// cache); cosine similarity is the dot product of two.
     pub const CONTRASTIVE_EMBEDDING: &str = "contrastive_embedding";
+    /// Accelerator graphs (`crate::accelerator`): `int32 [batch, engram_history +
+    /// sequence]`, the row's `engram_history` tokens before this call (0 where it has
+    /// none), then this call's `sequence` tokens (0 after the row's last in a prompt's
+    /// final chunk).
+    pub const TOKEN_WINDOW: &str = "token_window";
+    const NEW_KV_PREFIX: &str = "new_key_values.";
     const PAST_KV_PREFIX: &str = "past_key_values.";
+
+    /// Accelerator graphs, Needle 3 with the QKV conv: layer `i`'s raw Q, K and V
+    /// projections of this call's tokens, `new_key_values.{i}.qkv_conv`
+    /// `[batch, sequence, q + k + v width]`; the caller's next `past_key_values.{i}.qkv_conv`
+    /// is the row's last `qkv_conv_taps − 1` of them (real tokens only).
+    pub fn new_state(i: usize) -> String {
+        format!("{NEW_KV_PREFIX}{i}.qkv_conv")
+    }
+
+    /// Accelerator graphs: layer `i`'s keys and values of this call's tokens,
+    /// `new_key_values.{i}.key` / `.value` `[batch, num_kv_heads, sequence, head_dim]`,
+    /// which the caller writes into its fixed-capacity cache at the tokens' positions.
+    pub fn new_key_values(i: usize) -> (String, String) {
+        (
+            format!("{NEW_KV_PREFIX}{i}.key"),
+            format!("{NEW_KV_PREFIX}{i}.value"),
+        )
+    }
     const PRESENT_KV_PREFIX: &str = "present.";
 
     /// The cache inputs and outputs of one layer.
@@ -137,6 +161,11 @@ pub mod keys {
     /// [`super::names::token_history`]): `num_layers`.
     pub const TOKEN_HISTORY: &str = "needle.token_history_layer";
     pub const PAST_PRESENT_SHARE_BUFFER: &str = "needle.past_present_share_buffer";
+    /// An accelerator graph's execution provider (`super::AcceleratorTarget`), its cache
+    /// capacity and the fixed number of tokens it takes per call.
+    pub const TARGET: &str = "needle.target";
+    pub const CACHE_CAPACITY: &str = "needle.cache_capacity";
+    pub const FIXED_SEQUENCE: &str = "needle.fixed_sequence";
     pub const TOKENIZER: &str = "needle.tokenizer";
     /// Lowercase hex SHA-256 of the tokenizer file's bytes, so a runtime can tell it is
     /// the file the graph was exported with.
@@ -412,6 +441,32 @@ impl Spelled for MatMulWeights {
 }
 spelled_traits!(MatMulWeights);
 
+/// The execution provider an accelerator graph (`needle-export --target`) is for. One
+/// static-shape graph serves all three; the target is recorded for the runner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AcceleratorTarget {
+    CoreMl,
+    Nnapi,
+    TensorRt,
+}
+
+impl Spelled for AcceleratorTarget {
+    const WHAT: &'static str = "accelerator target";
+    const ALL: &'static [Self] = &[
+        AcceleratorTarget::CoreMl,
+        AcceleratorTarget::Nnapi,
+        AcceleratorTarget::TensorRt,
+    ];
+    fn name(self) -> &'static str {
+        match self {
+            AcceleratorTarget::CoreMl => "coreml",
+            AcceleratorTarget::Nnapi => "nnapi",
+            AcceleratorTarget::TensorRt => "tensorrt",
+        }
+    }
+}
+spelled_traits!(AcceleratorTarget);
+
 /// The choices that make one graph out of one model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Variant {
@@ -483,5 +538,6 @@ mod tests {
         round_trips::<Precision>();
         round_trips::<MatMulWeights>();
         round_trips::<RuntimeTarget>();
+        round_trips::<AcceleratorTarget>();
     }
 }

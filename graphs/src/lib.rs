@@ -2,6 +2,7 @@
 //! contract (`contract`, a leaf), the typed metadata (`description`), the geometry both
 //! generations share (`geometry`, `config`), the shared blocks (`blocks`), the stream
 //! written once (`stream`) and each generation's part of it (`needle2`, `needle3`).
+pub mod accelerator;
 pub mod blocks;
 pub mod builder;
 pub mod config;

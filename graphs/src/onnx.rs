@@ -112,6 +112,7 @@ pub mod data_type {
     pub const BOOL: i32 = 9;
     pub const FLOAT16: i32 = 10;
     pub const UINT32: i32 = 12;
+    pub const UINT64: i32 = 13;
 }
 
 /// `TensorProto`: an initializer or constant, always as little-endian `raw_data`.

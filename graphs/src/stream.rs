@@ -80,7 +80,11 @@ pub(crate) trait Architecture: Geometry + Sized {
     ) -> Self::Attention;
     /// The attention core the token history is written through.
     fn history_core(attention: &Self::Attention) -> &CoreInputs;
-    fn mlp_constants(b: &mut GraphBuilder, w: &Self::Weights) -> Self::MlpConstants;
+    fn mlp_constants(
+        b: &mut GraphBuilder,
+        ctx: &BuildContext<Self>,
+        w: &Self::Weights,
+    ) -> Self::MlpConstants;
 
     /// Attention of layer `layer`: its output, present cache and next state.
     #[allow(clippy::too_many_arguments)]
@@ -139,7 +143,7 @@ pub(crate) fn build<A: Architecture>(
     let history = &inputs.pasts[num_layers];
     let window = engram_window(&mut b, &ctx, history, &masks, &inputs);
     let engram_kv = engram::site_kvs(&mut b, &ctx, stream.engrams, &window);
-    let constants = A::mlp_constants(&mut b, w);
+    let constants = A::mlp_constants(&mut b, &ctx, w);
 
     let (embedding, mut x) = b.scope("embed_tokens", |b| {
         embed_tokens(b, &ctx, stream.embedding, &inputs.input_ids)
@@ -210,15 +214,15 @@ pub(crate) fn build<A: Architecture>(
 }
 
 /// One layer's state in: its KV cache and, when the generation has one, its other state.
-struct LayerPast<'a> {
-    kv: &'a KvPair,
-    state: Option<&'a Value>,
+pub(crate) struct LayerPast<'a> {
+    pub kv: &'a KvPair,
+    pub state: Option<&'a Value>,
 }
 
 /// `Block`: `x + σ(attn_gate)·post_norm(attention(norm_in x))`, then
 /// `+ mlp(pre_hada_norm x)`.
 #[allow(clippy::too_many_arguments)]
-fn block<A: Architecture>(
+pub(crate) fn block<A: Architecture>(
     b: &mut GraphBuilder,
     ctx: &BuildContext<A>,
     attention: &A::Attention,

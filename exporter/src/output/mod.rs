@@ -11,19 +11,35 @@ use crate::genai;
 use crate::model::{file_name, sha256_hex, NeedleModel};
 use crate::tokenizer::{NeedleTokenizer, IM_END};
 use anyhow::{bail, Result};
+use graphs::accelerator::{self, PREFILL_CHUNK};
 use graphs::config::ModelConfig;
-use graphs::contract::{AttentionKind, MatMulWeights, Precision, RuntimeTarget, Variant};
+use graphs::contract::{
+    AcceleratorTarget, AttentionKind, MatMulWeights, Precision, RuntimeTarget, Variant,
+};
 use graphs::description::TokenizerFile;
 use staging::Staging;
 use std::path::{Path, PathBuf};
 use target::Existing;
 
+/// One graph of an export.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Graph {
+    /// A stock graph with this attention variant.
+    Stock(AttentionKind),
+    /// An accelerator graph (`graphs::accelerator`) taking `sequence` tokens a call.
+    Accelerator {
+        target: AcceleratorTarget,
+        sequence: usize,
+    },
+}
+
 /// Where one export goes: `OUT.onnx` for the first graph, `OUT.reference.onnx` for a
-/// reference graph beside a fused one, `OUT.tokenizer.json` for the tokenizer; or an
+/// reference graph beside a fused one (`OUT.prefill.onnx` for an accelerator's prefill
+/// graph beside its decode graph), `OUT.tokenizer.json` for the tokenizer; or an
 /// onnxruntime-genai folder.
 #[derive(Clone, Debug)]
 pub struct ExportFiles {
-    pub graphs: Vec<(AttentionKind, PathBuf)>,
+    pub graphs: Vec<(Graph, PathBuf)>,
     pub tokenizer: PathBuf,
     /// The folder of an onnxruntime-genai export (one graph), which also gets
     /// `genai_config.json`, genai's `tokenizer.json` and `tokenizer_config.json`.
@@ -37,12 +53,36 @@ impl ExportFiles {
             .iter()
             .enumerate()
             .map(|(i, &kind)| match i {
-                0 => (kind, out.to_path_buf()),
-                _ => (kind, out.with_extension(format!("{kind}.onnx"))),
+                0 => (Graph::Stock(kind), out.to_path_buf()),
+                _ => (
+                    Graph::Stock(kind),
+                    out.with_extension(format!("{kind}.onnx")),
+                ),
             })
             .collect();
         ExportFiles {
             graphs,
+            tokenizer: out.with_extension("tokenizer.json"),
+            genai_dir: None,
+        }
+    }
+
+    /// `target`'s accelerator graphs named after `out`: the one-token decode graph as
+    /// `OUT.onnx`, the prefill graph (`PREFILL_CHUNK` tokens a call) as `OUT.prefill.onnx`.
+    pub fn accelerator(out: &Path, target: AcceleratorTarget) -> Self {
+        let decode = Graph::Accelerator {
+            target,
+            sequence: 1,
+        };
+        let prefill = Graph::Accelerator {
+            target,
+            sequence: PREFILL_CHUNK,
+        };
+        ExportFiles {
+            graphs: vec![
+                (decode, out.to_path_buf()),
+                (prefill, out.with_extension("prefill.onnx")),
+            ],
             tokenizer: out.with_extension("tokenizer.json"),
             genai_dir: None,
         }
@@ -54,7 +94,7 @@ impl ExportFiles {
         let graph = dir.join(genai::MODEL_FILE);
         ExportFiles {
             tokenizer: graph.with_extension("tokenizer.json"),
-            graphs: vec![(attention, graph)],
+            graphs: vec![(Graph::Stock(attention), graph)],
             genai_dir: Some(dir.to_path_buf()),
         }
     }
@@ -130,9 +170,12 @@ impl ExportFiles {
         let options: Vec<ExportOptions> = self
             .graphs
             .iter()
-            .map(|(attention, _)| ExportOptions {
+            .map(|(graph, _)| ExportOptions {
                 variant: Variant {
-                    attention: *attention,
+                    attention: match graph {
+                        Graph::Stock(attention) => *attention,
+                        Graph::Accelerator { .. } => AttentionKind::Reference,
+                    },
                     precision,
                     matmul_weights,
                     runtime,
@@ -141,8 +184,13 @@ impl ExportFiles {
                 remove_extra_whitespaces: tokenizer.remove_extra_whitespaces(),
             })
             .collect();
-        for opts in &options {
-            if let Err(e) = model.describe(opts).check() {
+        for (opts, (graph, _)) in options.iter().zip(&self.graphs) {
+            let desc = model.describe(opts);
+            let checked = match graph {
+                Graph::Stock(_) => desc.check(),
+                Graph::Accelerator { .. } => accelerator::check(&desc),
+            };
+            if let Err(e) = checked {
                 bail!("{}: {e}", model.source.file_name);
             }
         }
@@ -156,8 +204,13 @@ impl ExportFiles {
         let mut written = Vec::new();
         staging.stage(&self.tokenizer, json.as_bytes())?;
         written.push((self.tokenizer.clone(), json.len()));
-        for (opts, (_, path)) in options.iter().zip(&self.graphs) {
-            let onnx = model.export(opts);
+        for (opts, (graph, path)) in options.iter().zip(&self.graphs) {
+            let onnx = match *graph {
+                Graph::Stock(_) => model.export(opts),
+                Graph::Accelerator { target, sequence } => model
+                    .export_accelerator(opts, target, sequence)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", model.source.file_name))?,
+            };
             staging.stage(path, &onnx)?;
             written.push((path.clone(), onnx.len()));
             if self.genai_dir.is_some() {

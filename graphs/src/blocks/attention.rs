@@ -47,6 +47,12 @@ pub enum CoreInputs {
     },
     /// `[batch, 1, 1, sequence, total_sequence]` bool: causal, in window, key not padding.
     Reference { visible: Value },
+    /// The accelerator graphs' fixed-capacity cache (`crate::accelerator`), read whole
+    /// before this call's keys: `bias` `[batch, 1, 1, sequence, capacity + sequence]`
+    /// float, 0 where the query sees the key and the lowest float where not (an `Add`,
+    /// since NNAPI has no `Where`). The present pair is this call's keys and values
+    /// alone, which the caller writes into its cache.
+    FixedCache { bias: Value },
 }
 
 /// `GroupQueryAttention`'s `local_window_size` for a window of `keys` keys, the query's own
@@ -221,6 +227,9 @@ pub fn attention_core(
         }),
         CoreInputs::Reference { visible } => {
             b.scope("sdpa", |b| reference_core(b, qkv, past, visible, shape))
+        }
+        CoreInputs::FixedCache { bias } => {
+            b.scope("sdpa", |b| fixed_cache_core(b, qkv, past, bias, shape))
         }
     }
 }
@@ -448,22 +457,73 @@ fn reference_core(
     visible: &Value,
     shape: HeadShape,
 ) -> (Value, KvPair) {
+    let new = heads_first(b, k, v, shape);
+    let key = b.concat(&[&past.key, &new.key], 2);
+    let value = b.concat(&[&past.value, &new.value], 2);
+    let present = KvPair { key, value };
+    declare_present(b, &present, shape.kv_heads, [shape.qk_dim, shape.v_dim]);
+    let out = grouped_sdpa(b, q, &present, shape, |b, scores| {
+        let lowest = b.scalar_float(lowest_float(b.precision()));
+        b.where_(visible, scores, &lowest)
+    });
+    (out, present)
+}
+
+/// The reference core over a fixed-capacity cache and this call's keys (see
+/// [`CoreInputs::FixedCache`]); the present pair is this call's keys and values,
+/// `[batch, num_kv_heads, sequence, ·]`.
+fn fixed_cache_core(
+    b: &mut GraphBuilder,
+    [q, k, v]: [&Value; 3],
+    past: &KvPair,
+    bias: &Value,
+    shape: HeadShape,
+) -> (Value, KvPair) {
+    let new = heads_first(b, k, v, shape);
+    let keys = KvPair {
+        key: b.concat(&[&past.key, &new.key], 2),
+        value: b.concat(&[&past.value, &new.value], 2),
+    };
+    let out = grouped_sdpa(b, q, &keys, shape, |b, scores| b.add(scores, bias));
+    (out, new)
+}
+
+/// The lowest finite value of `precision`: a masked score, `exp` of which is 0.
+pub fn lowest_float(precision: Precision) -> f32 {
+    match precision {
+        Precision::Fp32 => f32::MIN,
+        Precision::Fp16 => -65504.0,
+    }
+}
+
+/// This call's keys and values `[B,S,KV·w]` as `[B,KV,S,w]`, the cache's layout.
+fn heads_first(b: &mut GraphBuilder, k: &Value, v: &Value, shape: HeadShape) -> KvPair {
+    let kv = shape.kv_heads as i64;
+    let k = b.reshape(k, &[0, 0, kv, shape.qk_dim as i64]);
+    let v = b.reshape(v, &[0, 0, kv, shape.v_dim as i64]);
+    KvPair {
+        key: b.transpose(&k, &[0, 2, 1, 3]),
+        value: b.transpose(&v, &[0, 2, 1, 3]),
+    }
+}
+
+/// Scaled-dot-product attention of `q` `[B,S,H·qk]` over `keys` `[B,KV,T,·]`, each KV
+/// head shared by `H/KV` query heads; `mask` turns the scores `[B,KV,H/KV,S,T]` into the
+/// masked ones. Returns `[B,S,H·v]`.
+fn grouped_sdpa(
+    b: &mut GraphBuilder,
+    q: &Value,
+    keys: &KvPair,
+    shape: HeadShape,
+    mask: impl FnOnce(&mut GraphBuilder, &Value) -> Value,
+) -> Value {
     let (h, kv, qk, vd) = (
         shape.heads as i64,
         shape.kv_heads as i64,
         shape.qk_dim as i64,
         shape.v_dim as i64,
     );
-    let k = b.reshape(k, &[0, 0, kv, qk]);
-    let v = b.reshape(v, &[0, 0, kv, vd]);
-    let k_new = b.transpose(&k, &[0, 2, 1, 3]);
-    let v_new = b.transpose(&v, &[0, 2, 1, 3]);
-    let key = b.concat(&[&past.key, &k_new], 2);
-    let value = b.concat(&[&past.value, &v_new], 2);
-    let present = KvPair { key, value };
-    declare_present(b, &present, shape.kv_heads, [shape.qk_dim, shape.v_dim]);
-    let KvPair { key, value } = present;
-
+    let KvPair { key, value } = keys;
     let q = b.reshape(q, &[0, 0, h, qk]);
     let q = b.transpose(&q, &[0, 2, 1, 3]);
     let q = b.reshape(&q, &[0, kv, h / kv, -1, qk]);
@@ -476,18 +536,14 @@ fn reference_core(
         Dim::Fixed(shape.qk_dim),
     ];
     b.declare(&q, float, &dims);
-    let kt = b.transpose(&key, &[0, 1, 3, 2]);
+    let kt = b.transpose(key, &[0, 1, 3, 2]);
     let kt = b.unsqueeze(&kt, &[2]);
     let scores = b.matmul(&q, &kt);
     let scale = b.scalar_float((shape.qk_dim as f32).sqrt());
     let scores = b.div(&scores, &scale);
-    let lowest = b.scalar_float(match b.precision() {
-        Precision::Fp32 => f32::MIN,
-        Precision::Fp16 => -65504.0,
-    });
-    let scores = b.where_(visible, &scores, &lowest);
+    let scores = mask(b, &scores);
     let probs = b.softmax(&scores, -1);
-    let v5 = b.unsqueeze(&value, &[2]);
+    let v5 = b.unsqueeze(value, &[2]);
     let out = b.matmul(&probs, &v5);
     let out = b.reshape(&out, &[0, h, -1, vd]);
     let dims = [
@@ -498,8 +554,7 @@ fn reference_core(
     ];
     b.declare(&out, float, &dims);
     let out = b.transpose(&out, &[0, 2, 1, 3]);
-    let out = b.reshape(&out, &[0, 0, h * vd]);
-    (out, KvPair { key, value })
+    b.reshape(&out, &[0, 0, h * vd])
 }
 
 /// `[batch, kv_heads, total_sequence, width]` on both present tensors (`[key, value]` widths).

@@ -17,6 +17,19 @@ pub struct Kernels {
     /// expansions: only where the graph needs the Needle kernels anyway (packed weights),
     /// so stock graphs stay stock.
     pub needle_ops: bool,
+    /// Which ops the blocks write their steps in.
+    pub op_forms: OpForms,
+}
+
+/// The ops the blocks write the Sinkhorn, zero padding, lane broadcast and sums in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpForms {
+    /// The stock graphs' (`LogSoftmax`, `Pad`, `Expand`, `ReduceSum`).
+    Onnx,
+    /// Only ops that onnxruntime's CoreML (MLProgram) and NNAPI execution providers both
+    /// take (Softmax/ReduceMean/Div, MatMul, Slice/Concat, Mul), so that the accelerator
+    /// graphs (`crate::accelerator`) stay one partition.
+    MobileAccelerators,
 }
 
 /// How an RMS normalisation is written.
@@ -56,16 +69,19 @@ impl Kernels {
                 rms_normalization: RmsNorm::Kernel,
                 rotary_embedding: Some(RotaryKernel::Onnx),
                 needle_ops,
+                op_forms: OpForms::Onnx,
             },
             (AttentionKind::Fused(_), RuntimeTarget::From1_20To1_23) => Kernels {
                 rms_normalization: RmsNorm::FusedByOnnxruntime,
                 rotary_embedding: Some(RotaryKernel::Contrib),
                 needle_ops,
+                op_forms: OpForms::Onnx,
             },
             (AttentionKind::Reference, _) => Kernels {
                 rms_normalization: RmsNorm::Expanded,
                 rotary_embedding: None,
                 needle_ops,
+                op_forms: OpForms::Onnx,
             },
         }
     }

@@ -2,7 +2,7 @@
 //! and the output head over its first rows, in the variant's weight storage.
 
 use crate::blocks::block_quant::{gather_table, matmul_nbits};
-use crate::blocks::context::BuildContext;
+use crate::blocks::context::{BuildContext, OpForms};
 use crate::blocks::cq_kernel::{cq_kernel, CqKernel};
 use crate::blocks::cq_matmul::cq_matmul;
 use crate::blocks::norms::zc_rms_norm;
@@ -48,8 +48,19 @@ pub fn embed_tokens<C>(
     let scale = b.scalar_float((ctx.common.d_model as f64).sqrt() as f32);
     let x = b.mul(&x, &scale);
     let x = b.unsqueeze(&x, &[2]);
-    let lanes = b.const_i64(&[1, 1, ctx.common.mhc_lanes as i64, 1]);
-    (emb, b.op1("Expand", &[&x, &lanes], vec![]))
+    let lanes = ctx.common.mhc_lanes;
+    let x = match ctx.kernels.op_forms {
+        OpForms::Onnx => {
+            let lanes = b.const_i64(&[1, 1, lanes as i64, 1]);
+            b.op1("Expand", &[&x, &lanes], vec![])
+        }
+        // Neither CoreML nor NNAPI takes `Expand`; a product by ones broadcasts exactly.
+        OpForms::MobileAccelerators => {
+            let ones = b.const_float(&[1, 1, lanes, 1], &vec![1.0; lanes]);
+            b.mul(&x, &ones)
+        }
+    };
+    (emb, x)
 }
 
 /// Mean over lanes, `final_norm`, and the output projection tied to the first `rows`

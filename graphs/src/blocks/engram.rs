@@ -21,7 +21,7 @@
 
 use crate::blocks::attention::projection;
 use crate::blocks::block_quant::gather_table;
-use crate::blocks::context::BuildContext;
+use crate::blocks::context::{BuildContext, OpForms};
 use crate::blocks::cq_rows::gather_cq_rows;
 use crate::blocks::norms::rms_unit;
 use crate::blocks::weights::{EngramTables, EngramWeights};
@@ -31,8 +31,9 @@ use crate::geometry::EngramGeometry;
 use crate::onnx::data_type;
 
 const SEED: u64 = 0x9E37_79B9;
-const PRIME: i64 = 0x0100_0193;
-const MASK32: i64 = 0xFFFF_FFFF;
+/// The FNV prime the n-gram hash multiplies by, and the 32-bit mask it works under.
+pub(crate) const PRIME: i64 = 0x0100_0193;
+pub(crate) const MASK32: i64 = 0xFFFF_FFFF;
 
 /// Token ids and validity of the last `W + sequence` positions of each row, where
 /// `W = conv_taps · dilation` ([`EngramGeometry::history`]) is the history the n-grams and
@@ -50,6 +51,14 @@ pub struct EngramKv {
     pub value: Value,
 }
 
+/// The hash seed of table `table` (order `table / heads`, head `table mod heads`):
+/// `SEED · (order_index · seed_stride + head + 1) mod 2³²`.
+pub(crate) fn table_seed(e: &EngramGeometry, table: usize) -> i64 {
+    let (order_index, head) = (table / e.heads(), table % e.heads());
+    let seed = SEED * ((order_index * e.seed_stride + head) as u64 + 1);
+    (seed & MASK32 as u64) as i64
+}
+
 /// Flat table row per (position, table): `[batch, W + sequence, num_tables]` int64.
 pub fn hashed_rows(b: &mut GraphBuilder, ids: &Value, e: &EngramGeometry) -> Value {
     b.scope("engram_hash", |b| {
@@ -57,11 +66,9 @@ pub fn hashed_rows(b: &mut GraphBuilder, ids: &Value, e: &EngramGeometry) -> Val
         let mut rows = Vec::new();
         for (oi, &order) in e.orders.iter().enumerate() {
             for h in 0..heads {
-                let table = oi * heads + h;
-                let seed = (SEED * ((oi * e.seed_stride + h) as u64 + 1)) & MASK32 as u64;
-                let mut acc = b.scalar_i64(seed as i64);
+                let mut acc = b.scalar_i64(table_seed(e, oi * heads + h));
                 for j in 0..order {
-                    let tok = shift_right(b, ids, j, data_type::INT64, &WINDOW_DIMS);
+                    let tok = shift_right(b, OpForms::Onnx, ids, j, data_type::INT64, &WINDOW_DIMS);
                     let x = b.op1("BitwiseXor", &[&acc, &tok], vec![]);
                     let prime = b.scalar_i64(PRIME);
                     let m = b.mul(&x, &prime);
@@ -73,7 +80,7 @@ pub fn hashed_rows(b: &mut GraphBuilder, ids: &Value, e: &EngramGeometry) -> Val
                 let acc = b.op1("BitwiseXor", &[&acc, &high], vec![]);
                 let slots = b.scalar_i64(e.slots as i64);
                 let slot = b.op1("Mod", &[&acc, &slots], vec![]);
-                let base = b.scalar_i64((table * e.slots) as i64);
+                let base = b.scalar_i64(((oi * heads + h) * e.slots) as i64);
                 let row = b.add(&slot, &base);
                 rows.push(b.unsqueeze(&row, &[-1]));
             }
@@ -141,7 +148,26 @@ pub fn engram<C>(
     rows: &Value,
     w: &EngramWeights,
 ) -> EngramKv {
+    let fetched = match &w.tables {
+        EngramTables::Dense(t) => gather_table(b, ctx.matmul_weights(), "embedding", t, rows),
+        EngramTables::Codes(t) => gather_cq_rows(b, "embedding", t, rows),
+    };
+    engram_kv(b, ctx, &window.valid, &fetched, w)
+}
+
+/// Keys and values of one engram site from its tables' rows for the window, `fetched`
+/// `[batch, W + sequence, num_tables, sub_dim]`: n-grams that start before the row's first
+/// token zeroed, the key and value projections and the value's causal taps. `valid`: the
+/// window's validity, as [`EngramWindow::valid`].
+pub fn engram_kv<C>(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext<C>,
+    valid: &Value,
+    fetched: &Value,
+    w: &EngramWeights,
+) -> EngramKv {
     let e = &ctx.common.engram;
+    let forms = ctx.kernels.op_forms;
     let d_model = ctx.common.d_model;
     let (nt, sub) = (e.num_tables, e.sub_dim);
     let history = e.history() as i64;
@@ -149,14 +175,10 @@ pub fn engram<C>(
     let [batch, window_len] = WINDOW_DIMS;
     let v_dims = [batch.clone(), window_len, Dim::Fixed(d_model)];
     let new_dims = [batch, Dim::Named(SEQUENCE), Dim::Fixed(d_model)];
-    let fetched = match &w.tables {
-        EngramTables::Dense(t) => gather_table(b, ctx.matmul_weights(), "embedding", t, rows),
-        EngramTables::Codes(t) => gather_cq_rows(b, "embedding", t, rows),
-    };
     let per_table: Vec<Value> = (0..nt)
         .map(|t| {
             let order = e.orders[t / e.heads()];
-            shift_right(b, &window.valid, order - 1, float, &WINDOW_DIMS)
+            shift_right(b, forms, valid, order - 1, float, &WINDOW_DIMS)
         })
         .collect();
     let per_table: Vec<Value> = per_table
@@ -165,7 +187,7 @@ pub fn engram<C>(
         .collect();
     let refs: Vec<&Value> = per_table.iter().collect();
     let ngram_ok = b.concat(&refs, 2);
-    let fetched = b.mul(&fetched, &ngram_ok);
+    let fetched = b.mul(fetched, &ngram_ok);
     let concatenated = b.reshape(&fetched, &[0, 0, (nt * sub) as i64]);
 
     let e_new = b.slice(&concatenated, 1, history, i64::MAX);
@@ -188,8 +210,8 @@ pub fn engram<C>(
         let tap = b.scalar_i64(j as i64);
         let tap = b.gather(&taps, &tap, 0);
         let shift = j * e.dilation;
-        let shifted = shift_right(b, &v, shift, float, &v_dims);
-        let ok = shift_right(b, &window.valid, shift, float, &WINDOW_DIMS);
+        let shifted = shift_right(b, forms, &v, shift, float, &v_dims);
+        let ok = shift_right(b, forms, valid, shift, float, &WINDOW_DIMS);
         let ok = b.unsqueeze(&ok, &[-1]);
         let term = b.mul(&tap, &shifted);
         let term = b.mul(&term, &ok);
@@ -208,10 +230,21 @@ pub fn inject<C>(b: &mut GraphBuilder, ctx: &BuildContext<C>, x: &Value, kv: &En
     let d_model = ctx.common.d_model;
     b.scope("engram_gate", |b| {
         let xu = rms_unit(b, ctx, x, d_model);
-        let dot = b.mul(&xu, &kv.key_unit);
-        let dot = b.reduce_sum(&dot, &[-1], true);
-        let scale = b.scalar_float((d_model as f64).sqrt() as f32);
-        let logit = b.div(&dot, &scale);
+        let products = b.mul(&xu, &kv.key_unit);
+        let root_d = (d_model as f64).sqrt() as f32;
+        let logit = match ctx.kernels.op_forms {
+            OpForms::Onnx => {
+                let dot = b.reduce_sum(&products, &[-1], true);
+                let root_d = b.scalar_float(root_d);
+                b.div(&dot, &root_d)
+            }
+            // NNAPI has no `ReduceSum`: `Σ/√d` is `mean·√d`.
+            OpForms::MobileAccelerators => {
+                let mean = b.reduce_mean(&products, &[-1]);
+                let root_d = b.scalar_float(root_d);
+                b.mul(&mean, &root_d)
+            }
+        };
         let alpha = b.sigmoid(&logit);
         let add = b.mul(&alpha, &kv.value);
         b.add(x, &add)
@@ -222,6 +255,7 @@ pub fn inject<C>(b: &mut GraphBuilder, ctx: &BuildContext<C>, x: &Value, kv: &En
 /// `dims`/`elem_type` are `x`'s, declared on the result so shape inference keeps them.
 pub fn shift_right(
     b: &mut GraphBuilder,
+    forms: OpForms,
     x: &Value,
     k: usize,
     elem_type: i32,
@@ -230,8 +264,22 @@ pub fn shift_right(
     if k == 0 {
         return x.clone();
     }
-    let padded = b.pad_front(x, dims.len(), 1, k as i64);
-    let shifted = b.slice(&padded, 1, 0, -(k as i64));
+    let k = k as i64;
+    let shifted = match forms {
+        OpForms::Onnx => {
+            let padded = b.pad_front(x, dims.len(), 1, k);
+            b.slice(&padded, 1, 0, -k)
+        }
+        // CoreML's MLProgram has no `Pad`: the zeros are `x`'s first `k` columns times 0
+        // (a float `x`; finite, so exactly 0).
+        OpForms::MobileAccelerators => {
+            let head = b.slice(x, 1, 0, k);
+            let zero = b.scalar_float(0.0);
+            let zeros = b.mul(&head, &zero);
+            let kept = b.slice(x, 1, 0, -k);
+            b.concat(&[&zeros, &kept], 1)
+        }
+    };
     b.declare(&shifted, elem_type, dims);
     shifted
 }

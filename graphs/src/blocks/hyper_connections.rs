@@ -7,7 +7,7 @@
 //! `x' = h_res·x + h_post ⊗ (block(u) − u)`.
 //! The three projections are one MatMul whose weight has the `a_*` gains folded in.
 
-use crate::blocks::context::BuildContext;
+use crate::blocks::context::{BuildContext, OpForms};
 use crate::blocks::norms::rms_unit;
 use crate::blocks::weights::{MhcWeights, Tensor};
 use crate::builder::{Attr, GraphBuilder, Value};
@@ -61,8 +61,8 @@ pub fn hc_post<C>(
     let two = b.scalar_float(2.0);
     let h_post = b.mul(&two, &h_post);
     let res = b.reshape(&mix.res, &[0, 0, n, n]);
-    let h_res = match ctx.kernels.needle_ops {
-        true => b
+    let h_res = match (ctx.kernels.needle_ops, ctx.kernels.op_forms) {
+        (true, _) => b
             .op_in(
                 needle_ops::DOMAIN,
                 needle_ops::SINKHORN,
@@ -71,7 +71,10 @@ pub fn hc_post<C>(
                 1,
             )
             .remove(0),
-        false => b.scope("sinkhorn", |b| sinkhorn(b, &res)),
+        (false, OpForms::Onnx) => b.scope("sinkhorn", |b| sinkhorn(b, &res)),
+        (false, OpForms::MobileAccelerators) => {
+            b.scope("sinkhorn", |b| sinkhorn_normalized(b, &res, n as usize))
+        }
     };
     let mixed = b.matmul(&h_res, x);
     let h_post = b.unsqueeze(&h_post, &[3]);
@@ -93,6 +96,21 @@ fn sinkhorn(b: &mut GraphBuilder, logits: &Value) -> Value {
         log_k = b.op1("LogSoftmax", &[&log_k], vec![("axis", Attr::Int(-2))]);
     }
     b.exp(&log_k)
+}
+
+/// The same 20 iterations on `exp` of the logits, for execution providers without
+/// `LogSoftmax` (CoreML, NNAPI): `Softmax` is the first row step exactly; each later
+/// half-step divides by the mean along its axis, which is `n` times the sum, and since
+/// every step is blind to a scale, one `1/n` at the end makes it the sum's.
+fn sinkhorn_normalized(b: &mut GraphBuilder, logits: &Value, n: usize) -> Value {
+    let mut k = b.softmax(logits, -1);
+    for step in 1..2 * SINKHORN_ITERS {
+        let axis = if step % 2 == 0 { -1 } else { -2 };
+        let mean = b.reduce_mean(&k, &[axis]);
+        k = b.div(&k, &mean);
+    }
+    let n = b.scalar_float(n as f32);
+    b.div(&k, &n)
 }
 
 /// `[n·C, n | n | n·n]` weight (`a_* · φ_*` of `layer`) and its bias

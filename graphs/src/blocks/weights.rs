@@ -2,6 +2,7 @@
 //! (matrices pre-transposed to `[out, in]`): tensors, CQ codes, the hyper-connection and
 //! engram tensors.
 
+use crate::blocks::hadamard::walsh_hadamard;
 use std::sync::Arc;
 
 /// A dense float32 tensor, row-major, with the CQ codes it was dequantized from.
@@ -125,6 +126,29 @@ impl CqRows {
     /// The fp16 norm of group `g` of row `r`.
     pub fn norm(&self, r: usize, g: usize) -> u16 {
         self.norms[r * self.groups() + g]
+    }
+
+    /// Every row decoded, `[rows, cols]` row-major: per group
+    /// `(codebook[index] · norm) @ H`, the padding cut off.
+    pub fn decoded(&self) -> Vec<f32> {
+        let h = walsh_hadamard(self.group);
+        let mut out = Vec::with_capacity(self.rows * self.cols);
+        let mut row = vec![0.0f32; self.groups() * self.group];
+        for r in 0..self.rows {
+            for g in 0..self.groups() {
+                let norm = kernels::f16::to_f32(self.norm(r, g));
+                let scaled: Vec<f32> = (0..self.group)
+                    .map(|k| self.codebook[self.index(r, g * self.group + k)] * norm)
+                    .collect();
+                for j in 0..self.group {
+                    row[g * self.group + j] = (0..self.group)
+                        .map(|k| scaled[k] * h[k * self.group + j])
+                        .sum();
+                }
+            }
+            out.extend_from_slice(&row[..self.cols]);
+        }
+        out
     }
 }
 

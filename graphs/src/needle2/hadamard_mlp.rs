@@ -10,21 +10,24 @@
 //! x ─Pad─ *d1 ─H─ *d2 ─silu─ H ─ *d3 ─Slice─▶      H: Reshape[a,b] ─ H_a·Z ─ Z·H_b ─ Reshape[n]
 //! ```
 
-use crate::blocks::hadamard::walsh_hadamard;
+use crate::blocks::context::BuildContext;
+use crate::blocks::hadamard::{pad_to_width, walsh_hadamard};
 use crate::builder::{GraphBuilder, Value};
-use crate::needle2::LayerWeights;
+use crate::needle2::{Config, LayerWeights};
 
 /// `x`: `[batch, sequence, d_model]` → `[batch, sequence, d_model]`.
-pub fn hadamard_mlp(b: &mut GraphBuilder, x: &Value, w: &LayerWeights, d_model: usize) -> Value {
+pub fn hadamard_mlp(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext<Config>,
+    x: &Value,
+    w: &LayerWeights,
+) -> Value {
+    let d_model = ctx.common.d_model;
     let n = w.d1.data.len();
     let d1 = b.weight("d1", &[n], &w.d1.data);
     let d2 = b.weight("d2", &[n], &w.d2.data);
     let d3 = b.weight("d3", &[n], &w.d3.data);
-    let z = if n > d_model {
-        b.pad_back(x, 3, 2, (n - d_model) as i64)
-    } else {
-        x.clone()
-    };
+    let z = pad_to_width(b, ctx.kernels.op_forms, x, d_model, n);
     let z = b.mul(&d1, &z);
     let z = walsh_hadamard_transform(b, &z, n);
     let z = b.mul(&d2, &z);

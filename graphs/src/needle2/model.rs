@@ -59,7 +59,7 @@ impl Architecture for Config {
         &attention.core
     }
 
-    fn mlp_constants(_b: &mut GraphBuilder, _w: &Weights) {}
+    fn mlp_constants(_b: &mut GraphBuilder, _ctx: &BuildContext<Config>, _w: &Weights) {}
 
     fn attention(
         b: &mut GraphBuilder,
@@ -82,7 +82,7 @@ impl Architecture for Config {
         x: &Value,
         w: &LayerWeights,
     ) -> Value {
-        hadamard_mlp(b, x, w, ctx.common.d_model)
+        hadamard_mlp(b, ctx, x, w)
     }
 
     fn has_heads(w: &Weights) -> bool {

@@ -30,8 +30,10 @@ pub struct AttentionCtx {
     pub global: CoreInputs,
     /// The core inputs of local layers, when any layer is local.
     pub local: Option<CoreInputs>,
-    /// `[batch, 1, 1]` int64: each row's real new tokens (to pick the next conv state).
-    pub real_new: Value,
+    /// `[batch, 1, 1]` int64: each row's real new tokens, to pick the next conv state;
+    /// `None` where the caller keeps the state (the accelerator graphs, which return the
+    /// raw projections of this call instead).
+    pub real_new: Option<Value>,
 }
 
 /// One layer's state in: its KV cache and, when the model has the conv, its QKV-conv state.
@@ -67,7 +69,15 @@ pub fn attention(
     let (q, k, v, next_conv) = match (&w.qkv_taps, past.conv) {
         (Some(taps), Some(state)) => {
             let (q, k, v, next) = b.scope("qkv_conv", |b| {
-                qkv_conv(b, ctx, layer, [&q, &k, &v], taps, state, &attn.real_new)
+                qkv_conv(
+                    b,
+                    ctx,
+                    layer,
+                    [&q, &k, &v],
+                    taps,
+                    state,
+                    attn.real_new.as_ref(),
+                )
             });
             (q, k, v, Some(next))
         }
@@ -99,8 +109,9 @@ pub fn attention(
 
 /// The causal depthwise conv over `[q, k, v]` (`[batch, sequence, ·]` each), reading
 /// the previous positions from `state` `[batch, taps−1, q+k+v]`; returns the convolved
-/// q, k, v and the next state (each row's last `taps−1` real positions). A local layer
-/// whose window is narrower than the conv drops the taps it cannot see.
+/// q, k, v and the next state: each row's last `taps−1` real positions with `real_new`,
+/// this call's raw projections `[batch, sequence, q+k+v]` without. A local layer whose
+/// window is narrower than the conv drops the taps it cannot see.
 fn qkv_conv(
     b: &mut GraphBuilder,
     ctx: &BuildContext<Config>,
@@ -108,7 +119,7 @@ fn qkv_conv(
     [q, k, v]: [&Value; 3],
     taps: &crate::needle3::QkvTaps,
     state: &Value,
-    real_new: &Value,
+    real_new: Option<&Value>,
 ) -> (Value, Value, Value, Value) {
     let cfg = ctx.cfg;
     let n = cfg.qkv_conv_taps;
@@ -150,6 +161,9 @@ fn qkv_conv(
     let v = parts.pop().unwrap();
     let k = parts.pop().unwrap();
     let q = parts.pop().unwrap();
+    let Some(real_new) = real_new else {
+        return (q, k, v, raw);
+    };
     // A row's real new positions are its chunk's first columns (right padding), so its
     // last n − 1 real rows of the window start at row `real_new`.
     let rows = b.const_i64(&(0..(n - 1) as i64).collect::<Vec<_>>());

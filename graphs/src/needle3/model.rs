@@ -7,7 +7,7 @@ use crate::blocks::context::BuildContext;
 use crate::builder::{GraphBuilder, Value};
 use crate::needle3::attention::{attention, AttentionCtx, LayerPast};
 use crate::needle3::confidence::confidence_logit;
-use crate::needle3::monarch_mlp::monarch_mlp;
+use crate::needle3::monarch_mlp::{monarch_mlp, permutations};
 use crate::needle3::{Config, LayerWeights, Weights};
 use crate::stream::{Architecture, BlockNorms, Heads, Inputs, SplitMask, StreamWeights};
 
@@ -76,7 +76,7 @@ impl Architecture for Config {
             rope,
             global,
             local,
-            real_new,
+            real_new: Some(real_new),
         }
     }
 
@@ -84,9 +84,13 @@ impl Architecture for Config {
         &attention.global
     }
 
-    fn mlp_constants(b: &mut GraphBuilder, w: &Weights) -> [Value; 2] {
+    fn mlp_constants(b: &mut GraphBuilder, ctx: &BuildContext<Config>, w: &Weights) -> [Value; 2] {
+        let forms = ctx.kernels.op_forms;
         b.scope("hadamard_mlp", |b| {
-            [b.const_i64(&w.hada_p1), b.const_i64(&w.hada_p2)]
+            [
+                permutations(b, forms, &w.hada_p1),
+                permutations(b, forms, &w.hada_p2),
+            ]
         })
     }
 
@@ -114,7 +118,14 @@ impl Architecture for Config {
         x: &Value,
         w: &LayerWeights,
     ) -> Value {
-        monarch_mlp(b, x, &w.mlp, [p1, p2], ctx.common.d_model)
+        monarch_mlp(
+            b,
+            ctx.kernels.op_forms,
+            x,
+            &w.mlp,
+            [p1, p2],
+            ctx.common.d_model,
+        )
     }
 
     fn has_heads(w: &Weights) -> bool {

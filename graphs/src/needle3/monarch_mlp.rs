@@ -8,16 +8,22 @@
 //! ```
 //!
 //! Each stage is two small MatMuls (`n·(a+b)` multiply-adds instead of `n²`) and each
-//! permutation a Gather; `A_sᵀ` is stored transposed so no Transpose runs.
+//! permutation a Gather (in the accelerator forms, a product by the permutation matrix,
+//! since CoreML's MLProgram has no `Gather`); `A_sᵀ` is stored transposed so no
+//! Transpose runs.
 
+use crate::blocks::context::OpForms;
+use crate::blocks::hadamard::pad_to_width;
 use crate::blocks::weights::Tensor;
 use crate::builder::{GraphBuilder, Value};
 use crate::needle3::MonarchWeights;
 
 /// `x`: `[batch, sequence, d_model]` → `[batch, sequence, d_model]`. `p1`, `p2`: the
-/// model's permutation constants (shared by every layer).
+/// model's permutation constants (shared by every layer), as [`permutations`] wrote them
+/// for `forms`.
 pub fn monarch_mlp(
     b: &mut GraphBuilder,
+    forms: OpForms,
     x: &Value,
     w: &MonarchWeights,
     [p1, p2]: [&Value; 2],
@@ -38,21 +44,17 @@ pub fn monarch_mlp(
     let b2 = b.weight("b2", &[n], &w.b2.data);
     let d3 = b.weight("d3", &[n], &w.d3.data);
     let d4 = b.weight("d4", &[n], &w.d4.data);
-    let z = if n > d_model {
-        b.pad_back(x, 3, 2, (n - d_model) as i64)
-    } else {
-        x.clone()
-    };
+    let z = pad_to_width(b, forms, x, d_model, n);
     let z = b.mul(&d1, &z);
     let z = b.scope("stage1", |b| kron_apply(b, &z, &w.w1a, &w.w1b));
-    let z = b.gather(&z, p1, 2);
+    let z = permute(b, forms, &z, p1);
     let z = b.mul(&d2, &z);
     let z = b.mul(&z, &cond);
     let z = b.add(&z, &b2);
     let gate = b.sigmoid(&z);
     let z = b.mul(&z, &gate);
     let z = b.scope("stage2", |b| kron_apply(b, &z, &w.w2a, &w.w2b));
-    let z = b.gather(&z, p2, 2);
+    let z = permute(b, forms, &z, p2);
     let z = b.mul(&d3, &z);
     let z = b.scope("stage3", |b| kron_apply(b, &z, &w.w3a, &w.w3b));
     let z = b.mul(&d4, &z);
@@ -60,6 +62,30 @@ pub fn monarch_mlp(
         b.slice(&z, 2, 0, d_model as i64)
     } else {
         z
+    }
+}
+
+/// The permutation `p` of `0..n` as `z[.., p[j]]` takes it: indices for a `Gather`, or
+/// the `[n, n]` matrix with a 1 at `(p[j], j)`.
+pub fn permutations(b: &mut GraphBuilder, forms: OpForms, p: &[i64]) -> Value {
+    match forms {
+        OpForms::Onnx => b.const_i64(p),
+        OpForms::MobileAccelerators => {
+            let n = p.len();
+            let mut matrix = vec![0.0; n * n];
+            for (j, &from) in p.iter().enumerate() {
+                matrix[from as usize * n + j] = 1.0;
+            }
+            b.const_float(&[n, n], &matrix)
+        }
+    }
+}
+
+/// `z[.., p[j]]` over the last axis, `p` from [`permutations`].
+fn permute(b: &mut GraphBuilder, forms: OpForms, z: &Value, p: &Value) -> Value {
+    match forms {
+        OpForms::Onnx => b.gather(z, p, 2),
+        OpForms::MobileAccelerators => b.matmul(z, p),
     }
 }
 

@@ -1,0 +1,179 @@
+//! `needle-export --target`: the accelerator graphs against onnxruntime's own mobile
+//! usability checker (`tests/python/mobile_partitions.py` runs its partitioning estimate
+//! and checks the per-op notes it prints but does not check)
+//! and against upstream's logits and greedy generations on the CPU EP
+//! (`tests/python/accelerator_run.py` drives the fixed-capacity cache).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use test_support::{fixture, python, repo_root, scratch};
+
+/// Every fixture of both generations: upstream logits for all, greedy generations for
+/// those with a `generate.json` (m64w's 24-key sliding window binds in its 120-token
+/// case; n3q has CQ 1–4-bit and ternary tables, n3a_d4 is a ladder rung).
+const FIXTURES: [&str; 9] = [
+    "m48",
+    "m64",
+    "m96",
+    "m64w",
+    "needle3/n3a",
+    "needle3/n3b",
+    "needle3/n3c",
+    "needle3/n3q",
+    "needle3/n3a_d4",
+];
+/// The bar: this share of the nodes in the accelerator's one partition.
+const ONE_PARTITION_SHARE: f64 = 0.95;
+/// The bound on the contract's relative error against upstream for these graphs.
+const BOUND: f64 = 1e-5;
+/// Cached decode steps, and prefill chunks, that some case of each model must take.
+const MIN_DECODE_STEPS: u64 = 32;
+const MIN_PREFILL_CHUNKS: u64 = 2;
+
+fn export(cact: &Path, out: &Path, extra: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_needle-export"))
+        .arg(cact)
+        .arg(out)
+        .args(["--target", "coreml", "--force"])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// Exports `cact` with `--target coreml` into `dir`: (decode graph, prefill graph).
+fn export_pair(dir: &Path, name: &str, cact: &Path) -> (PathBuf, PathBuf) {
+    let out = dir.join(format!("{name}.onnx"));
+    let o = export(cact, &out, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    (out, dir.join(format!("{name}.prefill.onnx")))
+}
+
+fn run_json(script: &str, args: &[&Path]) -> serde_json::Value {
+    let o = python()
+        .arg(repo_root().join("tests/python").join(script))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+#[test]
+fn coreml_and_nnapi_take_each_accelerator_graph_as_one_partition() {
+    let dir = scratch("accelerator-partitions");
+    let demo = repo_root().join("runner/demo/needle-demo.cact");
+    let models = FIXTURES
+        .iter()
+        .map(|m| (m.replace('/', "-"), fixture(&format!("{m}.cact"))))
+        .chain([("needle-demo".to_string(), demo)]);
+    for (name, cact) in models {
+        let (decode, prefill) = export_pair(&dir, &name, &cact);
+        for graph in [decode, prefill] {
+            let report = run_json("mobile_partitions.py", &[&graph]);
+            for (note, nodes) in report["notes"].as_object().unwrap() {
+                assert_eq!(nodes, &serde_json::json!([]), "{} {note}", graph.display());
+            }
+            for ep in ["CoreML MLProgram", "NNAPI"] {
+                let r = &report[ep];
+                let (nodes, largest) = (
+                    r["nodes"].as_u64().unwrap(),
+                    r["largest_partition"].as_u64().unwrap(),
+                );
+                println!(
+                    "{} {ep}: {}/{nodes} nodes in {} partition(s), unsupported {}",
+                    graph.display(),
+                    r["supported"],
+                    r["partitions"],
+                    r["unsupported_ops"]
+                );
+                assert_eq!(r["partitions"], 1, "{} {ep}: {r}", graph.display());
+                assert_eq!(r["verdict"], "YES", "{} {ep}: {r}", graph.display());
+                assert!(
+                    largest as f64 >= ONE_PARTITION_SHARE * nodes as f64,
+                    "{} {ep}: {r}",
+                    graph.display()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_accelerator_graphs_match_upstream_through_prefill_chunks_and_decode_steps() {
+    let dir = scratch("accelerator-numerics");
+    for model in FIXTURES {
+        let name = model.replace('/', "-");
+        let (decode, prefill) = export_pair(&dir, &name, &fixture(&format!("{model}.cact")));
+        let cases = fixture(&format!("{model}.cases.safetensors"));
+        let generations = fixture(&format!("{model}.generate.json"));
+        let mut args = vec![decode.as_path(), &prefill, &cases];
+        if generations.exists() {
+            args.push(&generations);
+        }
+        let report = run_json("accelerator_run.py", &args);
+        println!("{model}: {}", report["cases"]);
+        for (case, err) in report["cases"].as_object().unwrap() {
+            let err = err.as_f64().unwrap();
+            assert!(err <= BOUND, "{model} case {case}: {err}");
+        }
+        // Logits through more than one prefill chunk, and through the decode steps.
+        let runs = report["cases"].as_object().unwrap().keys();
+        let most = |what: &str| {
+            runs.clone()
+                .map(|run| report[what][run].as_u64().unwrap())
+                .max()
+        };
+        assert!(
+            most("prefill_chunks") >= Some(MIN_PREFILL_CHUNKS),
+            "{model}: one chunk at most"
+        );
+        assert!(
+            most("decode_steps") >= Some(MIN_DECODE_STEPS),
+            "{model}: too few steps"
+        );
+        for generation in report["generations"].as_array().unwrap() {
+            assert_eq!(generation["got"], generation["expected"], "{model}");
+        }
+    }
+}
+
+/// `--target --layers 4` of n3a is upstream's `needle build --layers 4` of it (n3a_d4).
+#[test]
+fn a_ladder_rung_of_the_accelerator_graphs_matches_upstreams_rung() {
+    let dir = scratch("accelerator-rung");
+    let out = dir.join("n3a-4.onnx");
+    let o = export(&fixture("needle3/n3a.cact"), &out, &["--layers", "4"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let prefill = dir.join("n3a-4.prefill.onnx");
+    let cases = fixture("needle3/n3a_d4.cases.safetensors");
+    let report = run_json("accelerator_run.py", &[&out, &prefill, &cases]);
+    for (case, err) in report["cases"].as_object().unwrap() {
+        let err = err.as_f64().unwrap();
+        assert!(err <= BOUND, "n3a --layers 4 case {case}: {err}");
+    }
+}
+
+#[test]
+fn what_the_accelerator_graphs_cannot_be_yet_is_one_error_line_and_no_output() {
+    let dir = scratch("accelerator-refused");
+    let m64 = fixture("m64.cact");
+    let cases: [(PathBuf, &[&str], &str); 4] = [
+        (m64.clone(), &["--weights", "cq"], "--weights float only"),
+        (m64.clone(), &["--precision", "fp16"], "float32 only"),
+        (m64.clone(), &["--genai"], "--genai"),
+        (m64, &["--attention", "reference"], "--attention"),
+    ];
+    for (cact, extra, says) in cases {
+        let out = dir.join("out.onnx");
+        let o = export(&cact, &out, extra);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.contains(says), "{says}: {err}");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "{err}");
+    }
+}
