@@ -47,21 +47,27 @@ pub(super) fn prepare(w: &CqMatrix, x: &[f32], tokens: usize, layout: &Layout) -
         rotated[..w.cols].copy_from_slice(&x[t * w.cols..(t + 1) * w.cols]);
         rotated[w.cols..].fill(0.0);
         rotated.chunks_exact_mut(w.group).for_each(hadamard::rotate);
-        if layout.lanes == 1 {
-            token.copy_from_slice(&rotated);
-            continue;
+        layout.arrange(&rotated, token);
+    }
+    out
+}
+
+impl Layout {
+    /// `natural` (one row's or token's padded inputs) into `out` in the order this path
+    /// reads codes: the same order for activations and for decoded weights, so a decoded
+    /// row's value `i` meets the activation its code would have met.
+    pub fn arrange(&self, natural: &[f32], out: &mut [f32]) {
+        if self.lanes == 1 {
+            out.copy_from_slice(natural);
+            return;
         }
-        let chunk = layout.lanes * layout.per_byte;
-        for (dst, src) in token
-            .chunks_exact_mut(chunk)
-            .zip(rotated.chunks_exact(chunk))
-        {
-            for s in 0..layout.per_byte {
-                for i in 0..layout.lanes {
-                    dst[s * layout.lanes + i] = src[i * layout.per_byte + s];
+        let chunk = self.lanes * self.per_byte;
+        for (dst, src) in out.chunks_exact_mut(chunk).zip(natural.chunks_exact(chunk)) {
+            for s in 0..self.per_byte {
+                for i in 0..self.lanes {
+                    dst[s * self.lanes + i] = src[i * self.per_byte + s];
                 }
             }
         }
     }
-    out
 }

@@ -73,6 +73,41 @@ unsafe fn dots_of<const R: usize, const B: usize>(
     std::array::from_fn(|j| horizontal_sum(sums[j]))
 }
 
+/// [`dots`] over rows already decoded into the 8-lane layout: the same products summed
+/// in the same order (8 lanes at a time through each group, then `norm ·` the group's
+/// lanes), so the same bits.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; every row of `values` is as long as `xt`, and `group`
+/// is a multiple of 8 that divides `xt.len()`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn decoded_dots<const R: usize>(
+    values: [&[f32]; R],
+    norms: [&[f32]; R],
+    xt: &[f32],
+    group: usize,
+) -> [f32; R] {
+    debug_assert!(group.is_multiple_of(8) && xt.len().is_multiple_of(group));
+    debug_assert!(values.iter().all(|row| row.len() == xt.len()));
+    let mut sums = [_mm256_setzero_ps(); R];
+    for (g, group_xt) in xt.chunks_exact(group).enumerate() {
+        let mut parts = [_mm256_setzero_ps(); R];
+        for (k, lanes_xt) in group_xt.chunks_exact(8).enumerate() {
+            let at = g * group + k * 8;
+            // Sound: `at + 8 ≤ xt.len()`, and every row of `values` is as long.
+            let x = _mm256_loadu_ps(lanes_xt.as_ptr());
+            for j in 0..R {
+                let value = _mm256_loadu_ps(values[j].as_ptr().add(at));
+                parts[j] = _mm256_fmadd_ps(value, x, parts[j]);
+            }
+        }
+        for j in 0..R {
+            sums[j] = _mm256_fmadd_ps(_mm256_set1_ps(norms[j][g]), parts[j], sums[j]);
+        }
+    }
+    std::array::from_fn(|j| horizontal_sum(sums[j]))
+}
+
 #[target_feature(enable = "avx2")]
 unsafe fn horizontal_sum(v: __m256) -> f32 {
     let halves = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));

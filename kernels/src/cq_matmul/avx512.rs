@@ -64,3 +64,37 @@ unsafe fn dots_of<const R: usize, const B: usize>(
     }
     std::array::from_fn(|j| _mm512_reduce_add_ps(sums[j]))
 }
+
+/// [`dots`] over rows already decoded into the 16-lane layout: the same products summed
+/// in the same order, so the same bits.
+///
+/// # Safety
+/// The CPU must have AVX-512F; every row of `values` is as long as `xt`, and `group` is a
+/// multiple of 16 that divides `xt.len()`.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn decoded_dots<const R: usize>(
+    values: [&[f32]; R],
+    norms: [&[f32]; R],
+    xt: &[f32],
+    group: usize,
+) -> [f32; R] {
+    debug_assert!(group.is_multiple_of(16) && xt.len().is_multiple_of(group));
+    debug_assert!(values.iter().all(|row| row.len() == xt.len()));
+    let mut sums = [_mm512_setzero_ps(); R];
+    for (g, group_xt) in xt.chunks_exact(group).enumerate() {
+        let mut parts = [_mm512_setzero_ps(); R];
+        for (k, lanes_xt) in group_xt.chunks_exact(16).enumerate() {
+            let at = g * group + k * 16;
+            // Sound: `at + 16 ≤ xt.len()`, and every row of `values` is as long.
+            let x = _mm512_loadu_ps(lanes_xt.as_ptr());
+            for j in 0..R {
+                let value = _mm512_loadu_ps(values[j].as_ptr().add(at));
+                parts[j] = _mm512_fmadd_ps(value, x, parts[j]);
+            }
+        }
+        for j in 0..R {
+            sums[j] = _mm512_fmadd_ps(_mm512_set1_ps(norms[j][g]), parts[j], sums[j]);
+        }
+    }
+    std::array::from_fn(|j| _mm512_reduce_add_ps(sums[j]))
+}

@@ -169,6 +169,11 @@ pub fn cq_matmul(
 struct Output(*mut f32);
 unsafe impl Sync for Output {}
 
+/// From this many tokens on, a row block decodes its rows' codes into float values once
+/// and reuses them for every token (a prompt chunk), instead of looking each code up again
+/// per token: decoding a row costs about as much as a few direct dots of it.
+const DECODE_FROM_TOKENS: usize = 4;
+
 fn rows_block(
     w: &CqMatrix,
     rows: std::ops::Range<usize>,
@@ -179,41 +184,87 @@ fn rows_block(
     out: &Output,
 ) {
     let groups = w.groups();
-    let in_pad = groups * w.group;
     let norms: Vec<f32> = w.norms[rows.start * groups..rows.end * groups]
         .iter()
         .map(|&n| f16::to_f32(n))
         .collect();
-    let row_norms = |r: usize| &norms[(r - rows.start) * groups..(r - rows.start + 1) * groups];
+    let block = RowBlock {
+        w,
+        xt,
+        tokens,
+        layout,
+        table,
+        norms: &norms,
+        first: rows.start,
+        out,
+    };
     let mut r = rows.start;
     while r < rows.end {
-        let take = if rows.end - r >= 4 { 4 } else { 1 };
-        for t in 0..tokens {
-            let token = &xt[t * in_pad..(t + 1) * in_pad];
-            let mut sums = [0.0f32; 4];
-            match take {
-                4 => {
-                    sums = dots::<4>(
-                        w,
-                        layout,
-                        std::array::from_fn(|j| w.row_codes(r + j)),
-                        std::array::from_fn(|j| row_norms(r + j)),
-                        token,
-                        table,
-                    )
-                }
-                _ => {
-                    sums[0] =
-                        dots::<1>(w, layout, [w.row_codes(r)], [row_norms(r)], token, table)[0]
-                }
-            }
-            for (j, sum) in sums.iter().enumerate().take(take) {
-                // Sound: row r + j belongs to this block alone, and t < tokens.
-                unsafe { *out.0.add(t * w.rows + r + j) = *sum };
-            }
+        if rows.end - r >= 4 {
+            block.rows::<4>(r);
+            r += 4;
+        } else {
+            block.rows::<1>(r);
+            r += 1;
         }
-        r += take;
     }
+}
+
+/// One row block's product: what every group of rows in it shares.
+struct RowBlock<'a> {
+    w: &'a CqMatrix<'a>,
+    xt: &'a [f32],
+    tokens: usize,
+    layout: &'a Layout,
+    table: &'a [f32; 16],
+    /// The block's norms as f32, `[rows of the block, groups]`.
+    norms: &'a [f32],
+    /// The block's first row.
+    first: usize,
+    out: &'a Output,
+}
+
+impl RowBlock<'_> {
+    /// Rows `r..r + R` for every token.
+    fn rows<const R: usize>(&self, r: usize) {
+        let (w, groups) = (self.w, self.w.groups());
+        let in_pad = groups * w.group;
+        let codes: [&[u8]; R] = std::array::from_fn(|j| w.row_codes(r + j));
+        let norms: [&[f32]; R] = std::array::from_fn(|j| {
+            let at = (r + j - self.first) * groups;
+            &self.norms[at..at + groups]
+        });
+        let token = |t: usize| &self.xt[t * in_pad..(t + 1) * in_pad];
+        let write = |t: usize, sums: [f32; R]| {
+            for (j, sum) in sums.into_iter().enumerate() {
+                // Sound: row r + j belongs to this block alone, and t < tokens.
+                unsafe { *self.out.0.add(t * w.rows + r + j) = sum };
+            }
+        };
+        if self.tokens < DECODE_FROM_TOKENS {
+            for t in 0..self.tokens {
+                write(t, dots::<R>(w, self.layout, codes, norms, token(t), self.table));
+            }
+            return;
+        }
+        let decoded: [Vec<f32>; R] = std::array::from_fn(|j| decode_row(w, codes[j], self.layout));
+        let values: [&[f32]; R] = std::array::from_fn(|j| decoded[j].as_slice());
+        for t in 0..self.tokens {
+            write(t, decoded_dots::<R>(w, self.layout, values, norms, token(t)));
+        }
+    }
+}
+
+/// One row's codebook values, `codebook[code k]` for every padded input, in the layout's
+/// order (the order its activations are in).
+fn decode_row(w: &CqMatrix, codes: &[u8], layout: &Layout) -> Vec<f32> {
+    let in_pad = w.groups() * w.group;
+    let natural: Vec<f32> = (0..in_pad)
+        .map(|k| w.codebook[scalar::code(codes, k, w.bits)])
+        .collect();
+    let mut arranged = vec![0.0f32; in_pad];
+    layout.arrange(&natural, &mut arranged);
+    arranged
 }
 
 /// The dots of `R` rows with one prepared token, on the layout's path.
@@ -232,6 +283,26 @@ fn dots<const R: usize>(
         Isa::Avx2 => unsafe { avx2::dots(codes, norms, xt, w.group, w.bits, table) },
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe { avx512::dots(codes, norms, xt, w.group, w.bits, table) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("no x86 path off x86-64"),
+    }
+}
+
+/// [`dots`] over rows decoded by [`decode_row`]: the same bits.
+fn decoded_dots<const R: usize>(
+    w: &CqMatrix,
+    layout: &Layout,
+    values: [&[f32]; R],
+    norms: [&[f32]; R],
+    xt: &[f32],
+) -> [f32; R] {
+    match layout.isa {
+        Isa::Scalar => scalar::decoded_dots(values, norms, xt, w.group),
+        #[cfg(target_arch = "x86_64")]
+        // Sound: a layout picks an x86 path only where `Isa::available` detected it.
+        Isa::Avx2 => unsafe { avx2::decoded_dots(values, norms, xt, w.group) },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { avx512::decoded_dots(values, norms, xt, w.group) },
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("no x86 path off x86-64"),
     }

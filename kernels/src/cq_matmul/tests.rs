@@ -144,7 +144,9 @@ fn every_path_and_width_matches_upstreams_decode() {
         for bits in 1..=4 {
             for (rows, cols, group) in [(37, 200, 128), (8, 256, 128), (5, 96, 32), (6, 40, 8)] {
                 let case = Case::new(rows, cols, group, bits, 11 + bits as u64);
+                // Fewer tokens than DECODE_FROM_TOKENS look codes up, more decode rows.
                 assert_matches_dense(&case, 3, isa);
+                assert_matches_dense(&case, DECODE_FROM_TOKENS + 1, isa);
             }
         }
     }
@@ -166,6 +168,7 @@ fn ternary_crumbs_decode_through_their_codebook() {
     }
     for isa in Isa::available() {
         assert_matches_dense(&case, 2, isa);
+        assert_matches_dense(&case, DECODE_FROM_TOKENS, isa);
     }
 }
 
@@ -174,9 +177,11 @@ fn a_token_gets_the_same_bits_in_a_batch_and_alone() {
     for isa in Isa::available() {
         for bits in [1, 2, 3, 4] {
             let case = Case::new(45, 384, 128, bits, 3);
-            let x = tokens_for(&case, 4, 9);
-            let together = run(&case, &x, 4, isa);
-            for t in 0..4 {
+            // Together the rows are decoded once; alone each token looks the codes up.
+            let tokens = DECODE_FROM_TOKENS + 1;
+            let x = tokens_for(&case, tokens, 9);
+            let together = run(&case, &x, tokens, isa);
+            for t in 0..tokens {
                 let alone = run(&case, &x[t * case.cols..(t + 1) * case.cols], 1, isa);
                 let bits_of = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(
@@ -206,12 +211,14 @@ impl RowSplit for Threads {
 #[test]
 fn threads_change_no_bit() {
     let case = Case::new(100, 256, 128, 4, 21);
-    let x = tokens_for(&case, 2, 1);
     let isa = Isa::best();
-    let serial = run(&case, &x, 2, isa);
-    let mut threaded = vec![0.0; serial.len()];
-    cq_matmul(&case.matrix(), &x, 2, &mut threaded, isa, &Threads);
-    assert_eq!(serial, threaded);
+    for tokens in [2, DECODE_FROM_TOKENS] {
+        let x = tokens_for(&case, tokens, 1);
+        let serial = run(&case, &x, tokens, isa);
+        let mut threaded = vec![0.0; serial.len()];
+        cq_matmul(&case.matrix(), &x, tokens, &mut threaded, isa, &Threads);
+        assert_eq!(serial, threaded);
+    }
 }
 
 #[test]
