@@ -38,8 +38,8 @@ pub struct LoadOptions {
     pub attention: Option<AttentionKind>,
     /// Override the provider's preferred precision (`.cact` only).
     pub precision: Option<Precision>,
-    /// Dense (exact) or block-quantized MatMul weights (`.cact` only).
-    pub matmul_weights: MatMulWeights,
+    /// Override the provider's preferred MatMul weights (`.cact` only).
+    pub matmul_weights: Option<MatMulWeights>,
     /// Intra-op threads; 0 lets onnxruntime choose.
     pub threads: usize,
     /// The tokenizer's whitespace rule (`.cact` only; an `.onnx` records its own).
@@ -58,7 +58,7 @@ impl Default for LoadOptions {
             fallback: false,
             attention: None,
             precision: None,
-            matmul_weights: MatMulWeights::Float,
+            matmul_weights: None,
             threads: 1,
             remove_extra_whitespaces: true,
             layers: None,

@@ -62,8 +62,10 @@ struct ModelArgs {
     /// Precision of the graph (default: the provider's choice; `.cact` only).
     #[arg(long, value_parser = spelled::<Precision>())]
     precision: Option<Precision>,
-    /// MatMul weights: `float` (exact, the default), `cq` (exact, the `.cact`'s codes folded
-    /// at load) or re-quantized `int8`/`int4` MatMulNBits (`.cact` only).
+    /// MatMul weights (`.cact` only): `packed` (exact, the `.cact`'s codes multiplied by the
+    /// Needle kernels; the CPU's default), `float` (exact, four bytes a weight; every other
+    /// provider's default), `cq` (exact, the codes folded at load) or re-quantized
+    /// `int8`/`int4` MatMulNBits.
     #[arg(long, value_parser = spelled::<MatMulWeights>())]
     weights: Option<MatMulWeights>,
     /// onnxruntime intra-op threads (0: onnxruntime decides).
@@ -228,7 +230,7 @@ impl ModelArgs {
             fallback: self.fallback,
             attention: self.attention,
             precision: self.precision,
-            matmul_weights: self.weights.unwrap_or(MatMulWeights::Float),
+            matmul_weights: self.weights,
             threads: self.threads,
             remove_extra_whitespaces: true,
             layers: self.layers,

@@ -53,27 +53,35 @@ impl RunPlan {
 }
 
 /// The variant a `.cact` is exported as for `provider`, unless the caller overrides the
-/// attention core or the precision.
+/// attention core, the precision or the MatMul weights.
 ///
 /// Attention: fused for CUDA and CPU, reference for TensorRT and CoreML (they take a
 /// plain ai.onnx graph whole). Precision: fp32 everywhere; on CUDA the fused fp16 graph
 /// was an order of magnitude slower than fp32 on small models (`bench/RESULTS.md`), and
-/// fp32 matches upstream to 1.4e-6 there. Runtime: 1.24, the releases of the onnxruntime
-/// the runner links.
+/// fp32 matches upstream to 1.4e-6 there. Weights: packed on the CPU in fp32 — the
+/// Needle kernels read the `.cact`'s codes, a file of about the `.cact`'s size instead of
+/// four bytes a weight, and decode faster (`bench/RESULTS.md`) — float elsewhere, since
+/// the kernels are CPU kernels and fp16 graphs have no packed form. Runtime: 1.24, the
+/// releases of the onnxruntime the runner links.
 pub fn variant_for(
     provider: Provider,
     attention: Option<AttentionKind>,
     precision: Option<Precision>,
-    matmul_weights: MatMulWeights,
+    matmul_weights: Option<MatMulWeights>,
 ) -> Variant {
     let preferred = match provider {
         Provider::Auto | Provider::Cpu | Provider::Cuda => AttentionKind::FUSED,
         Provider::TensorRt | Provider::CoreMl => AttentionKind::Reference,
     };
+    let precision = precision.unwrap_or(Precision::Fp32);
+    let weights = match (provider, precision) {
+        (Provider::Cpu, Precision::Fp32) => MatMulWeights::Packed,
+        _ => MatMulWeights::Float,
+    };
     Variant {
         attention: attention.unwrap_or(preferred),
-        precision: precision.unwrap_or(Precision::Fp32),
-        matmul_weights,
+        precision,
+        matmul_weights: matmul_weights.unwrap_or(weights),
         runtime: RuntimeTarget::Since1_24,
     }
 }
@@ -84,7 +92,7 @@ mod tests {
 
     #[test]
     fn each_provider_gets_the_contracts_variant_unless_overridden() {
-        let pick = |p| variant_for(p, None, None, MatMulWeights::Float);
+        let pick = |p| variant_for(p, None, None, None);
         for p in [Provider::Cpu, Provider::Cuda] {
             assert_eq!(pick(p).attention, AttentionKind::FUSED);
         }
@@ -103,7 +111,7 @@ mod tests {
             Provider::Cuda,
             Some(AttentionKind::Reference),
             Some(Precision::Fp16),
-            MatMulWeights::Int4,
+            Some(MatMulWeights::Int4),
         );
         assert_eq!(
             forced,
@@ -114,5 +122,20 @@ mod tests {
                 runtime: RuntimeTarget::Since1_24,
             }
         );
+    }
+
+    #[test]
+    fn only_the_cpu_in_fp32_gets_packed_weights_by_default() {
+        let weights = |p, precision| variant_for(p, None, precision, None).matmul_weights;
+        assert_eq!(weights(Provider::Cpu, None), MatMulWeights::Packed);
+        assert_eq!(
+            weights(Provider::Cpu, Some(Precision::Fp16)),
+            MatMulWeights::Float
+        );
+        for p in [Provider::Cuda, Provider::TensorRt, Provider::CoreMl] {
+            assert_eq!(weights(p, None), MatMulWeights::Float);
+        }
+        let kept = variant_for(Provider::Cpu, None, None, Some(MatMulWeights::Float));
+        assert_eq!(kept.matmul_weights, MatMulWeights::Float);
     }
 }

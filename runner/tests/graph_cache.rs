@@ -53,7 +53,7 @@ fn a_cact_is_exported_once_and_loaded_from_the_cache_after() {
     assert!(
         files
             .iter()
-            .any(|f| f.ends_with(".fused.fp32.float.ort1.24.onnx")),
+            .any(|f| f.ends_with(".fused.fp32.packed.ort1.24.onnx")),
         "{files:?}"
     );
     let graph = cache.join(files.iter().find(|f| f.ends_with(".onnx")).unwrap());
@@ -80,9 +80,11 @@ fn a_cact_is_exported_once_and_loaded_from_the_cache_after() {
 
     // Other options and another file are other entries.
     run(&cache, &["--model", m64, "--attention", "reference"]);
+    let float = run(&cache, &["--model", m64, "--weights", "float"]);
+    assert_eq!(generated(&float), generated(&first));
     let m48 = fixture("m48.cact");
     run(&cache, &["--model", m48.to_str().unwrap()]);
-    assert_eq!(entries(&cache).len(), 6, "{:?}", entries(&cache));
+    assert_eq!(entries(&cache).len(), 8, "{:?}", entries(&cache));
 
     let untouched = scratch("graph-cache-off");
     let off = run(&untouched, &["--model", m64, "--no-cache"]);
