@@ -404,6 +404,7 @@ fn child_config(
 
 /// Writes the full-size model with the upstream package (`bench/make_full_model.py`).
 fn make_full_model(root: &Path, model: &Path, shipped: bool) -> Result<()> {
+    create_parent(model)?;
     eprintln!(
         "needle-bench: writing {} with upstream write_export",
         model.display()
@@ -425,6 +426,7 @@ fn make_full_model(root: &Path, model: &Path, shipped: bool) -> Result<()> {
 /// (`bench/make_full_needle3.py`), in `.venv-needle3` (made from requirements-needle3.txt
 /// when missing; scripts/setup-tests does not make it).
 fn make_full_needle3(root: &Path, model: &Path) -> Result<()> {
+    create_parent(model)?;
     let venv = root.join(".venv-needle3");
     let python = venv.join("bin/python");
     if !python.exists() {
@@ -465,6 +467,15 @@ fn make_full_needle3(root: &Path, model: &Path) -> Result<()> {
         bail!("bench/make_full_needle3.py failed ({status})");
     }
     Ok(())
+}
+
+/// The folder a model is written into (`target/bench/` on a fresh clone).
+fn create_parent(model: &Path) -> Result<()> {
+    match model.parent() {
+        Some(dir) => std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create {}", dir.display())),
+        None => Ok(()),
+    }
 }
 
 fn workspace_root() -> PathBuf {

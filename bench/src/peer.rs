@@ -46,8 +46,10 @@ pub struct PeerPlan {
 impl PeerPlan {
     pub fn new(quick: bool, threads: &[usize], max_tokens: Option<usize>) -> PeerPlan {
         PeerPlan {
-            reps: if quick { 1 } else { 5 },
-            max_tokens: max_tokens.unwrap_or(if quick { 8 } else { 64 }),
+            reps: if quick { 1 } else { 3 },
+            // Decode is the difference of two whole-process times over N − 1 tokens; at 256
+            // start-up noise is a few percent of it (at 64 the same graph read 57 to 96 tok/s).
+            max_tokens: max_tokens.unwrap_or(if quick { 8 } else { 256 }),
             // m64's max_seq_len of 256 leaves room for one more tool only.
             extra_tools: if quick { 1 } else { 3 },
             threads: threads.to_vec(),
@@ -202,6 +204,7 @@ pub fn run(root: &Path, model: &Path, plan: &PeerPlan) -> Result<String> {
     let stem = model.file_stem().unwrap_or_default().to_string_lossy();
     for (label, weights, file) in [
         ("needle-run .onnx fp32", "float", format!("{stem}.onnx")),
+        ("needle-run .onnx packed", "packed", format!("{stem}.packed.onnx")),
         ("needle-run .onnx cq", "cq", format!("{stem}.cq.onnx")),
         ("needle-run .onnx int4", "int4", format!("{stem}.int4.onnx")),
     ] {
@@ -231,18 +234,21 @@ pub fn run(root: &Path, model: &Path, plan: &PeerPlan) -> Result<String> {
         }
     }
 
-    let mut runs = Vec::new();
-    for c in &columns {
-        eprintln!(
-            "needle-bench: peer {} with {} thread(s)",
-            c.label, c.threads
-        );
-        let point = |tools: usize, max_tokens: usize| -> Result<Vec<Run>> {
-            (0..plan.reps)
-                .map(|_| c.run(model, (&tool_files[tools], &tool_lists[tools]), max_tokens))
-                .collect()
-        };
-        runs.push([point(0, 1)?, point(1, 1)?, point(0, plan.max_tokens)?]);
+    // Interleaved: each repetition runs every column once, so a slow spell of the machine
+    // lands on all columns alike instead of on one.
+    let points = [(0, 1), (1, 1), (0, plan.max_tokens)];
+    let mut runs: Vec<[Vec<Run>; 3]> = columns.iter().map(|_| Default::default()).collect();
+    for rep in 1..=plan.reps {
+        for (c, column_runs) in columns.iter().zip(&mut runs) {
+            eprintln!(
+                "needle-bench: peer {} with {} thread(s), run {rep} of {}",
+                c.label, c.threads, plan.reps
+            );
+            for (&(tools, max_tokens), runs) in points.iter().zip(column_runs.iter_mut()) {
+                let tools = (&tool_files[tools], tool_lists[tools].as_str());
+                runs.push(c.run(model, (tools.0.as_path(), tools.1), max_tokens)?);
+            }
+        }
     }
     // Every needle-run column must have read the same prompt (an `.onnx` brings its own
     // tokenizer file), or the prefill figures would mix lengths.
@@ -502,14 +508,31 @@ fn timed(cmd: &Command) -> Result<(String, String, f64, u64, ExitStatus)> {
     ))
 }
 
-/// A binary built beside needle-bench (`cargo build --release -p runner -p exporter`).
+/// A binary of the workspace beside needle-bench's, built first when it is missing (into
+/// needle-bench's target folder and profile, so a fresh clone needs no build by hand).
 pub(crate) fn sibling(bin: &Path, name: &str) -> Result<PathBuf> {
     let exe = bin.join(name);
-    if !exe.exists() {
-        bail!(
-            "{} is missing: cargo build --release -p runner -p exporter",
-            exe.display()
-        );
+    if exe.exists() {
+        return Ok(exe);
+    }
+    let target_dir = bin.parent().context("needle-bench's folder has no parent")?;
+    let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cargo
+        .args(["build", "--quiet", "--bin", name, "--target-dir"])
+        .arg(target_dir)
+        .arg("--manifest-path")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml"));
+    match bin.file_name().and_then(|p| p.to_str()) {
+        Some("debug") => {}
+        Some(profile) => {
+            cargo.args(["--profile", profile]);
+        }
+        None => bail!("needle-bench's folder {} names no profile", bin.display()),
+    }
+    eprintln!("needle-bench: building {name} (it is not beside needle-bench yet)");
+    let status = cargo.status().context("cannot run cargo")?;
+    if !status.success() || !exe.exists() {
+        bail!("cannot build {name} into {} ({status})", bin.display());
     }
     Ok(exe)
 }
