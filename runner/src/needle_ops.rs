@@ -20,6 +20,22 @@ pub fn domain() -> ort::Result<OperatorDomain> {
         .add(SinkhornOp)
 }
 
+/// The smallest graph that uses the domain: one `needle.Sinkhorn` of a 2 × 2 matrix.
+pub(crate) fn sinkhorn_model() -> Vec<u8> {
+    use graphs::builder::{Attr, Dim, GraphBuilder, Opset};
+    use graphs::contract::Precision;
+    use graphs::onnx::data_type::FLOAT;
+    use prost::Message;
+    let mut b = GraphBuilder::new(Opset::V21, Precision::Fp32);
+    let dims = [Dim::Fixed(2), Dim::Fixed(2)];
+    let x = b.input("x", FLOAT, &dims);
+    let attrs = vec![("iterations", Attr::Int(1))];
+    let y = b.op_in(needle_ops::DOMAIN, needle_ops::SINKHORN, &[&x], attrs, 1);
+    b.output(&y[0], "y", FLOAT, &dims);
+    b.finish("register_needle_domain", String::new(), Vec::new())
+        .encode_to_vec()
+}
+
 /// `needle.CqMatMul` (`kernels/src/cq_matmul/mod.rs` states its contract).
 struct CqMatMulOp;
 

@@ -141,6 +141,7 @@ pub fn session_builder(
         _ if fallback => (std::slice::from_ref(&requested), Provider::Cpu),
         named => (&[][..], named),
     };
+    register_domain_once(environment).map_err(ProviderError::Builder)?;
     let attempt = |provider| {
         let builder = tuned_builder(environment, threads).map_err(ProviderError::Builder)?;
         register(builder, provider)
@@ -176,6 +177,25 @@ pub fn tuned_builder(environment: &Environment, threads: usize) -> ort::Result<S
         .with_optimization_level(GraphOptimizationLevel::All)?
         .with_intra_threads(threads)?
         .with_operators(crate::needle_ops::domain()?)?)
+}
+
+/// Creates one session with the Needle domain before any other, once per process.
+///
+/// Creating a session that has a custom domain adds the domain to onnx's process-wide
+/// table of domain versions, checking first whether it is there, without a lock: two
+/// threads creating their first sessions at once can both find it missing, and the second
+/// session then fails ("the domain is already exist"). After this first session the domain
+/// is in the table, so later sessions only find it.
+fn register_domain_once(environment: &Environment) -> ort::Result<()> {
+    static REGISTERED: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+    let mut registered = REGISTERED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !*registered {
+        tuned_builder(environment, 1)?.commit_from_memory(&crate::needle_ops::sinkhorn_model())?;
+        *registered = true;
+    }
+    Ok(())
 }
 
 fn register(builder: SessionBuilder, provider: Provider) -> Result<SessionBuilder, String> {
