@@ -247,24 +247,57 @@ impl RowBlock<'_> {
             }
             return;
         }
-        let decoded: [Vec<f32>; R] = std::array::from_fn(|j| decode_row(w, codes[j], self.layout));
+        let decoded: [Vec<f32>; R] = std::array::from_fn(|j| self.decode_row(codes[j]));
         let values: [&[f32]; R] = std::array::from_fn(|j| decoded[j].as_slice());
-        for t in 0..self.tokens {
-            write(t, decoded_dots::<R>(w, self.layout, values, norms, token(t)));
+        // Tokens in tiles as wide as the path's registers hold (R · T sums and partial sums).
+        let tile = match self.layout.isa {
+            Isa::Avx512 => 3,
+            Isa::Avx2 => 2,
+            Isa::Scalar => 1,
+        };
+        let tiled = self.tokens / tile * tile;
+        for t in (0..tiled).step_by(tile) {
+            match tile {
+                3 => {
+                    let xts = std::array::from_fn(|i| token(t + i));
+                    let sums = decoded_dots::<R, 3>(w, self.layout, values, norms, xts);
+                    sums.into_iter().enumerate().for_each(|(i, s)| write(t + i, s));
+                }
+                2 => {
+                    let xts = std::array::from_fn(|i| token(t + i));
+                    let sums = decoded_dots::<R, 2>(w, self.layout, values, norms, xts);
+                    sums.into_iter().enumerate().for_each(|(i, s)| write(t + i, s));
+                }
+                _ => {
+                    let [sums] = decoded_dots::<R, 1>(w, self.layout, values, norms, [token(t)]);
+                    write(t, sums);
+                }
+            }
+        }
+        for t in tiled..self.tokens {
+            let [sums] = decoded_dots::<R, 1>(w, self.layout, values, norms, [token(t)]);
+            write(t, sums);
         }
     }
-}
 
-/// One row's codebook values, `codebook[code k]` for every padded input, in the layout's
-/// order (the order its activations are in).
-fn decode_row(w: &CqMatrix, codes: &[u8], layout: &Layout) -> Vec<f32> {
-    let in_pad = w.groups() * w.group;
-    let natural: Vec<f32> = (0..in_pad)
-        .map(|k| w.codebook[scalar::code(codes, k, w.bits)])
-        .collect();
-    let mut arranged = vec![0.0f32; in_pad];
-    layout.arrange(&natural, &mut arranged);
-    arranged
+    /// One row's codebook values, `codebook[code k]` for every padded input, in the
+    /// layout's order (the order its activations are in).
+    fn decode_row(&self, codes: &[u8]) -> Vec<f32> {
+        let w = self.w;
+        let mut values = vec![0.0f32; w.groups() * w.group];
+        match self.layout.isa {
+            Isa::Scalar => scalar::decode(codes, w.bits, w.codebook, &mut values),
+            #[cfg(target_arch = "x86_64")]
+            // Sound: a layout picks an x86 path only where `Isa::available` detected it, and
+            // only for widths whose chunks fit a group.
+            Isa::Avx2 => unsafe { avx2::decode(codes, w.bits, self.table, &mut values) },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => unsafe { avx512::decode(codes, w.bits, self.table, &mut values) },
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => unreachable!("no x86 path off x86-64"),
+        }
+        values
+    }
 }
 
 /// The dots of `R` rows with one prepared token, on the layout's path.
@@ -288,21 +321,21 @@ fn dots<const R: usize>(
     }
 }
 
-/// [`dots`] over rows decoded by [`decode_row`]: the same bits.
-fn decoded_dots<const R: usize>(
+/// [`dots`] of `R` rows decoded by [`RowBlock::decode_row`] with `T` tokens: the same bits.
+fn decoded_dots<const R: usize, const T: usize>(
     w: &CqMatrix,
     layout: &Layout,
     values: [&[f32]; R],
     norms: [&[f32]; R],
-    xt: &[f32],
-) -> [f32; R] {
+    xts: [&[f32]; T],
+) -> [[f32; R]; T] {
     match layout.isa {
-        Isa::Scalar => scalar::decoded_dots(values, norms, xt, w.group),
+        Isa::Scalar => scalar::decoded_dots(values, norms, xts, w.group),
         #[cfg(target_arch = "x86_64")]
         // Sound: a layout picks an x86 path only where `Isa::available` detected it.
-        Isa::Avx2 => unsafe { avx2::decoded_dots(values, norms, xt, w.group) },
+        Isa::Avx2 => unsafe { avx2::decoded_dots(values, norms, xts, w.group) },
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { avx512::decoded_dots(values, norms, xt, w.group) },
+        Isa::Avx512 => unsafe { avx512::decoded_dots(values, norms, xts, w.group) },
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("no x86 path off x86-64"),
     }
