@@ -203,7 +203,7 @@ pub(crate) fn build<A: Architecture>(
             &ctx,
             stream.final_norm,
             stream.embedding,
-            embedding.as_ref(),
+            &embedding,
             cfg.output_rows(),
             &x,
         )

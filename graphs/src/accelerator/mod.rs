@@ -196,7 +196,7 @@ fn build_stream<A: Accelerated>(
             &ctx,
             stream.final_norm,
             stream.embedding,
-            embedding.as_ref(),
+            &embedding,
             cfg.output_rows(),
             &x,
         )

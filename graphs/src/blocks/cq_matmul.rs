@@ -15,7 +15,18 @@ use crate::onnx::data_type;
 
 /// `x · Wᵀ` for the CQ matrix `w`; initializers `<scope>.codes`, `.norms`, `.codebook`.
 pub fn cq_matmul(b: &mut GraphBuilder, x: &Value, w: &CqRows) -> Value {
-    let [codes, norms] = codes_and_norms(b, w);
+    let stored = codes_and_norms(b, w);
+    cq_matmul_stored(b, x, w, &stored)
+}
+
+/// [`cq_matmul`] by codes and norms of `w` already in the graph ([`codes_and_norms`],
+/// which another node reads too: the tied embedding); initializer `<scope>.codebook`.
+pub fn cq_matmul_stored(
+    b: &mut GraphBuilder,
+    x: &Value,
+    w: &CqRows,
+    [codes, norms]: &[Value; 2],
+) -> Value {
     let codebook_raw = w.codebook.iter().flat_map(|v| v.to_le_bytes()).collect();
     let codebook = b.weight_bytes(
         "codebook",
@@ -31,7 +42,7 @@ pub fn cq_matmul(b: &mut GraphBuilder, x: &Value, w: &CqRows) -> Value {
     b.op_in(
         needle_ops::DOMAIN,
         needle_ops::CQ_MATMUL,
-        &[x, &codes, &norms, &codebook],
+        &[x, codes, norms, &codebook],
         attrs,
         1,
     )

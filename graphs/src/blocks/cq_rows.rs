@@ -22,28 +22,37 @@ use crate::onnx::data_type;
 /// (or `.codebook`).
 pub fn gather_cq_rows(b: &mut GraphBuilder, name: &str, table: &CqRows, indices: &Value) -> Value {
     b.scope(name, |b| {
-        let [codes, norms, lookup] = initializers(b, table);
-        let codes = b.gather(&codes, indices, 0);
-        let norms = b.gather(&norms, indices, 0);
-        let lead = b.shape_of(indices, 0, i64::MAX);
-        decode(b, table, &lookup, [&codes, &norms], &lead)
+        let stored = codes_and_norms(b, table);
+        gather_stored_rows(b, table, &stored, indices)
     })
 }
 
-/// A table's initializers: codes `[rows, row bytes]`, fp16 norms `[rows, groups]` and
-/// what a code reads its value from, in the graph's precision: for whole-byte codes the
+/// [`gather_cq_rows`] from codes and norms already in the graph ([`codes_and_norms`], which
+/// another node reads too); the value lookup is `<scope>.byte_values` (or `.codebook`).
+pub(crate) fn gather_stored_rows(
+    b: &mut GraphBuilder,
+    table: &CqRows,
+    [codes, norms]: &[Value; 2],
+    indices: &Value,
+) -> Value {
+    let lookup = value_lookup(b, table);
+    let codes = b.gather(codes, indices, 0);
+    let norms = b.gather(norms, indices, 0);
+    let lead = b.shape_of(indices, 0, i64::MAX);
+    decode(b, table, &lookup, [&codes, &norms], &lead)
+}
+
+/// What a code reads its value from, in the graph's precision: for whole-byte codes the
 /// values of every byte's codes `[256, codes per byte]`, else the codebook.
-fn initializers(b: &mut GraphBuilder, table: &CqRows) -> [Value; 3] {
-    let [codes, norms] = codes_and_norms(b, table);
+fn value_lookup(b: &mut GraphBuilder, table: &CqRows) -> Value {
     let bits = table.index_bits;
-    let lookup = match whole_byte_codes(bits) {
+    match whole_byte_codes(bits) {
         Some(per_byte) => {
             let values = byte_values(&table.codebook, bits);
             b.weight("byte_values", &[256, per_byte], &values)
         }
         None => b.weight("codebook", &[table.codebook.len()], &table.codebook),
-    };
-    [codes, norms, lookup]
+    }
 }
 
 /// The matrix's codes `[rows, row bytes]` (uint8) and fp16 norms `[rows, groups]` as the

@@ -4,7 +4,8 @@
 use crate::blocks::block_quant::{gather_table, matmul_nbits};
 use crate::blocks::context::{BuildContext, OpForms};
 use crate::blocks::cq_kernel::{cq_kernel, CqKernel};
-use crate::blocks::cq_matmul::cq_matmul;
+use crate::blocks::cq_matmul::{cq_matmul, cq_matmul_stored};
+use crate::blocks::cq_rows::{codes_and_norms, gather_stored_rows};
 use crate::blocks::norms::zc_rms_norm;
 use crate::blocks::weights::Tensor;
 use crate::builder::{Dim, GraphBuilder, Value};
@@ -12,36 +13,47 @@ use crate::contract::dims::{BATCH, SEQUENCE};
 use crate::contract::{MatMulWeights, Precision};
 use crate::onnx::data_type;
 
-/// `Gather(embedding)·√d` broadcast to the `[batch, sequence, lanes, d_model]` stream.
-/// Returns the float table too when it is one (the lm_head is tied to it).
+/// What of the embedding table the tied output head can read instead of a copy of its own.
+pub enum TiedTable {
+    /// The float table.
+    Float(Value),
+    /// The packed table's codes and norms ([`codes_and_norms`]), read by `needle.CqMatMul`.
+    Codes([Value; 2]),
+    /// Nothing: the head keeps its own layout (block-quantized, or a folded CQ kernel).
+    Separate,
+}
+
+/// `Gather(embedding)·√d` broadcast to the `[batch, sequence, lanes, d_model]` stream,
+/// and what of the table the lm_head can share.
 pub fn embed_tokens<C>(
     b: &mut GraphBuilder,
     ctx: &BuildContext<C>,
     embedding: &Tensor,
     input_ids: &Value,
-) -> (Option<Value>, Value) {
-    // Compact weights keep each use of the table in its own layout: block-quantized, or
-    // the codes (rows decoded as gathered, the lm_head a folded kernel).
+) -> (TiedTable, Value) {
+    // Compact weights keep the table as its codes (rows decoded as gathered) or
+    // block-quantized; packed graphs multiply the head by the same codes, the others fold
+    // or quantize a head of their own.
     let storage = ctx.matmul_weights();
-    let dense = match storage {
-        MatMulWeights::Float => true,
-        MatMulWeights::Cq | MatMulWeights::Packed => embedding.codes.is_none(),
-        MatMulWeights::Int8 | MatMulWeights::Int4 => false,
+    let tied = match (storage, &embedding.codes) {
+        (MatMulWeights::Float, _) | (MatMulWeights::Cq | MatMulWeights::Packed, None) => {
+            TiedTable::Float(b.weight("embedding", &embedding.shape, &embedding.data))
+        }
+        (MatMulWeights::Packed, Some(codes)) => {
+            TiedTable::Codes(b.scope("embedding", |b| codes_and_norms(b, codes)))
+        }
+        _ => TiedTable::Separate,
     };
-    let emb = dense.then(|| b.weight("embedding", &embedding.shape, &embedding.data));
-    let x = match &emb {
-        Some(emb) => b.gather(emb, input_ids, 0),
-        None => {
+    let x = match (&tied, &embedding.codes) {
+        (TiedTable::Float(emb), _) => b.gather(emb, input_ids, 0),
+        (TiedTable::Codes(stored), Some(codes)) => {
+            let x = b.scope("embedding", |b| gather_stored_rows(b, codes, stored, input_ids));
+            declare_rows(b, ctx, &x);
+            x
+        }
+        _ => {
             let x = gather_table(b, storage, "embedding", embedding, input_ids);
-            // Rows decoded from codes get their shape from a Reshape that shape inference
-            // cannot follow; without a name for it, every later tensor gets fresh symbols
-            // and session creation took 5 s longer (full-size Needle 3).
-            let dims = [
-                Dim::Named(BATCH),
-                Dim::Named(SEQUENCE),
-                Dim::Fixed(ctx.common.d_model),
-            ];
-            b.declare(&x, b.precision().data_type(), &dims);
+            declare_rows(b, ctx, &x);
             x
         }
     };
@@ -60,18 +72,30 @@ pub fn embed_tokens<C>(
             b.mul(&x, &ones)
         }
     };
-    (emb, x)
+    (tied, x)
+}
+
+/// Rows decoded from codes get their shape from a Reshape that shape inference cannot
+/// follow; without a name for it, every later tensor gets fresh symbols and session
+/// creation took 5 s longer (full-size Needle 3).
+fn declare_rows<C>(b: &mut GraphBuilder, ctx: &BuildContext<C>, rows: &Value) {
+    let dims = [
+        Dim::Named(BATCH),
+        Dim::Named(SEQUENCE),
+        Dim::Fixed(ctx.common.d_model),
+    ];
+    b.declare(rows, b.precision().data_type(), &dims);
 }
 
 /// Mean over lanes, `final_norm`, and the output projection tied to the first `rows`
-/// rows of the embedding table (the float table `embedding` when there is one); float32
+/// rows of the embedding table (read from `tied` where the table shares it); float32
 /// logits.
 pub fn lm_head<C>(
     b: &mut GraphBuilder,
     ctx: &BuildContext<C>,
     final_norm: &Tensor,
     table: &Tensor,
-    embedding: Option<&Value>,
+    tied: &TiedTable,
     rows: usize,
     x: &Value,
 ) -> Value {
@@ -79,8 +103,8 @@ pub fn lm_head<C>(
     let x = b.reduce_mean(x, &[2]);
     let x = b.squeeze(&x, &[2]);
     let x = zc_rms_norm(b, ctx, &x, "final_norm", &final_norm.data);
-    let logits = match embedding {
-        Some(embedding) => {
+    let logits = match (tied, &table.codes) {
+        (TiedTable::Float(embedding), _) => {
             let head = if rows < table.shape[0] {
                 b.slice(embedding, 0, 0, rows as i64)
             } else {
@@ -89,7 +113,14 @@ pub fn lm_head<C>(
             let et = b.transpose(&head, &[1, 0]);
             b.matmul(&x, &et)
         }
-        None => b.scope("embedding", |b| {
+        // The head reads the table's own codes when it is all of the table; a head over fewer
+        // rows keeps its own (a Slice of the table would be folded into a copy at load). Its
+        // float32 codebook is `embedding.head.codebook`: the rows' lookup may be
+        // `embedding.codebook` already (3-bit codes).
+        (TiedTable::Codes(stored), Some(codes)) if rows == table.shape[0] => {
+            b.scope("embedding.head", |b| cq_matmul_stored(b, &x, codes, stored))
+        }
+        _ => b.scope("embedding", |b| {
             match (ctx.matmul_weights(), &table.codes) {
                 (MatMulWeights::Packed, Some(codes)) => cq_matmul(b, &x, &codes.first_rows(rows)),
                 (MatMulWeights::Cq, Some(codes)) => {
