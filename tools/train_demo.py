@@ -820,7 +820,7 @@ def eval_conversations(gen, convs, log):
         prompt, target = render(ex)
         text = gen(prompt, max_new=64)
         p = is_prose(text)
-        e = text.strip() == target[:-len(IM_END)].strip()
+        e = text.split(IM_END)[0].strip() == target[:-len(IM_END)].strip()
         prose_n += p
         exact_n += e
         rows.append({"query": ex["query"], "prose": p, "exact": e, "output": text,
