@@ -8,7 +8,7 @@ use crate::decode::{Decoded, GenerateOptions, Sampling, TokenFilter};
 use crate::engine::Admission;
 use crate::generate::generate_filtered;
 use crate::load::{load, LoadOptions, LoadedModel, ModelSource};
-use crate::prompt::{parse_answer, render_conversation, Turn, IM_END};
+use crate::prompt::{answers_tool_results, parse_answer, render_conversation, Turn, IM_END};
 use crate::provider::{Provider, Unavailable};
 use crate::python_json::PyJson;
 use crate::session::{NeedleSession, StepInputs};
@@ -165,6 +165,7 @@ impl Runner {
             max_len,
             tools,
             &ids,
+            answers_tool_results(turns),
             max_new_tokens,
         )?;
         let filter = constraint.as_mut().map(|c| c as &mut dyn TokenFilter);
@@ -194,7 +195,7 @@ impl Runner {
         let runs = generate_batch(&mut self.model.session, queries.len(), max_rows, |i| {
             let q = &queries[i];
             let prompt = tool_prompt_ids(tokenizer, &q.tools, &q.query, q.system.as_deref());
-            let filter = constraint(factory, max_len, &q.tools, &prompt, max_new_tokens)?;
+            let filter = constraint(factory, max_len, &q.tools, &prompt, false, max_new_tokens)?;
             prompts.push(prompt.clone());
             Ok(Admission {
                 prompt,
@@ -356,12 +357,14 @@ impl Runner {
     }
 }
 
-/// The `--constrain` state of one answer after prompt `ids`, when constraining (`factory`).
+/// The `--constrain` state of one answer after prompt `ids`, when constraining (`factory`);
+/// with `prose` the answer may be plain text instead of calls.
 fn constraint(
     factory: Option<&ConstraintFactory>,
     max_len: usize,
     tools: &Value,
     ids: &[u32],
+    prose: bool,
     max_new_tokens: usize,
 ) -> Result<Option<ToolConstraint>> {
     let Some(factory) = factory else {
@@ -369,7 +372,9 @@ fn constraint(
     };
     // The answer has to close before the context is full, too.
     let budget = max_new_tokens.min(max_len.saturating_sub(ids.len()));
-    factory.for_tools(tools, CallCount::ANY, budget).map(Some)
+    factory
+        .for_tools(tools, CallCount::ANY, prose, budget)
+        .map(Some)
 }
 
 /// `[BOS] + tokenize(render_prompt(..))`: tool mode's prompt.

@@ -8,7 +8,15 @@
 //! with optional spaces and newlines before `<think>` and `<tool_call>` (the answer's
 //! first piece is sentencepiece's dummy-prefix `▁`).
 //!
-//! where each call is `{"name": <a declared tool>, "arguments": <its parameters' JSON
+//! and, where the answer may be prose (after tool results, when no call is required),
+//!
+//! ```text
+//! | text without markup (no `<`, `>`) <|im_end|>
+//! ```
+//!
+//! the short confirmation the demo model is trained to give after a tool result.
+//!
+//! In the calls, each call is `{"name": <a declared tool>, "arguments": <its parameters' JSON
 //! schema, every object closed to its declared keys>}` in the compact JSON the model was
 //! trained on, and the empty list is the "respond" answer. llguidance (the engine behind
 //! onnxruntime-genai's and llama.cpp's structured output) compiles it and computes the
@@ -40,6 +48,7 @@ struct Markers {
     think_end: u32,
     tool_call: u32,
     tool_call_end: u32,
+    im_end: u32,
 }
 
 impl ConstraintFactory {
@@ -55,6 +64,7 @@ impl ConstraintFactory {
             think_end: id(THINK_END)?,
             tool_call: id(TOOL_CALL_START)?,
             tool_call_end: id(TOOL_CALL_END)?,
+            im_end: eos,
         };
         let pieces = tokenizer.text_bytes();
         let env: TokEnv = Arc::new(PieceTrie::new(tokenizer, &pieces, eos));
@@ -69,14 +79,18 @@ impl ConstraintFactory {
     }
 
     /// The constraint of one answer with `calls` calls of the tools of `tools`
-    /// (a JSON list) that must end within `max_new_tokens`.
+    /// (a JSON list) that must end within `max_new_tokens`; with `prose` (and no call
+    /// required) the answer may instead be plain text.
     pub fn for_tools(
         &self,
         tools: &Value,
         calls: CallCount,
+        prose: bool,
         max_new_tokens: usize,
     ) -> Result<ToolConstraint> {
-        let grammar = TopLevelGrammar::from_lark(answer_grammar(tools, calls, self.markers)?);
+        let prose = prose && calls.at_least == 0;
+        let grammar =
+            TopLevelGrammar::from_lark(answer_grammar(tools, calls, prose, self.markers)?);
         let parser = self
             .factory
             .create_parser(grammar)
@@ -147,13 +161,16 @@ enum Phase {
     Reasoning,
     /// In the `<tool_call>` list.
     Calls,
+    /// In a prose answer.
+    Prose,
 }
 
 /// The state of one constrained answer. A model can run away inside the free reasoning
 /// or a string (repeating a word until the token budget ends) and leave the answer
 /// unfinished; so in its last `closing_from` tokens the answer closes itself: of the
 /// allowed tokens only those that take it furthest are left to the model, the longest of
-/// them — `<tool_call>` at the start, `</think>` in the reasoning, in the calls the tokens
+/// them — `<tool_call>` at the start, `</think>` in the reasoning, `<|im_end|>` in prose,
+/// in the calls the tokens
 /// that end the most strings, objects and lists without starting anything, else
 /// punctuation that moves on (see [`JsonScan::closing`]).
 pub struct ToolConstraint {
@@ -173,9 +190,26 @@ impl ToolConstraint {
         let marker = match self.phase {
             Phase::Start => self.markers.tool_call,
             Phase::Reasoning => self.markers.think_end,
+            Phase::Prose => self.markers.im_end,
             Phase::Calls => return self.json.closing(&self.texts[id]),
         };
         2 * u8::from(id == marker as usize)
+    }
+}
+
+impl ToolConstraint {
+    /// Whether `token` writes more than spaces and newlines (a marker writes nothing).
+    fn is_text(&self, token: u32) -> bool {
+        let is_marker = [
+            self.markers.think_start,
+            self.markers.think_end,
+            self.markers.tool_call,
+            self.markers.tool_call_end,
+            self.markers.im_end,
+        ]
+        .contains(&token);
+        let text = self.texts.get(token as usize).map_or(&[][..], |t| t);
+        !is_marker && text.iter().any(|b| !matches!(b, b' ' | b'\n'))
     }
 }
 
@@ -211,6 +245,8 @@ impl TokenFilter for ToolConstraint {
             self.phase = Phase::Start;
         } else if token == self.markers.tool_call {
             self.phase = Phase::Calls;
+        } else if self.phase == Phase::Start && self.is_text(token) {
+            self.phase = Phase::Prose;
         }
         self.matcher.consume_token(token).map_err(grammar_error)
     }
@@ -221,16 +257,28 @@ fn grammar_error(e: anyhow::Error) -> anyhow::Error {
 }
 
 /// The Lark grammar of an answer (see the module docs).
-fn answer_grammar(tools: &Value, count: CallCount, markers: Markers) -> Result<String> {
+fn answer_grammar(
+    tools: &Value,
+    count: CallCount,
+    prose: bool,
+    markers: Markers,
+) -> Result<String> {
     let calls = serde_json::to_string(&calls_schema(tools, count)?)?;
     let Markers {
         think_start,
         think_end,
         tool_call,
         tool_call_end,
+        ..
     } = markers;
+    let prose = match prose {
+        true => " | SPACE? PROSE",
+        false => "",
+    };
     Ok(format!(
-        r#"start: SPACE? think? <[{tool_call}]> calls <[{tool_call_end}]>
+        r#"start: answer{prose}
+answer: SPACE? think? <[{tool_call}]> calls <[{tool_call_end}]>
+PROSE: /[^<> \n][^<>]*/
 think: <[{think_start}]> REASONING? <[{think_end}]> SPACE?
 REASONING: /(.|\n)+/
 SPACE: /[ \n]+/
@@ -405,5 +453,102 @@ impl TokenizerEnv for PieceTrie {
 
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<u32> {
         self.trie.greedy_tokenize(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::DEMO_CACT;
+    use exporter::model::NeedleModel;
+
+    fn demo_tokenizer() -> NeedleTokenizer {
+        let model = NeedleModel::from_bytes("needle-demo.cact", DEMO_CACT).unwrap();
+        NeedleTokenizer::from_spec(&model.tokenizer, false).unwrap()
+    }
+
+    fn tools() -> Value {
+        json!([{"name": "set_lights", "parameters": {"type": "object",
+            "properties": {"room": {"type": "string"}, "on": {"type": "boolean"}},
+            "required": ["room", "on"]}}])
+    }
+
+    /// Whether `c` allows token `id` next.
+    fn allows(c: &mut ToolConstraint, id: u32, vocab: usize) -> bool {
+        let mut logits = vec![0.0; vocab];
+        c.mask(&mut logits).unwrap();
+        logits[id as usize].is_finite()
+    }
+
+    /// Feeds `ids`, each of which must be allowed.
+    fn feed(c: &mut ToolConstraint, ids: &[u32], vocab: usize) {
+        for &id in ids {
+            assert!(allows(c, id, vocab), "token {id} refused");
+            c.accept(id).unwrap();
+        }
+    }
+
+    /// After tool results the answer may be prose up to `<|im_end|>`, never markup in it;
+    /// calls stay possible; elsewhere prose is refused.
+    #[test]
+    fn prose_is_an_answer_only_where_asked_for() {
+        let tok = demo_tokenizer();
+        let factory = ConstraintFactory::new(&tok).unwrap();
+        let vocab = tok.vocab_size();
+        let eos = tok.token_id(IM_END).unwrap();
+        let tool_call = tok.token_id(TOOL_CALL_START).unwrap();
+        let prose = tok.encode("The kitchen lights are off.");
+
+        let mut c = factory
+            .for_tools(&tools(), CallCount::ANY, true, 64)
+            .unwrap();
+        feed(&mut c, &prose, vocab);
+        assert!(allows(&mut c, eos, vocab));
+        assert!(!allows(&mut c, tool_call, vocab));
+        let angle = tok
+            .encode("<")
+            .into_iter()
+            .find(|&id| tok.decode(&[id]).contains('<'));
+        assert!(!allows(&mut c, angle.unwrap(), vocab));
+
+        let mut c = factory
+            .for_tools(&tools(), CallCount::ANY, true, 64)
+            .unwrap();
+        let call = tok.encode(r#"<tool_call>[{"name":"set_lights","arguments":{"room":"kitchen","on":false}}]</tool_call>"#);
+        feed(&mut c, &call, vocab);
+        assert!(allows(&mut c, eos, vocab));
+
+        let mut c = factory
+            .for_tools(&tools(), CallCount::ANY, false, 64)
+            .unwrap();
+        let first_word = *prose
+            .iter()
+            .find(|&&id| tok.decode(&[id]).trim() != "")
+            .unwrap();
+        assert!(!allows(&mut c, first_word, vocab));
+
+        let required = CallCount {
+            at_least: 1,
+            at_most: None,
+        };
+        let mut c = factory.for_tools(&tools(), required, true, 64).unwrap();
+        assert!(!allows(&mut c, first_word, vocab));
+    }
+
+    /// Prose that runs into the end of its budget closes with `<|im_end|>`.
+    #[test]
+    fn prose_closes_at_the_end_of_its_budget() {
+        let tok = demo_tokenizer();
+        let factory = ConstraintFactory::new(&tok).unwrap();
+        let vocab = tok.vocab_size();
+        let prose = tok.encode("The kitchen lights");
+        let mut c = factory
+            .for_tools(&tools(), CallCount::ANY, true, prose.len() + CLOSING_TOKENS)
+            .unwrap();
+        feed(&mut c, &prose, vocab);
+        let mut logits = vec![0.0; vocab];
+        c.mask(&mut logits).unwrap();
+        let allowed: Vec<usize> = (0..vocab).filter(|&i| logits[i].is_finite()).collect();
+        assert_eq!(allowed, vec![tok.token_id(IM_END).unwrap() as usize]);
     }
 }

@@ -105,6 +105,12 @@ pub fn render_conversation(
     prompt
 }
 
+/// Whether the answer to `turns` follows tool results: there it may be prose (the
+/// confirmation after a tool loop) as well as another call.
+pub fn answers_tool_results(turns: &[Turn]) -> bool {
+    matches!(turns.last(), Some(Turn::ToolResults(_)))
+}
+
 /// Python's `str.strip()`: Unicode whitespace plus the separators U+001C..U+001F.
 fn python_strip(text: &str) -> &str {
     text.trim_matches(|c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c))

@@ -811,6 +811,7 @@ fn n_choices_are_rows_and_logprobs_are_the_models() {
                     at_least,
                     at_most: None,
                 },
+                false,
                 budget,
             )
             .unwrap()

@@ -4,6 +4,7 @@
 
 use crate::answer::tool_conversation_ids;
 use crate::decode::{GenerateOptions, Sampling};
+use crate::prompt::answers_tool_results;
 use crate::serve::chat_stream;
 use crate::serve::models::wrong_model;
 use crate::serve::request::{self, ChatRequest, Invalid};
@@ -113,7 +114,12 @@ pub fn prepare(s: &Shared, request: &ChatRequest) -> Result<(Vec<Job>, ChoiceEve
         // Each row's grammar state is its own.
         let constraint = s
             .constraints
-            .for_tools(&callable, request.call_count(), budget)
+            .for_tools(
+                &callable,
+                request.call_count(),
+                answers_tool_results(&request.turns),
+                budget,
+            )
             .map_err(|e| Invalid {
                 message: format!("{e:#}"),
                 param: None,
