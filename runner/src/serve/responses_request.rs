@@ -76,7 +76,21 @@ fn to_chat(body: &Map<String, Value>) -> Result<Value, Invalid> {
         Some(Value::String(s)) => messages.push(json!({"role": "user", "content": s})),
         Some(Value::Array(items)) => {
             for (i, item) in items.iter().enumerate() {
-                messages.push(message(item, i)?);
+                let next = message(item, i)?;
+                // The calls of one model turn are one item each; chat has them in one
+                // assistant message, which their outputs answer.
+                match (messages.last_mut(), next.get("tool_calls")) {
+                    (Some(last), Some(Value::Array(calls))) if last["role"] == "assistant" => {
+                        let merged = last.as_object_mut().expect("messages are objects");
+                        match merged.get_mut("tool_calls") {
+                            Some(Value::Array(earlier)) => earlier.extend(calls.iter().cloned()),
+                            _ => {
+                                merged.insert("tool_calls".into(), Value::Array(calls.clone()));
+                            }
+                        }
+                    }
+                    _ => messages.push(next),
+                }
             }
         }
         _ => {
@@ -260,6 +274,19 @@ mod tests {
                 .query,
             "hi"
         );
+    }
+
+    #[test]
+    fn the_calls_of_one_turn_are_one_assistant_message() {
+        let call = |id: &str| json!({"type": "function_call", "call_id": id, "name": "ping", "arguments": "{}"});
+        let output = |id: &str| json!({"type": "function_call_output", "call_id": id, "output": "ok"});
+        let body = json!({"input": [
+            {"role": "user", "content": "hi"},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me."}]},
+            call("a"), call("b"), output("a"), output("b"),
+        ], "tools": [{"type": "function", "name": "ping"}]});
+        let r = parse(&body).unwrap();
+        assert_eq!(r.turns.len(), 2, "{:?}", r.turns);
     }
 
     #[test]

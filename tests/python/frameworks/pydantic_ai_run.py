@@ -1,0 +1,61 @@
+"""pydantic-ai against `needle-run serve`, its documented way (report shape: home.py).
+
+Tools are the functions of home.py given to `Agent(tools=...)` (their docstrings parsed);
+the model is `OpenAIChatModel` with an `OpenAIProvider` at the server. The agent's own
+loop runs the tools and sends their results back; the first-call figure is the calls of
+its first model response. Structured output is `output_type`'s default (a tool the
+answer calls); streaming is `run_stream_events`.
+"""
+
+import asyncio
+
+from pydantic_ai import Agent, AgentRunResultEvent
+from pydantic_ai.messages import ModelResponse, ToolCallPart
+from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.openai import OpenAIProvider
+from pydantic_ai.usage import UsageLimits
+
+import home
+
+LIMITS = UsageLimits(request_limit=4)
+
+
+async def main():
+    spec = home.spec()
+    model = OpenAIChatModel(spec["model"], provider=OpenAIProvider(base_url=spec["base_url"], api_key="not-needed"))
+
+    def agent(q):
+        return Agent(model, tools=home.functions(q["tools"]))
+
+    async def first_calls(q):
+        result = await agent(q).run(q["query"], usage_limits=LIMITS)
+        first = next(m for m in result.all_messages() if isinstance(m, ModelResponse))
+        home.taken()
+        return [{"name": p.tool_name, "arguments": p.args_as_dict()} for p in first.parts if isinstance(p, ToolCallPart)]
+
+    async def loop(q):
+        result = await agent(q).run(q["query"], usage_limits=LIMITS)
+        return {"calls": home.taken(), "final": result.output, "error": None}
+
+    async def streamed(q):
+        final = None
+        async with agent(q).run_stream_events(q["query"], usage_limits=LIMITS) as events:
+            async for event in events:
+                if isinstance(event, AgentRunResultEvent):
+                    final = event.result.output
+        return {"calls": home.taken(), "final": final, "error": None}
+
+    async def structured():
+        result = await Agent(model, output_type=home.Lights).run(spec["structured"]["query"], usage_limits=LIMITS)
+        return {"value": result.output.model_dump()}
+
+    attempt = home.attempt_async
+    home.report({
+        "calls": [await attempt(first_calls, q) for q in spec["calls"]],
+        "loops": [await attempt(loop, q) for q in spec["loops"]],
+        "structured": await attempt(structured),
+        "stream": await attempt(streamed, spec["loops"][0]),
+    })
+
+
+asyncio.run(main())
