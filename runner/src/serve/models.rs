@@ -24,8 +24,16 @@ pub async fn retrieve(State(s): AppState, Path(id): Path<String>) -> Response {
     }
 }
 
+/// OpenAI's model object, with vLLM's `max_model_len` (the positions a prompt and its
+/// answer share), which clients size their context by (llama-index's `context_window`).
 fn model_object(s: &Shared) -> Value {
-    json!({"id": s.model, "object": "model", "created": s.started, "owned_by": "needle-onnx"})
+    json!({
+        "id": s.model,
+        "object": "model",
+        "created": s.started,
+        "owned_by": "needle-onnx",
+        "max_model_len": s.max_seq_len,
+    })
 }
 
 fn unknown_model(s: &Shared, name: &str) -> Response {

@@ -1,7 +1,7 @@
 """llama-index against `needle-run serve`, its documented way (report shape: home.py).
 
 The model is `OpenAILike` (a chat model that calls functions, with the window the server
-reports); tools are the functions of home.py through `FunctionTool.from_defaults` (the
+reports as `max_model_len`); tools are the functions of home.py through `FunctionTool.from_defaults` (the
 signature and docstring as the description). The first-call figure is
 `chat_with_tools` (`allow_parallel_tool_calls=True`: its default allows one call, and
 some held-out queries ask for two) read by `get_tool_calls_from_response`; the loop is `FunctionAgent`;
@@ -10,6 +10,8 @@ is the agent's `stream_events`.
 """
 
 import asyncio
+import json
+import urllib.request
 
 from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.prompts import PromptTemplate
@@ -17,6 +19,12 @@ from llama_index.core.tools import FunctionTool
 from llama_index.llms.openai_like import OpenAILike
 
 import home
+
+
+def served_window(spec):
+    """The model's positions, as the server reports them (vLLM's `max_model_len`)."""
+    with urllib.request.urlopen(f"{spec['base_url']}/models/{spec['model']}") as r:
+        return json.load(r)["max_model_len"]
 
 
 async def main():
@@ -27,7 +35,7 @@ async def main():
         api_key="not-needed",
         is_chat_model=True,
         is_function_calling_model=True,
-        context_window=spec["context_window"],
+        context_window=served_window(spec),
         max_retries=0,
     )
     tools = {name: FunctionTool.from_defaults(fn=f) for name, f in home.FUNCTIONS.items()}

@@ -3,14 +3,14 @@
 Tools are the functions of home.py given to `Agent(tools=...)` (their docstrings parsed);
 the model is `OpenAIChatModel` with an `OpenAIProvider` at the server. The agent's own
 loop runs the tools and sends their results back; the first-call figure is the calls of
-its first model response. Structured output is `output_type`'s default (a tool the
+its first model response (`Agent.iter`, stopped there). Structured output is `output_type`'s default (a tool the
 answer calls); streaming is `run_stream_events`.
 """
 
 import asyncio
 
 from pydantic_ai import Agent, AgentRunResultEvent
-from pydantic_ai.messages import ModelResponse, ToolCallPart
+from pydantic_ai.messages import ToolCallPart
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 from pydantic_ai.usage import UsageLimits
@@ -28,10 +28,12 @@ async def main():
         return Agent(model, tools=home.functions(q["tools"]))
 
     async def first_calls(q):
-        result = await agent(q).run(q["query"], usage_limits=LIMITS)
-        first = next(m for m in result.all_messages() if isinstance(m, ModelResponse))
-        home.taken()
-        return [{"name": p.tool_name, "arguments": p.args_as_dict()} for p in first.parts if isinstance(p, ToolCallPart)]
+        async with agent(q).iter(q["query"], usage_limits=LIMITS) as run:
+            async for node in run:
+                if Agent.is_call_tools_node(node):
+                    parts = node.model_response.parts
+                    return [{"name": p.tool_name, "arguments": p.args_as_dict()} for p in parts if isinstance(p, ToolCallPart)]
+        raise RuntimeError("the run ended before a model response")
 
     async def loop(q):
         result = await agent(q).run(q["query"], usage_limits=LIMITS)
