@@ -122,9 +122,9 @@ pub fn lm_head<C>(
         }
         _ => b.scope("embedding", |b| {
             match (ctx.matmul_weights(), &table.codes) {
-                (MatMulWeights::Packed, Some(codes)) => cq_matmul(b, &x, &codes.first_rows(rows)),
+                (MatMulWeights::Packed, Some(codes)) => cq_matmul(b, &x, &codes.row_range(0..rows)),
                 (MatMulWeights::Cq, Some(codes)) => {
-                    let head = CqKernel::of(&[&codes.first_rows(rows)]).expect("one matrix");
+                    let head = CqKernel::of(&[&codes.row_range(0..rows)]).expect("one matrix");
                     let kernel = cq_kernel(b, "kernel", &head);
                     b.matmul(&x, &kernel)
                 }

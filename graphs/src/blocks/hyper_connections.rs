@@ -5,13 +5,15 @@
 //! `h_post = 2σ(a_post·nx·φ_post + b_post + post_off)`;
 //! `h_res = Sinkhorn₂₀(a_res·nx·φ_res + b_res)` (log domain, rows then columns);
 //! `x' = h_res·x + h_post ⊗ (block(u) − u)`.
-//! The three projections are one MatMul whose weight has the `a_*` gains folded in.
+//! The three projections are one MatMul whose weight has the `a_*` gains folded in (packed
+//! graphs: one `needle.CqMatMul` of the layer's codes, the gains applied to its logits).
 
 use crate::blocks::context::{BuildContext, OpForms};
 use crate::blocks::norms::rms_unit;
-use crate::blocks::weights::{MhcWeights, Tensor};
+use crate::blocks::cq_matmul::cq_matmul;
+use crate::blocks::weights::{CqRows, MhcWeights, Tensor};
 use crate::builder::{Attr, GraphBuilder, Value};
-use crate::contract::needle_ops;
+use crate::contract::{needle_ops, MatMulWeights};
 
 const SINKHORN_ITERS: usize = 20;
 
@@ -34,10 +36,19 @@ pub fn hc_pre<C>(
     let (n, c) = (ctx.common.mhc_lanes, ctx.common.d_model);
     let flat = b.reshape(x, &[0, 0, (n * c) as i64]);
     let nx = rms_unit(b, ctx, &flat, n * c);
-    let (phi, bias) = folded_projection(w, layer, n, c);
-    let phi = b.weight("mhc_phi", &[n * c, 2 * n + n * n], &phi);
-    let bias = b.weight("mhc_bias", &[2 * n + n * n], &bias);
-    let logits = b.matmul(&nx, &phi);
+    let logits = match (ctx.matmul_weights(), layer_codes(w, layer, n)) {
+        (MatMulWeights::Packed, Some(codes)) => b.scope("mhc_phi", |b| {
+            let logits = cq_matmul(b, &nx, &codes);
+            let gains = b.weight("gain", &[2 * n + n * n], &gains(w, layer, n));
+            b.mul(&logits, &gains)
+        }),
+        _ => {
+            let phi = folded_projection(w, layer, n, c);
+            let phi = b.weight("mhc_phi", &[n * c, 2 * n + n * n], &phi);
+            b.matmul(&nx, &phi)
+        }
+    };
+    let bias = b.weight("mhc_bias", &[2 * n + n * n], &biases(w, layer, n));
     let logits = b.add(&logits, &bias);
     let pre = b.slice(&logits, 2, 0, n as i64);
     let post = b.slice(&logits, 2, n as i64, 2 * n as i64);
@@ -113,28 +124,56 @@ fn sinkhorn_normalized(b: &mut GraphBuilder, logits: &Value, n: usize) -> Value 
     b.div(&k, &n)
 }
 
-/// `[n·C, n | n | n·n]` weight (`a_* · φ_*` of `layer`) and its bias
-/// (`b_pre + pre_off | b_post + post_off | b_res`), with the lane offsets
-/// `pre_off = 8·lane − 4`, `post_off = −4·(1 − lane)`, `lane = onehot(layer mod n)`.
-fn folded_projection(w: &MhcWeights, layer: usize, n: usize, c: usize) -> (Vec<f32>, Vec<f32>) {
+/// The three projections of layer `layer` as one `[n·C, 2n + n²]` matrix, the `a_*` gains
+/// folded into its columns.
+fn folded_projection(w: &MhcWeights, layer: usize, n: usize, c: usize) -> Vec<f32> {
     let width = 2 * n + n * n;
     let nc = n * c;
     let mut phi = vec![0.0f32; nc * width];
-    let parts: [(&Tensor, usize, f32, usize); 3] = [
-        (&w.phi_pre, n, w.a_pre.data[layer], 0),
-        (&w.phi_post, n, w.a_post.data[layer], n),
-        (&w.phi_res, n * n, w.a_res.data[layer], 2 * n),
+    let gains = gains(w, layer, n);
+    let parts: [(&Tensor, usize, usize); 3] = [
+        (&w.phi_pre, n, 0),
+        (&w.phi_post, n, n),
+        (&w.phi_res, n * n, 2 * n),
     ];
-    for (t, cols, gain, at) in parts {
+    for (t, cols, at) in parts {
         for col in 0..cols {
             let row = &t.data[(layer * cols + col) * nc..(layer * cols + col + 1) * nc];
             for (i, v) in row.iter().enumerate() {
-                phi[i * width + at + col] = gain * v;
+                phi[i * width + at + col] = gains[at + col] * v;
             }
         }
     }
+    phi
+}
+
+/// Layer `layer`'s rows of the three projections (`[2n + n², n·C]`) as the `.cact`'s codes,
+/// when all three have them in one layout (packed graphs multiply them as stored).
+fn layer_codes(w: &MhcWeights, layer: usize, n: usize) -> Option<CqRows> {
+    let rows = |t: &Tensor, per_layer: usize| {
+        t.codes
+            .as_ref()
+            .map(|c| c.row_range(layer * per_layer..(layer + 1) * per_layer))
+    };
+    let parts = [rows(&w.phi_pre, n)?, rows(&w.phi_post, n)?, rows(&w.phi_res, n * n)?];
+    CqRows::stacked(&parts.iter().collect::<Vec<_>>())
+}
+
+/// The gain of each of the `2n + n²` logits: `a_pre`, `a_post`, `a_res` of the layer.
+fn gains(w: &MhcWeights, layer: usize, n: usize) -> Vec<f32> {
+    let counts = [n, n, n * n];
+    [&w.a_pre, &w.a_post, &w.a_res]
+        .iter()
+        .zip(counts)
+        .flat_map(|(a, count)| std::iter::repeat_n(a.data[layer], count))
+        .collect()
+}
+
+/// The bias of each logit: `b_*` with the lane offsets (`pre_off`, `post_off`: the layer's
+/// own lane favoured).
+fn biases(w: &MhcWeights, layer: usize, n: usize) -> Vec<f32> {
     let lane = layer % n;
-    let mut bias = Vec::with_capacity(width);
+    let mut bias = Vec::with_capacity(2 * n + n * n);
     for i in 0..n {
         let on = if i == lane { 1.0 } else { 0.0 };
         bias.push(w.b_pre.data[layer * n + i] + (8.0 * on - 4.0));
@@ -144,5 +183,5 @@ fn folded_projection(w: &MhcWeights, layer: usize, n: usize, c: usize) -> (Vec<f
         bias.push(w.b_post.data[layer * n + i] + (-4.0 * (1.0 - on)));
     }
     bias.extend_from_slice(&w.b_res.data[layer * n * n..(layer + 1) * n * n]);
-    (phi, bias)
+    bias
 }

@@ -92,12 +92,12 @@ impl CqRows {
         ((low | (high << 8)) >> (bit % 8)) & ((1 << self.index_bits) - 1)
     }
 
-    /// Its first `n` rows.
-    pub fn first_rows(&self, n: usize) -> CqRows {
+    /// Its rows `rows` (a range within `0..self.rows`).
+    pub fn row_range(&self, rows: std::ops::Range<usize>) -> CqRows {
         CqRows {
-            rows: n,
-            codes: self.codes[..n * self.row_bytes()].to_vec(),
-            norms: self.norms[..n * self.groups()].to_vec(),
+            rows: rows.len(),
+            codes: self.codes[rows.start * self.row_bytes()..rows.end * self.row_bytes()].to_vec(),
+            norms: self.norms[rows.start * self.groups()..rows.end * self.groups()].to_vec(),
             ..self.clone()
         }
     }
