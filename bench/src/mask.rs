@@ -43,7 +43,7 @@ pub fn run(model: &Path, threads: usize) -> Result<String> {
     let mut masks = Vec::new();
     let mut walked = 0;
     for seed in 0..ANSWERS {
-        let mut constraint = factory.for_tools(&tools, CallCount::ANY, BUDGET)?;
+        let mut constraint = factory.for_tools(&tools, CallCount::ANY, false, BUDGET)?;
         let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         for _ in 0..BUDGET {
             let mut logits: Vec<f32> = (0..vocab)
