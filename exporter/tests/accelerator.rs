@@ -31,10 +31,14 @@ const MIN_DECODE_STEPS: u64 = 32;
 const MIN_PREFILL_CHUNKS: u64 = 2;
 
 fn export(cact: &Path, out: &Path, extra: &[&str]) -> Output {
+    export_for("coreml", cact, out, extra)
+}
+
+fn export_for(target: &str, cact: &Path, out: &Path, extra: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_needle-export"))
         .arg(cact)
         .arg(out)
-        .args(["--target", "coreml", "--force"])
+        .args(["--target", target, "--force"])
         .args(extra)
         .output()
         .unwrap()
@@ -42,8 +46,13 @@ fn export(cact: &Path, out: &Path, extra: &[&str]) -> Output {
 
 /// Exports `cact` with `--target coreml` into `dir`: (decode graph, prefill graph).
 fn export_pair(dir: &Path, name: &str, cact: &Path) -> (PathBuf, PathBuf) {
+    export_pair_for("coreml", dir, name, cact)
+}
+
+/// Exports `cact` with `--target {target}` into `dir`: (decode graph, prefill graph).
+fn export_pair_for(target: &str, dir: &Path, name: &str, cact: &Path) -> (PathBuf, PathBuf) {
     let out = dir.join(format!("{name}.onnx"));
-    let o = export(cact, &out, &[]);
+    let o = export_for(target, cact, &out, &[]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     (out, dir.join(format!("{name}.prefill.onnx")))
 }
@@ -98,6 +107,47 @@ fn coreml_and_nnapi_take_each_accelerator_graph_as_one_partition() {
                     graph.display()
                 );
             }
+        }
+    }
+}
+
+/// TensorRT's ONNX parser, by the operator support list of onnx-tensorrt for TensorRT 10.15
+/// (`tests/fixtures/tensorrt/operators-10.15.tsv`; no TensorRT here to parse them with):
+/// every op, input type and listed restriction of each `--target tensorrt` graph. TensorRT
+/// lacks the engram hash's `BitwiseAnd`/`BitwiseXor` and takes `Einsum` on floats only, so
+/// those nodes and what they read (the integer edge, reading only graph inputs) go to
+/// another EP; the rest must be one island of at least the share of the nodes.
+#[test]
+fn tensorrt_takes_each_accelerator_graph_whole_but_its_integer_edge() {
+    let dir = scratch("accelerator-tensorrt");
+    let list = fixture("tensorrt/operators-10.15.tsv");
+    for model in FIXTURES {
+        let name = model.replace('/', "-");
+        let (decode, prefill) =
+            export_pair_for("tensorrt", &dir, &name, &fixture(&format!("{model}.cact")));
+        let report = run_json("tensorrt_ops.py", &[&list, &decode, &prefill]);
+        for graph in [&decode, &prefill] {
+            let r = &report[graph.to_str().unwrap()];
+            let nodes = r["nodes"].as_u64().unwrap();
+            let taken = r["tensorrt_nodes"].as_u64().unwrap();
+            println!(
+                "{}: opset {}, TensorRT takes {taken}/{nodes} nodes in {} island(s); edge {}; ops {}",
+                graph.display(),
+                r["opset"],
+                r["islands"],
+                r["edge_ops"],
+                r["ops"]
+            );
+            assert_eq!(r["opset_in_range"], true, "{r}");
+            assert_eq!(r["other_domains"], serde_json::json!([]), "{r}");
+            assert_eq!(r["functions"], 0, "{r}");
+            assert_eq!(r["restriction_violations"], serde_json::json!([]), "{r}");
+            assert_eq!(r["islands"], 1, "{}: {r}", graph.display());
+            assert!(
+                taken as f64 >= ONE_PARTITION_SHARE * nodes as f64,
+                "{}: {r}",
+                graph.display()
+            );
         }
     }
 }

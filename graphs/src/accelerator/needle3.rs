@@ -10,9 +10,14 @@ use crate::needle3::attention::AttentionCtx;
 use crate::needle3::Config;
 
 impl Accelerated for Config {
+    /// The unwindowed core only where a layer reads it: when every layer's window binds, the
+    /// one core is the window's (in the `global` place, which every layer then reads), so the
+    /// graph holds no bias nothing uses.
     fn core_windows(&self) -> Vec<Option<usize>> {
-        let local = (0..self.common.num_layers).find_map(|l| self.window_of(l));
-        std::iter::once(None).chain(local.map(Some)).collect()
+        let layers = 0..self.common.num_layers;
+        let local = layers.clone().find_map(|l| self.window_of(l));
+        let unwindowed = layers.into_iter().any(|l| self.window_of(l).is_none());
+        unwindowed.then_some(None).into_iter().chain(local.map(Some)).collect()
     }
 
     fn fixed_attention(
@@ -33,7 +38,7 @@ impl Accelerated for Config {
                 c.rope_theta,
                 position_ids,
             ),
-            global: cores.next().expect("the global core"),
+            global: cores.next().expect("a core"),
             local: cores.next(),
             real_new: None,
         }
