@@ -127,7 +127,7 @@ impl Streamer {
                     let text = stable_text(&self.s.tokenizer, &choice.ids);
                     let shown = self.stops.shown(&text);
                     self.send_growth(index, &answer_in_form(shown, self.form));
-                    if self.form == AnswerForm::Calls {
+                    if matches!(self.form, AnswerForm::Calls { .. }) {
                         self.send_call_growth(index, shown);
                     }
                 }

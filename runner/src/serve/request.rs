@@ -72,8 +72,10 @@ pub struct ChatRequest {
 /// What an answer is to the client.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum AnswerForm {
-    /// Needle's calls as `tool_calls` (and its text as `content`).
-    Calls,
+    /// Needle's calls as `tool_calls` (and its text as `content`); with `declined_in_words`
+    /// (the model was free not to call: `tool_choice` auto), an answer of no call and no
+    /// text says its reasoning as `content` ([`crate::serve::shared::answer_in_form`]).
+    Calls { declined_in_words: bool },
     /// `response_format` `json_schema`: decoded as upstream's `extract` does, as the one
     /// call of a tool whose parameters are the schema; its arguments are the `content`.
     Json,
@@ -127,7 +129,9 @@ pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
     let mut tools = tools(body.get("tools"))?;
     let mut tool_choice = tool_choice(body.get("tool_choice"), &tools)?;
     let form = match schema_tool(body.get("response_format"))? {
-        None => AnswerForm::Calls,
+        None => AnswerForm::Calls {
+            declined_in_words: tool_choice == ToolChoice::Auto,
+        },
         Some(_) if !tools.is_empty() => {
             return Err(invalid(
                 "response_format",
@@ -206,7 +210,7 @@ pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
     }
     // A structured answer is one value: one call.
     let parallel_tool_calls = flag(body.get("parallel_tool_calls"), "parallel_tool_calls", true)?
-        && form == AnswerForm::Calls;
+        && matches!(form, AnswerForm::Calls { .. });
     let stop = stop_texts(body.get("stop"))?;
     let n = match body.get("n") {
         None | Some(Value::Null) => 1,

@@ -124,15 +124,15 @@ pub fn final_answer(s: &Shared, done: &Done, stops: &StopTexts, form: AnswerForm
 
 /// The answer `text` (decoded so far, or whole) says in the request's `form`: for a
 /// structured answer, the one call's arguments as decoded so far as the text, and no calls
-/// (an answer without a complete call keeps the reason it has none). An answer of no calls
-/// and no text (Needle's "respond" answer) says its reasoning as its text: the model's own
-/// words ("no tool matches this request"), where an empty message would read as a failure
-/// to clients (pydantic-ai retries it, then gives up).
+/// (an answer without a complete call keeps the reason it has none). Where the model chose
+/// to call nothing and wrote no text (Needle's "respond" answer under `tool_choice` auto),
+/// its reasoning is its text: the model's own words ("no tool matches this request"), where
+/// an empty message reads as a failure to clients (pydantic-ai retries it, then gives up).
 pub fn answer_in_form(text: &str, form: AnswerForm) -> Answer {
     let answer = parse_answer(text);
     match form {
-        AnswerForm::Calls => match (&answer.calls, answer.text.is_empty()) {
-            (Ok(Value::Array(calls)), true) if calls.is_empty() => Answer {
+        AnswerForm::Calls { declined_in_words } => match (&answer.calls, answer.text.is_empty()) {
+            (Ok(Value::Array(calls)), true) if declined_in_words && calls.is_empty() => Answer {
                 text: answer.reasoning.clone(),
                 ..answer
             },
