@@ -867,8 +867,17 @@ def eval_exact(gen, log):
         text = gen(prompt)
         ok = parse_calls(text) == ex["answers"]
         hits += ok
-        rows.append({"query": ex["query"], "ok": ok, "output": text})
+        kind = ("no call" if not ex["answers"] else "two calls" if len(ex["answers"]) > 1
+                else ex["answers"][0]["name"])
+        rows.append({"query": ex["query"], "ok": ok, "output": text, "kind": kind,
+                     "full_list": len(ex["tools"]) == 6})
     log(f"held-out exact match {hits}/{len(rows)}")
+    slices = {}
+    for r in rows:
+        for key in (r["kind"], "full tool list" if r["full_list"] else "tool subset"):
+            n, k = slices.get(key, (0, 0))
+            slices[key] = (n + r["ok"], k + 1)
+    log("  by slice: " + ", ".join(f"{k} {n}/{t}" for k, (n, t) in sorted(slices.items())))
     return hits, rows
 
 
@@ -916,6 +925,11 @@ def main():
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--max-seq-len", type=int, default=1024)
     ap.add_argument("--eval-only", help="evaluate this .cact and stop")
+    ap.add_argument("--interpolate", nargs=2, metavar=("A", "B"),
+                    help="instead of training: the weights (1 - alpha) A + alpha B of two "
+                         ".cact files fine-tuned from one another (read back dequantized), "
+                         "exported, evaluated and (with --ship) shipped")
+    ap.add_argument("--alpha", type=float, default=0.5)
     ap.add_argument("--ship", action="store_true",
                     help="replace runner/demo/needle-demo.cact if the candidate passes")
     args = ap.parse_args()
@@ -945,6 +959,17 @@ def main():
     if args.eval_only:
         evaluate(args.eval_only, "only")
         return
+
+    if args.interpolate:
+        import jax
+        pa, config, blob = load_cact(args.interpolate[0], args.max_seq_len)
+        pb, _, blob_b = load_cact(args.interpolate[1], args.max_seq_len)
+        assert blob == blob_b, "the two files have different tokenizers"
+        params = jax.tree.map(lambda a, b: (1 - args.alpha) * a + args.alpha * b, pa, pb)
+        stats = {"interpolate": args.interpolate, "alpha": args.alpha}
+        log(f"interpolated {args.interpolate}, alpha {args.alpha}")
+        return export_and_evaluate(args, params, config, blob, Tokenizer(blob), stats, convs,
+                                   evaluate, log)
 
     params, config, blob = load_cact(args.base, args.max_seq_len)
     tok = Tokenizer(blob)
@@ -981,6 +1006,10 @@ def main():
 
     params, stats = train(params, config, encoded, args.minutes, args.lr, args.warmup, args.seed, log)
     stats.update(examples=len(data), dropped=dropped)
+    export_and_evaluate(args, params, config, blob, tok, stats, convs, evaluate, log)
+
+
+def export_and_evaluate(args, params, config, blob, tok, stats, convs, evaluate, log):
     pickle.dump(params, open(os.path.join(args.work, "params.pkl"), "wb"))
     from needle.model.export import write_export, read_export
     cand = os.path.join(args.work, "needle-demo.cact")
