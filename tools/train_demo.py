@@ -215,6 +215,17 @@ OFF_TOPIC = ["tell me a joke", "what is the capital of France", "how old is the 
              "what's on my calendar", "buy more {label}", "how do I cook {label}",
              "recommend a good book", "how tall is Mount Everest", "sing me a song",
              "what does {name} look like", "remind me to call {name}"]
+# Off-topic requests that name a number, a contact or a city (so a number, a name or a
+# place alone is no reason to call a tool); drawn with --off-topic-extra.
+OFF_TOPIC_EXTRA = ["what is {n} plus {m}", "what's {n} times {m}", "how much is {n} divided by {m}",
+                   "convert {n} miles to kilometers", "is {n} a prime number",
+                   "how many days are in {m} weeks", "what's {n} minus {m}", "count to {n}",
+                   "how many grams are in {m} pounds", "what was the score, {m} to {n}?",
+                   "what's {name}'s phone number", "add {name} to my contacts",
+                   "when is {name}'s birthday", "block {name}", "how do you spell {name}",
+                   "find a hotel in {city}", "what's the population of {city}",
+                   "how far is {city} from here", "show me restaurants in {city}",
+                   "what language do they speak in {city}", "what time is it in {city}"]
 SYSTEMS = ["You are a helpful assistant.", "You are a helpful assistant. Use the tools when needed.",
            "You are a smart home assistant.", "You are a helpful agent.",
            "Answer briefly.", "You control the user's home and phone. Be concise."]
@@ -280,6 +291,8 @@ class Slots:
         self.labels = p.get("labels", LABELS)
         self.texts = p.get("texts", TEXTS)
         self.made_up = p.get("made_up", 0.5)
+        self.markov = p.get("markov", 0.0)
+        self.chain = None
 
     def pseudo(self):
         r = self.rng
@@ -287,6 +300,36 @@ class Slots:
         word = "".join(r.choice(cons) + r.choice(vow) + (r.choice("nrsl") if r.random() < 0.3 else "")
                        for _ in range(r.randint(1, 3)))
         return word
+
+    def word(self):
+        """A made-up word: with probability `markov` one from a letter-trigram chain over
+        the training pools (double letters, real-looking endings), else a syllable word."""
+        if self.markov and self.rng.random() < self.markov:
+            return self.markov_word()
+        return self.pseudo()
+
+    def markov_word(self):
+        if self.chain is None:
+            words = sorted({w.lower() for pool in (self.names, self.cities, self.artists, self.labels,
+                                            self.texts, WORDS) for v in pool for w in v.split()
+                     if w.isalpha()})
+            chain = {}
+            for w in words:
+                w = "^^" + w + "$"
+                for i in range(2, len(w)):
+                    chain.setdefault(w[i - 2:i], []).append(w[i])
+            self.chain = chain
+        for _ in range(20):
+            ctx, out = "^^", ""
+            while len(out) < 12:
+                c = self.rng.choice(self.chain[ctx])
+                if c == "$":
+                    break
+                out += c
+                ctx = ctx[1] + c
+            if 3 <= len(out) <= 11:
+                return out
+        return self.pseudo()
 
     def _pick(self, pool, make):
         for _ in range(50):
@@ -296,23 +339,23 @@ class Slots:
         raise RuntimeError("no slot value left")
 
     def name(self):
-        return self._pick(self.names, lambda: self.pseudo().capitalize()
-                          + ((" " + self.pseudo().capitalize()) if self.rng.random() < 0.25 else ""))
+        return self._pick(self.names, lambda: self.word().capitalize()
+                          + ((" " + self.word().capitalize()) if self.rng.random() < 0.25 else ""))
 
     def city(self):
-        return self._pick(self.cities, lambda: " ".join(self.pseudo().capitalize()
+        return self._pick(self.cities, lambda: " ".join(self.word().capitalize()
                                                         for _ in range(self.rng.choice([1, 1, 1, 2]))))
 
     def artist(self):
-        return self._pick(self.artists, lambda: " ".join(self.pseudo().capitalize()
+        return self._pick(self.artists, lambda: " ".join(self.word().capitalize()
                                                          for _ in range(self.rng.choice([1, 2, 2, 3]))))
 
     def label(self):
-        return self._pick(self.labels, lambda: self.pseudo() if self.rng.random() < 0.5 else self.rng.choice(WORDS))
+        return self._pick(self.labels, lambda: self.word() if self.rng.random() < 0.5 else self.rng.choice(WORDS))
 
     def text(self):
         return self._pick(self.texts, lambda: " ".join(
-            self.rng.choice(WORDS) if self.rng.random() < 0.7 else self.pseudo()
+            self.rng.choice(WORDS) if self.rng.random() < 0.7 else self.word()
             for _ in range(self.rng.randint(2, 5))))
 
 
@@ -369,18 +412,32 @@ def make_call(tool, slots, template):
     return query, {"name": tool, "arguments": args}, reasons
 
 
-def single_turn(rng, slots, tools_by_name, templates, p_two=0.35, p_off=0.05):
-    """A single-turn example (`render_example`'s fields): query, tools, reasoning, answers."""
+def single_turn(rng, slots, tools_by_name, templates, p_two=0.35, p_off=0.05, mix=None):
+    """A single-turn example (`render_example`'s fields): query, tools, reasoning, answers.
+    `mix`: `off_topic_extra` (also draw OFF_TOPIC_EXTRA), `tool_weights` (tool -> weight
+    of being called; uniform without)."""
+    mix = mix or {}
     names = list(tools_by_name)
     roll = rng.random()
     if roll < p_off:
-        query = rng.choice(OFF_TOPIC).format(city=slots.city(), name=slots.name(), label=slots.label())
+        pool = OFF_TOPIC + OFF_TOPIC_EXTRA if mix.get("off_topic_extra") else OFF_TOPIC
+        fill = dict(city=slots.city(), name=slots.name(), label=slots.label())
+        if mix.get("off_topic_extra"):
+            fill.update(n=rng.choice([rng.randint(2, 30), rng.randint(31, 150)]), m=rng.randint(2, 12))
+        query = rng.choice(pool).format(**fill)
         if rng.random() < 0.5:
             query = query.capitalize()
         chosen, calls, reasons = [], [], ["no tool matches this request"]
     else:
         k = 2 if roll < p_off + p_two else 1
-        chosen = rng.sample(names, k)
+        weights = mix.get("tool_weights")
+        if weights:
+            chosen = []
+            while len(chosen) < k:
+                left = [n for n in names if n not in chosen]
+                chosen += rng.choices(left, [weights.get(n, 1.0) for n in left])
+        else:
+            chosen = rng.sample(names, k)
         parts, calls, reasons = [], [], []
         for tool in chosen:
             q, call, rs = make_call(tool, slots, rng.choice(templates[tool]))
@@ -459,11 +516,11 @@ def tool_result(rng, call, errors=0.08):
                        "success", {"result": "done"}, True, None])
 
 
-def conversation(rng, slots, tools_by_name, templates):
+def conversation(rng, slots, tools_by_name, templates, mix=None):
     """A tool loop: a single-turn example whose calls were made, the turns after, and the
     target (prose, or the next call of a two-step request)."""
     for _ in range(100):
-        ex = single_turn(rng, slots, tools_by_name, templates, p_two=0.4, p_off=0.0)
+        ex = single_turn(rng, slots, tools_by_name, templates, p_two=0.4, p_off=0.0, mix=mix)
         if ex["answers"]:
             break
     calls = ex["answers"]
@@ -585,17 +642,23 @@ CONV_HELD_OUT = {
 }
 
 
-def make_data(seed, n, conv_share, tools_by_name, banned, train_templates):
+def make_data(seed, n, conv_share, tools_by_name, banned, train_templates, mix=None):
+    """`mix`: `off_topic` (share of single turns with no call), `made_up`, `markov` (slot
+    values), and single_turn's `off_topic_extra`, `tool_weights`."""
+    mix = mix or {}
     rng = random.Random(seed)
     values, queries = banned
-    extra_banned = {v.lower() for k, vs in CONV_HELD_OUT.items() if k != "made_up" for v in vs}
-    slots = Slots(rng, values | extra_banned)
+    extra_banned = {v.lower() for k, vs in CONV_HELD_OUT.items() if k not in ("made_up", "markov")
+                    for v in vs}
+    slots = Slots(rng, values | extra_banned,
+                  pools={"made_up": mix.get("made_up", 0.5), "markov": mix.get("markov", 0.0)})
     out, dropped = [], {"query": 0, "value": 0}
     while len(out) < n:
         if rng.random() < conv_share:
-            ex = conversation(rng, slots, tools_by_name, train_templates)
+            ex = conversation(rng, slots, tools_by_name, train_templates, mix)
         else:
-            ex = single_turn(rng, slots, tools_by_name, train_templates)
+            ex = single_turn(rng, slots, tools_by_name, train_templates,
+                             p_off=mix.get("off_topic", 0.05), mix=mix)
         why = leaks(ex, values | extra_banned, queries)
         if why:
             dropped[why] += 1
@@ -804,8 +867,17 @@ def eval_exact(gen, log):
         text = gen(prompt)
         ok = parse_calls(text) == ex["answers"]
         hits += ok
-        rows.append({"query": ex["query"], "ok": ok, "output": text})
+        kind = ("no call" if not ex["answers"] else "two calls" if len(ex["answers"]) > 1
+                else ex["answers"][0]["name"])
+        rows.append({"query": ex["query"], "ok": ok, "output": text, "kind": kind,
+                     "full_list": len(ex["tools"]) == 6})
     log(f"held-out exact match {hits}/{len(rows)}")
+    slices = {}
+    for r in rows:
+        for key in (r["kind"], "full tool list" if r["full_list"] else "tool subset"):
+            n, k = slices.get(key, (0, 0))
+            slices[key] = (n + r["ok"], k + 1)
+    log("  by slice: " + ", ".join(f"{k} {n}/{t}" for k, (n, t) in sorted(slices.items())))
     return hits, rows
 
 
@@ -839,10 +911,25 @@ def main():
     ap.add_argument("--examples", type=int, default=16000)
     ap.add_argument("--conv-share", type=float, default=0.4)
     ap.add_argument("--minutes", type=float, default=45.0, help="training time budget")
+    ap.add_argument("--off-topic-share", type=float, default=0.05,
+                    help="share of single-turn examples that call no tool")
+    ap.add_argument("--off-topic-extra", action="store_true",
+                    help="off-topic requests also naming numbers, contacts and cities")
+    ap.add_argument("--made-up", type=float, default=0.5,
+                    help="share of string slot values that are made up rather than from the lists")
+    ap.add_argument("--markov", type=float, default=0.0,
+                    help="share of made-up words drawn from a letter-trigram chain")
+    ap.add_argument("--tool-weights", default="",
+                    help="e.g. send_message=1.4,play_music=1.4: how often each tool is called")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--max-seq-len", type=int, default=1024)
     ap.add_argument("--eval-only", help="evaluate this .cact and stop")
+    ap.add_argument("--interpolate", nargs=2, metavar=("A", "B"),
+                    help="instead of training: the weights (1 - alpha) A + alpha B of two "
+                         ".cact files fine-tuned from one another (read back dequantized), "
+                         "exported, evaluated and (with --ship) shipped")
+    ap.add_argument("--alpha", type=float, default=0.5)
     ap.add_argument("--ship", action="store_true",
                     help="replace runner/demo/needle-demo.cact if the candidate passes")
     args = ap.parse_args()
@@ -873,13 +960,36 @@ def main():
         evaluate(args.eval_only, "only")
         return
 
+    if args.interpolate:
+        import jax
+        pa, config, blob = load_cact(args.interpolate[0], args.max_seq_len)
+        pb, _, blob_b = load_cact(args.interpolate[1], args.max_seq_len)
+        assert blob == blob_b, "the two files have different tokenizers"
+        params = jax.tree.map(lambda a, b: (1 - args.alpha) * a + args.alpha * b, pa, pb)
+        stats = {"interpolate": args.interpolate, "alpha": args.alpha}
+        log(f"interpolated {args.interpolate}, alpha {args.alpha}")
+        return export_and_evaluate(args, params, config, blob, Tokenizer(blob), stats, convs,
+                                   evaluate, log)
+
     params, config, blob = load_cact(args.base, args.max_seq_len)
     tok = Tokenizer(blob)
     banned = held_out_values()
     train_templates = {t: [x for x in ts if x != HELD_OUT_TEMPLATES[t]] for t, ts in TEMPLATES.items()}
+    mix = {"off_topic": args.off_topic_share, "off_topic_extra": args.off_topic_extra,
+           "made_up": args.made_up, "markov": args.markov,
+           "tool_weights": {k: float(v) for k, v in
+                            (kv.split("=") for kv in args.tool_weights.split(",") if kv)}}
+    log(f"args: {vars(args)}")
     data, dropped = make_data(args.seed, args.examples, args.conv_share, tools_by_name, banned,
-                              train_templates)
+                              train_templates, mix)
     log(f"data: {len(data)} examples, dropped {dropped} (held-out query / slot value)")
+    singles = [ex for ex in data if "turns" not in ex]
+    calls = {}
+    for ex in data:
+        for c in ex["answers"]:
+            calls[c["name"]] = calls.get(c["name"], 0) + 1
+    log(f"single turns {len(singles)}, of which off-topic {sum(not ex['answers'] for ex in singles)}; "
+        f"calls per tool {calls}")
     # Independent leak check on the rendered text.
     text_leaks = sum(1 for ex in data if leaks(ex, banned[0], banned[1]))
     log(f"leak check: {text_leaks} training examples name a held-out value or query")
@@ -896,6 +1006,10 @@ def main():
 
     params, stats = train(params, config, encoded, args.minutes, args.lr, args.warmup, args.seed, log)
     stats.update(examples=len(data), dropped=dropped)
+    export_and_evaluate(args, params, config, blob, tok, stats, convs, evaluate, log)
+
+
+def export_and_evaluate(args, params, config, blob, tok, stats, convs, evaluate, log):
     pickle.dump(params, open(os.path.join(args.work, "params.pkl"), "wb"))
     from needle.model.export import write_export, read_export
     cand = os.path.join(args.work, "needle-demo.cact")
