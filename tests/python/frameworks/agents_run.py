@@ -45,13 +45,7 @@ async def main():
         result = await Runner.run(typed, spec["structured"]["query"], max_turns=MAX_TURNS)
         return {"value": result.final_output.model_dump()}
 
-    attempt = home.attempt_async
-    home.report({
-        "calls": [await attempt(first_calls, q) for q in spec["calls"]],
-        "loops": [await attempt(loop, q) for q in spec["loops"]],
-        "structured": await attempt(structured),
-        "stream": await attempt(streamed, spec["loops"][0]),
-    })
+    await home.report_async(spec, first_calls, loop, structured, streamed)
 
 
 asyncio.run(main())

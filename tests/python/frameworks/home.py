@@ -152,5 +152,15 @@ async def attempt_async(f, *args):
         return {"error": error(exc)}
 
 
+async def report_async(spec, first_calls, loop, structured, streamed):
+    """Runs an async framework's four paths over `spec` and prints the report."""
+    report({
+        "calls": [await attempt_async(first_calls, q) for q in spec["calls"]],
+        "loops": [await attempt_async(loop, q) for q in spec["loops"]],
+        "structured": await attempt_async(structured),
+        "stream": await attempt_async(streamed, spec["loops"][0]),
+    })
+
+
 def report(out):
     json.dump(out, sys.stdout)

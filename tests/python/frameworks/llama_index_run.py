@@ -66,13 +66,7 @@ async def main():
         value = await llm.astructured_predict(home.Lights, PromptTemplate(spec["structured"]["query"]))
         return {"value": value.model_dump()}
 
-    attempt = home.attempt_async
-    home.report({
-        "calls": [await attempt(first_calls, q) for q in spec["calls"]],
-        "loops": [await attempt(loop, q) for q in spec["loops"]],
-        "structured": await attempt(structured),
-        "stream": await attempt(streamed, spec["loops"][0]),
-    })
+    await home.report_async(spec, first_calls, loop, structured, streamed)
 
 
 asyncio.run(main())
