@@ -472,8 +472,9 @@ fn make_full_needle3(root: &Path, model: &Path) -> Result<()> {
 /// The folder a model is written into (`target/bench/` on a fresh clone).
 fn create_parent(model: &Path) -> Result<()> {
     match model.parent() {
-        Some(dir) => std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create {}", dir.display())),
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))
+        }
         None => Ok(()),
     }
 }

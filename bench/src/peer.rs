@@ -204,7 +204,11 @@ pub fn run(root: &Path, model: &Path, plan: &PeerPlan) -> Result<String> {
     let stem = model.file_stem().unwrap_or_default().to_string_lossy();
     for (label, weights, file) in [
         ("needle-run .onnx fp32", "float", format!("{stem}.onnx")),
-        ("needle-run .onnx packed", "packed", format!("{stem}.packed.onnx")),
+        (
+            "needle-run .onnx packed",
+            "packed",
+            format!("{stem}.packed.onnx"),
+        ),
         ("needle-run .onnx cq", "cq", format!("{stem}.cq.onnx")),
         ("needle-run .onnx int4", "int4", format!("{stem}.int4.onnx")),
     ] {
@@ -515,7 +519,9 @@ pub(crate) fn sibling(bin: &Path, name: &str) -> Result<PathBuf> {
     if exe.exists() {
         return Ok(exe);
     }
-    let target_dir = bin.parent().context("needle-bench's folder has no parent")?;
+    let target_dir = bin
+        .parent()
+        .context("needle-bench's folder has no parent")?;
     let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     cargo
         .args(["build", "--quiet", "--bin", name, "--target-dir"])

@@ -17,7 +17,11 @@ impl Accelerated for Config {
         let layers = 0..self.common.num_layers;
         let local = layers.clone().find_map(|l| self.window_of(l));
         let unwindowed = layers.into_iter().any(|l| self.window_of(l).is_none());
-        unwindowed.then_some(None).into_iter().chain(local.map(Some)).collect()
+        unwindowed
+            .then_some(None)
+            .into_iter()
+            .chain(local.map(Some))
+            .collect()
     }
 
     fn fixed_attention(

@@ -47,7 +47,9 @@ pub fn embed_tokens<C>(
     let x = match (&tied, &embedding.codes) {
         (TiedTable::Float(emb), _) => b.gather(emb, input_ids, 0),
         (TiedTable::Codes(stored), Some(codes)) => {
-            let x = b.scope("embedding", |b| gather_stored_rows(b, codes, stored, input_ids));
+            let x = b.scope("embedding", |b| {
+                gather_stored_rows(b, codes, stored, input_ids)
+            });
             declare_rows(b, ctx, &x);
             x
         }

@@ -9,8 +9,8 @@
 //! graphs: one `needle.CqMatMul` of the layer's codes, the gains applied to its logits).
 
 use crate::blocks::context::{BuildContext, OpForms};
-use crate::blocks::norms::rms_unit;
 use crate::blocks::cq_matmul::cq_matmul;
+use crate::blocks::norms::rms_unit;
 use crate::blocks::weights::{CqRows, MhcWeights, Tensor};
 use crate::builder::{Attr, GraphBuilder, Value};
 use crate::contract::{needle_ops, MatMulWeights};
@@ -155,7 +155,11 @@ fn layer_codes(w: &MhcWeights, layer: usize, n: usize) -> Option<CqRows> {
             .as_ref()
             .map(|c| c.row_range(layer * per_layer..(layer + 1) * per_layer))
     };
-    let parts = [rows(&w.phi_pre, n)?, rows(&w.phi_post, n)?, rows(&w.phi_res, n * n)?];
+    let parts = [
+        rows(&w.phi_pre, n)?,
+        rows(&w.phi_post, n)?,
+        rows(&w.phi_res, n * n)?,
+    ];
     CqRows::stacked(&parts.iter().collect::<Vec<_>>())
 }
 

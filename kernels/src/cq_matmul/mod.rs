@@ -243,7 +243,10 @@ impl RowBlock<'_> {
         };
         if self.tokens < DECODE_FROM_TOKENS {
             for t in 0..self.tokens {
-                write(t, dots::<R>(w, self.layout, codes, norms, token(t), self.table));
+                write(
+                    t,
+                    dots::<R>(w, self.layout, codes, norms, token(t), self.table),
+                );
             }
             return;
         }
@@ -261,12 +264,16 @@ impl RowBlock<'_> {
                 3 => {
                     let xts = std::array::from_fn(|i| token(t + i));
                     let sums = decoded_dots::<R, 3>(w, self.layout, values, norms, xts);
-                    sums.into_iter().enumerate().for_each(|(i, s)| write(t + i, s));
+                    sums.into_iter()
+                        .enumerate()
+                        .for_each(|(i, s)| write(t + i, s));
                 }
                 2 => {
                     let xts = std::array::from_fn(|i| token(t + i));
                     let sums = decoded_dots::<R, 2>(w, self.layout, values, norms, xts);
-                    sums.into_iter().enumerate().for_each(|(i, s)| write(t + i, s));
+                    sums.into_iter()
+                        .enumerate()
+                        .for_each(|(i, s)| write(t + i, s));
                 }
                 _ => {
                     let [sums] = decoded_dots::<R, 1>(w, self.layout, values, norms, [token(t)]);

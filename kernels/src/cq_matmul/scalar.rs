@@ -41,7 +41,9 @@ pub(super) fn decoded_dots<const R: usize, const T: usize>(
     std::array::from_fn(|t| {
         std::array::from_fn(|j| {
             let mut sum = 0.0f32;
-            let groups = xts[t].chunks_exact(group).zip(values[j].chunks_exact(group));
+            let groups = xts[t]
+                .chunks_exact(group)
+                .zip(values[j].chunks_exact(group));
             for ((x, v), norm) in groups.zip(norms[j]) {
                 let mut group_sum = 0.0f32;
                 for (x, v) in x.iter().zip(v) {

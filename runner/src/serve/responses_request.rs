@@ -279,7 +279,8 @@ mod tests {
     #[test]
     fn the_calls_of_one_turn_are_one_assistant_message() {
         let call = |id: &str| json!({"type": "function_call", "call_id": id, "name": "ping", "arguments": "{}"});
-        let output = |id: &str| json!({"type": "function_call_output", "call_id": id, "output": "ok"});
+        let output =
+            |id: &str| json!({"type": "function_call_output", "call_id": id, "output": "ok"});
         let body = json!({"input": [
             {"role": "user", "content": "hi"},
             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me."}]},

@@ -20,9 +20,7 @@ const ARGUMENT_HEADERS: [&str; 4] = ["Args:", "Arguments:", "Parameters:", "Para
 /// signature line nor an arguments section.
 pub fn split(name: &str, description: &str) -> Described {
     let mut lines: Vec<&str> = description.lines().collect();
-    let signed = lines
-        .first()
-        .is_some_and(|first| is_signature(name, first));
+    let signed = lines.first().is_some_and(|first| is_signature(name, first));
     if signed {
         lines.remove(0);
     }
@@ -131,7 +129,10 @@ mod tests {
         );
         assert_eq!(
             got.arguments,
-            arguments(&[("isbn", "The ISBN-13, digits only."), ("shelf", "Where to look.")])
+            arguments(&[
+                ("isbn", "The ISBN-13, digits only."),
+                ("shelf", "Where to look.")
+            ])
         );
     }
 

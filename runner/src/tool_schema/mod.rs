@@ -228,7 +228,10 @@ fn required(object: &Map<String, Value>, names: &[Value], nullable: &[&str]) -> 
         object
             .get("properties")
             .and_then(Value::as_object)
-            .and_then(|props| name.as_str().and_then(|n| props.keys().position(|k| k == n)))
+            .and_then(|props| {
+                name.as_str()
+                    .and_then(|n| props.keys().position(|k| k == n))
+            })
             .unwrap_or(usize::MAX)
     };
     let mut kept: Vec<Value> = names

@@ -67,7 +67,11 @@ impl Server {
     /// Runs `scenario` of `tests/python/{script}` with `spec`'s extra fields.
     pub fn script(&self, script: &str, scenario: &str, mut spec: Value) -> Value {
         spec["scenario"] = json!(scenario);
-        self.run(python(), &repo_root().join("tests/python").join(script), spec)
+        self.run(
+            python(),
+            &repo_root().join("tests/python").join(script),
+            spec,
+        )
     }
 
     /// Runs the Python `script` with `python`, `spec` (with the server's `base_url` and
@@ -105,4 +109,3 @@ impl Drop for Server {
         let _ = self.child.wait();
     }
 }
-
