@@ -36,8 +36,13 @@ pub fn hc_pre<C>(
     let (n, c) = (ctx.common.mhc_lanes, ctx.common.d_model);
     let flat = b.reshape(x, &[0, 0, (n * c) as i64]);
     let nx = rms_unit(b, ctx, &flat, n * c);
-    let logits = match (ctx.matmul_weights(), layer_codes(w, layer, n)) {
-        (MatMulWeights::Packed, Some(codes)) => b.scope("mhc_phi", |b| {
+    // Only packed graphs read the codes (gathering a layer's rows copies them).
+    let codes = match ctx.matmul_weights() {
+        MatMulWeights::Packed => layer_codes(w, layer, n),
+        _ => None,
+    };
+    let logits = match codes {
+        Some(codes) => b.scope("mhc_phi", |b| {
             let logits = cq_matmul(b, &nx, &codes);
             let gains = b.weight("gain", &[2 * n + n * n], &gains(w, layer, n));
             b.mul(&logits, &gains)

@@ -53,11 +53,13 @@ pub fn trained_form(function: &Value) -> Value {
         (Some(name), Some(Value::String(text))) => Some(docstring::split(name, text)),
         _ => None,
     };
-    match (&described, function.get("description")) {
-        (Some(described), _) => tool.insert("description".into(), described.summary.clone().into()),
-        (None, Some(other)) => tool.insert("description".into(), other.clone()),
-        (None, None) => None,
+    let description = match &described {
+        Some(described) => Some(Value::from(described.summary.as_str())),
+        None => function.get("description").cloned(),
     };
+    if let Some(description) = description {
+        tool.insert("description".into(), description);
+    }
     if let Some(parameters) = function.get("parameters").filter(|p| !p.is_null()) {
         let mut parameters = parameters.clone();
         if let Some(described) = &described {
@@ -98,11 +100,7 @@ fn without_null(object: &Map<String, Value>) -> Option<Map<String, Value>> {
                     (false, true) => a,
                     _ => continue,
                 };
-                let mut merged = inner.as_object()?.clone();
-                for (k, v) in object.iter().filter(|(k, _)| *k != key) {
-                    merged.insert(k.clone(), v.clone());
-                }
-                out = Some(merged);
+                out = Some(beside(inner.as_object()?, object, key));
                 break;
             }
         }
@@ -126,6 +124,16 @@ fn without_null(object: &Map<String, Value>) -> Option<Map<String, Value>> {
         out.remove("default");
     }
     Some(out)
+}
+
+/// The schema `inner` that `outer` points to by its key `by` (`$ref`, `anyOf`), with what
+/// `outer` says beside it (a description, usually) taking precedence.
+fn beside(inner: &Map<String, Value>, outer: &Map<String, Value>, by: &str) -> Map<String, Value> {
+    let mut merged = inner.clone();
+    for (k, v) in outer.iter().filter(|(k, _)| *k != by) {
+        merged.insert(k.clone(), v.clone());
+    }
+    merged
 }
 
 /// The `$defs` (or `definitions`) of the root schema, which local `$ref`s name.
@@ -159,12 +167,11 @@ fn schema(value: &Value, defs: &Definitions<'_>, depth: usize) -> Value {
         .filter(|_| depth < MAX_REF_DEPTH)
         .and_then(|r| defs.resolve(r))
     {
-        // The referenced schema, with what the referring one says beside `$ref` (a
-        // description, usually) taking precedence.
-        let mut merged = target.as_object().cloned().unwrap_or_default();
-        for (k, v) in object.iter().filter(|(k, _)| *k != "$ref") {
-            merged.insert(k.clone(), v.clone());
-        }
+        let merged = beside(
+            &target.as_object().cloned().unwrap_or_default(),
+            object,
+            "$ref",
+        );
         return schema(&Value::Object(merged), defs, depth + 1);
     }
     if let Some(non_null) = without_null(object) {
