@@ -455,3 +455,40 @@ fn needle3_tokenizers_match_sentencepiece() {
         );
     }
 }
+
+/// `tokenizer.json` read back encodes like the tokenizer it was written from (the prompt
+/// cases' ids, from upstream), and only with the settings it was written for: its
+/// normalizer is what encoding follows, so a document written for other settings is
+/// refused rather than encoding otherwise.
+#[test]
+fn tokenizer_json_reads_back_only_with_its_own_settings() {
+    let fixture = prompt_cases();
+    let file = Needle2File::read(repo_root().join(&fixture.demo_model)).unwrap();
+    let spec = file.tokenizer();
+    let special = exporter::tokenizer::SpecialIds {
+        pad: spec.pad_id,
+        eos: spec.eos_id,
+        bos: spec.bos_id,
+        unk: spec.unk_id,
+    };
+    let json = NeedleTokenizer::from_spec(spec, true).unwrap().to_json();
+    let back = NeedleTokenizer::from_json(&json, special, spec.add_dummy_prefix, true).unwrap();
+    for c in &fixture.cases {
+        assert_eq!(back.encode(&c.prompt), c.prompt_ids, "{} prompt", c.name);
+    }
+    let other = NeedleTokenizer::from_json(&json, special, spec.add_dummy_prefix, false);
+    let error = other
+        .err()
+        .expect("other whitespace settings are refused")
+        .to_string();
+    assert!(error.contains("remove_extra_whitespaces false"), "{error}");
+    let other_unk = exporter::tokenizer::SpecialIds {
+        unk: spec.pad_id,
+        ..special
+    };
+    let error = NeedleTokenizer::from_json(&json, other_unk, spec.add_dummy_prefix, true)
+        .err()
+        .expect("another unk id is refused")
+        .to_string();
+    assert!(error.contains("unk_token"), "{error}");
+}

@@ -1,6 +1,6 @@
-//! The SentencePiece BPE tokenizer of a `.cact`, rebuilt on the `tokenizers`
-//! crate so that it encodes exactly like `sentencepiece`'s `Encode` and can be
-//! written out as a `tokenizer.json`.
+//! The SentencePiece BPE tokenizer of a `.cact`: it encodes exactly like
+//! `sentencepiece`'s `Encode`, and is written out as a `tokenizer.json` that HF
+//! `tokenizers` encodes with to the same ids.
 //!
 //! Encoding, as sentencepiece does it:
 //! 1. optional whitespace rule (`remove_extra_whitespaces`): drop leading U+0020,
@@ -9,22 +9,21 @@
 //! 3. the chat markers (USER_DEFINED pieces) are cut out wherever they occur;
 //! 4. every other stretch is BPE-merged by piece score, with byte fallback.
 //!
-//! Steps 1–2 are normalizers and step 3 uses normalized added tokens, so all of
-//! it lands in the serialized `tokenizer.json`.
+//! Steps 1–2 are normalizers and step 3 uses normalized added tokens in the
+//! serialized `tokenizer.json`; encoding here follows HF's reading of that file
+//! ([`bpe`], [`normalizer`]), so `needle-run` and its users get the same ids.
+
+mod bpe;
+mod json;
+mod normalizer;
 
 use crate::cact::tokenizer_blob::{Piece, PieceKind, TokenizerSpec};
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
+use bpe::Bpe;
+use json::Document;
+pub(crate) use normalizer::regex_escape;
+use normalizer::{Normalizer, Segment};
 use std::collections::HashMap;
-use tokenizers::decoders::byte_fallback::ByteFallback;
-use tokenizers::decoders::fuse::Fuse;
-use tokenizers::decoders::sequence::Sequence as DecoderSequence;
-use tokenizers::decoders::strip::Strip;
-use tokenizers::models::bpe::{Vocab, BPE};
-use tokenizers::normalizers::replace::ReplacePattern;
-use tokenizers::normalizers::{Prepend, Replace, Sequence};
-use tokenizers::{
-    AddedToken, DecoderWrapper, Model, NormalizedString, Normalizer, NormalizerWrapper, Tokenizer,
-};
 
 const SPACE: char = '▁';
 const UNK_SURFACE: &str = " \u{2047} ";
@@ -45,7 +44,12 @@ pub const IM_END: &str = "<|im_end|>";
 
 /// A SentencePiece BPE tokenizer built from a `.cact` tokenizer blob.
 pub struct NeedleTokenizer {
-    inner: Tokenizer,
+    bpe: Bpe,
+    normalizer: Normalizer,
+    /// BPE merges in rank order, for `tokenizer.json`.
+    merges: Vec<(String, String)>,
+    unk_id: u32,
+    byte_fallback: bool,
     pieces: Vec<Piece>,
     pad_id: u32,
     eos_id: u32,
@@ -60,58 +64,9 @@ impl NeedleTokenizer {
     /// normalizer option of that name (true is its default and what the Needle
     /// tokenizers were trained with); the blob does not record it.
     pub fn from_spec(spec: &TokenizerSpec, remove_extra_whitespaces: bool) -> Result<Self> {
-        let vocab: Vocab = spec
-            .pieces
-            .iter()
-            .enumerate()
-            .map(|(id, piece)| (piece.text.clone(), id as u32))
-            .collect();
-        if vocab.len() != spec.pieces.len() {
-            bail!("tokenizer blob has duplicate piece texts");
-        }
-        let Some(unk) = spec.pieces.get(spec.unk_id as usize) else {
+        if spec.pieces.get(spec.unk_id as usize).is_none() {
             bail!("tokenizer unk_id {} is not a piece id", spec.unk_id);
-        };
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges(&spec.pieces))
-            .unk_token(unk.text.clone())
-            .byte_fallback(spec.byte_fallback)
-            .build()
-            .map_err(anyhow::Error::msg)?;
-
-        let markers: Vec<&str> = spec
-            .pieces
-            .iter()
-            .filter(|p| p.kind == PieceKind::UserDefined)
-            .map(|p| p.text.as_str())
-            .collect();
-        let normalizer = normalizer(&markers, spec.add_dummy_prefix, remove_extra_whitespaces)?;
-        // HF matches added tokens by their normalized form: one that normalizes
-        // to nothing (e.g. `▁` or "") would match the empty string, on which
-        // `tokenizers` panics ("AddedVocabulary bad split") when encoding.
-        for (id, piece) in spec.pieces.iter().enumerate() {
-            if piece.kind == PieceKind::UserDefined {
-                let mut normalized = NormalizedString::from(piece.text.as_str());
-                normalizer
-                    .normalize(&mut normalized)
-                    .map_err(anyhow::Error::msg)?;
-                if normalized.get().is_empty() {
-                    bail!(
-                        "tokenizer piece {id} is a user-defined symbol ({:?}) that normalizes to nothing",
-                        piece.text
-                    );
-                }
-            }
         }
-        let mut inner = Tokenizer::new(bpe);
-        inner.with_normalizer(Some(normalizer));
-        inner.with_decoder(Some(decoder(spec.add_dummy_prefix)));
-        let added: Vec<AddedToken> = markers
-            .iter()
-            .map(|m| AddedToken::from(*m, false).normalized(true))
-            .collect();
-        inner.add_tokens(&added);
-
         let special = SpecialIds {
             pad: spec.pad_id,
             eos: spec.eos_id,
@@ -119,9 +74,10 @@ impl NeedleTokenizer {
             unk: spec.unk_id,
         };
         Self::assemble(
-            inner,
             spec.pieces.clone(),
+            merges(&spec.pieces),
             special,
+            spec.byte_fallback,
             spec.add_dummy_prefix,
             remove_extra_whitespaces,
         )
@@ -136,17 +92,20 @@ impl NeedleTokenizer {
         add_dummy_prefix: bool,
         remove_extra_whitespaces: bool,
     ) -> Result<Self> {
-        let inner: Tokenizer = json.parse().map_err(anyhow::Error::msg)?;
-        let markers: Vec<u32> = inner.get_added_tokens_decoder().keys().copied().collect();
-        let size = inner.get_vocab_size(true) as u32;
-        let pieces = (0..size)
-            .map(|id| {
-                let text = inner.id_to_token(id).unwrap_or_default();
+        let json: serde_json::Value =
+            serde_json::from_str(json).map_err(|e| anyhow!("tokenizer.json is not JSON: {e}"))?;
+        let document = Document::read(&json)?;
+        let pieces = document
+            .pieces
+            .into_iter()
+            .enumerate()
+            .map(|(id, text)| {
+                let id = id as u32;
                 let kind = if id == special.unk {
                     PieceKind::Unknown
                 } else if [special.pad, special.eos, special.bos].contains(&id) {
                     PieceKind::Control
-                } else if markers.contains(&id) {
+                } else if document.markers.contains(&id) {
                     PieceKind::UserDefined
                 } else if Piece::is_byte_text(&text) {
                     PieceKind::Byte
@@ -160,31 +119,77 @@ impl NeedleTokenizer {
                 }
             })
             .collect();
-        Self::assemble(
-            inner,
+        if document.unk != special.unk {
+            bail!(
+                "tokenizer.json's unk_token is id {}, the graph's metadata says {}",
+                document.unk,
+                special.unk
+            );
+        }
+        let tokenizer = Self::assemble(
             pieces,
+            document.merges,
             special,
+            document.byte_fallback,
             add_dummy_prefix,
             remove_extra_whitespaces,
-        )
+        )?;
+        // Encoding follows the normalizer these settings make, so the file must say the same.
+        let written: serde_json::Value =
+            serde_json::from_str(&tokenizer.to_json()).expect("a written tokenizer.json is JSON");
+        if json != written {
+            bail!(
+                "tokenizer.json is not the one needle-export writes for this vocabulary and the \
+                 graph's tokenizer settings (add_dummy_prefix {add_dummy_prefix}, \
+                 remove_extra_whitespaces {remove_extra_whitespaces})"
+            );
+        }
+        Ok(tokenizer)
     }
 
     fn assemble(
-        inner: Tokenizer,
         pieces: Vec<Piece>,
+        merges: Vec<(String, String)>,
         special: SpecialIds,
+        byte_fallback: bool,
         add_dummy_prefix: bool,
         remove_extra_whitespaces: bool,
     ) -> Result<Self> {
-        let dummy_prefix_ids = inner
-            .get_model()
-            .tokenize(&SPACE.to_string())
-            .map_err(anyhow::Error::msg)?
+        let vocab: HashMap<String, u32> = pieces
             .iter()
-            .map(|t| t.id)
+            .enumerate()
+            .map(|(id, piece)| (piece.text.clone(), id as u32))
             .collect();
+        if vocab.len() != pieces.len() {
+            bail!("tokenizer blob has duplicate piece texts");
+        }
+        let bpe = Bpe::new(vocab, &merges, special.unk, byte_fallback)?;
+        let markers: Vec<(&str, u32)> = pieces
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.kind == PieceKind::UserDefined)
+            .map(|(id, p)| (p.text.as_str(), id as u32))
+            .collect();
+        let normalizer = Normalizer::new(remove_extra_whitespaces, add_dummy_prefix, &markers);
+        // HF matches added tokens by their normalized form: one that normalizes
+        // to nothing (e.g. `▁` or "") would match the empty string, on which
+        // `tokenizers` panics ("AddedVocabulary bad split") when encoding.
+        for (pattern, id) in normalizer.marker_patterns() {
+            if pattern.is_empty() {
+                bail!(
+                    "tokenizer piece {id} is a user-defined symbol ({:?}) that normalizes to nothing",
+                    pieces[id as usize].text
+                );
+            }
+        }
+        let mut dummy_prefix_ids = Vec::new();
+        bpe.tokenize(&SPACE.to_string(), &mut dummy_prefix_ids);
         Ok(NeedleTokenizer {
-            inner,
+            bpe,
+            normalizer,
+            merges,
+            unk_id: special.unk,
+            byte_fallback,
             pieces,
             pad_id: special.pad,
             eos_id: special.eos,
@@ -200,12 +205,14 @@ impl NeedleTokenizer {
     /// added-token pattern, which leaves HF no room for sentencepiece's dummy
     /// `▁`; it is put back here.
     pub fn encode(&self, text: &str) -> Vec<u32> {
-        let ids = self
-            .inner
-            .encode(text, false)
-            .expect("the normalizers and the BPE model of a built tokenizer cannot fail")
-            .get_ids()
-            .to_vec();
+        let normalized = self.normalizer.normalize(text);
+        let mut ids = Vec::new();
+        for segment in self.normalizer.split(&normalized) {
+            match segment {
+                Segment::Text(word) => self.bpe.tokenize(word, &mut ids),
+                Segment::Marker(id) => ids.push(id),
+            }
+        }
         match ids[..] {
             [id] if self.add_dummy_prefix && self.is_marker(id) => {
                 [self.dummy_prefix_ids.as_slice(), &[id]].concat()
@@ -244,9 +251,16 @@ impl NeedleTokenizer {
     /// Loaded by HF `tokenizers`, it encodes like [`Self::encode`] except that a
     /// text consisting of exactly one chat marker lacks the leading `▁` token.
     pub fn to_json(&self) -> String {
-        self.inner
-            .to_string(false)
-            .expect("a tokenizer with string-keyed maps always serializes")
+        let document = Document {
+            pieces: self.pieces.iter().map(|p| p.text.clone()).collect(),
+            merges: self.merges.clone(),
+            markers: (0..self.pieces.len() as u32)
+                .filter(|&id| self.is_marker(id))
+                .collect(),
+            unk: self.unk_id,
+            byte_fallback: self.byte_fallback,
+        };
+        document.write(&self.normalizer, self.add_dummy_prefix)
     }
 
     /// What each id adds to the text in the middle of a text, by id: its bytes (`▁` as a
@@ -272,7 +286,7 @@ impl NeedleTokenizer {
 
     /// Id of the piece spelled `piece` (e.g. `<|im_end|>`), if any.
     pub fn token_id(&self, piece: &str) -> Option<u32> {
-        self.inner.token_to_id(piece)
+        self.bpe.id(piece)
     }
 
     /// `<s>`, prepended to every model input.
@@ -359,73 +373,6 @@ fn merges(pieces: &[Piece]) -> Vec<(String, String)> {
         .into_iter()
         .map(|(.., left, right)| (left.to_string(), right.to_string()))
         .collect()
-}
-
-/// Steps 1–2 of the module docs. The last step undoes the dummy prefix on a
-/// text that is exactly one marker: HF normalizes each marker with this same
-/// normalizer to get the pattern it matches, and that pattern must stay the
-/// bare marker.
-fn normalizer(
-    markers: &[&str],
-    add_dummy_prefix: bool,
-    remove_extra_whitespaces: bool,
-) -> Result<NormalizerWrapper> {
-    let regex = |pattern: String, content: &str| -> Result<NormalizerWrapper> {
-        Ok(Replace::new(ReplacePattern::Regex(pattern), content)
-            .map_err(anyhow::Error::msg)?
-            .into())
-    };
-    let mut steps = Vec::new();
-    if remove_extra_whitespaces {
-        steps.push(regex(" {2,}".into(), " ")?);
-        steps.push(regex(r"\A ".into(), "")?);
-        steps.push(regex(format!("(?<![ {SPACE}])[ {SPACE}]+\\z"), "")?);
-    }
-    steps.push(
-        Replace::new(" ", SPACE.to_string())
-            .map_err(anyhow::Error::msg)?
-            .into(),
-    );
-    if add_dummy_prefix {
-        steps.push(Prepend::new(SPACE.to_string()).into());
-        if !markers.is_empty() {
-            let alternatives: Vec<String> = markers.iter().map(|m| regex_escape(m)).collect();
-            steps.push(regex(
-                format!("\\A{SPACE}(?=(?:{})\\z)", alternatives.join("|")),
-                "",
-            )?);
-        }
-    }
-    Ok(Sequence::new(steps).into())
-}
-
-/// The decoder HF uses for SentencePiece BPE models, for users of the
-/// serialized `tokenizer.json`; [`NeedleTokenizer::decode`] ports
-/// sentencepiece's own rules instead.
-fn decoder(add_dummy_prefix: bool) -> DecoderWrapper {
-    let mut steps: Vec<DecoderWrapper> = vec![
-        Replace::new(SPACE.to_string(), " ")
-            .expect("a literal pattern always compiles")
-            .into(),
-        ByteFallback::new().into(),
-        Fuse::new().into(),
-    ];
-    if add_dummy_prefix {
-        steps.push(Strip::new(' ', 1, 0).into());
-    }
-    DecoderSequence::new(steps).into()
-}
-
-/// `text` as a regex that matches it literally (the escapes onig and ECMAScript share).
-pub(crate) fn regex_escape(text: &str) -> String {
-    let mut escaped = String::with_capacity(text.len());
-    for c in text.chars() {
-        if r"\^$.|?*+()[]{}".contains(c) {
-            escaped.push('\\');
-        }
-        escaped.push(c);
-    }
-    escaped
 }
 
 /// Appends pending byte pieces as UTF-8, one U+FFFD per invalid byte.
