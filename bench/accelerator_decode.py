@@ -22,11 +22,11 @@ NEW_TOKENS = 16
 def prompt_of(needle_run, model, env, tokens):
     """A raw prompt of at least `tokens` tokens ([BOS] included)."""
     words = ["turn", "off", "the", "lights", "in", "kitchen", "and", "set", "a", "timer"]
-    text = " ".join(words[i % len(words)] for i in range(tokens))
-    out = run(needle_run, model, env, text, "stock")
-    ids = len(out["prompt_ids"])
-    # Cut the text to the wanted length by the ratio of tokens to words.
-    return " ".join(text.split()[: max(1, len(text.split()) * tokens // ids)])
+    sample = " ".join(words * 4)
+    per_word = len(run(needle_run, model, env, sample, "stock")["prompt_ids"]) / len(words * 4)
+    # As many words as the tokens they take (a random model's vocabulary splits them finely).
+    count = max(1, int(tokens / per_word))
+    return " ".join(words[i % len(words)] for i in range(count))
 
 
 def run(needle_run, model, env, text, graph):
