@@ -270,7 +270,10 @@ impl ExportDescription {
                 keys::GENERATION
             ));
         }
-        if get(keys::TOKEN_HISTORY).is_none() {
+        // Accelerator graphs (`crate::accelerator`) leave out the stock-only keys: their
+        // caller keeps the token history, and they have no `present.*` to share buffers with.
+        let accelerator = get(keys::TARGET).is_some();
+        if !accelerator && get(keys::TOKEN_HISTORY).is_none() {
             return Err(format!(
                 "metadata key {} is missing: an export from before the token history moved \
                  into the KV cache; export it again",
@@ -278,6 +281,10 @@ impl ExportDescription {
             ));
         }
         let config = ModelConfig::from_metadata(read.spelled(keys::GENERATION)?, &get)?;
+        let token_history_layer = match accelerator {
+            true => config.num_layers(),
+            false => read.parsed(keys::TOKEN_HISTORY)?,
+        };
         let attention = match read.spelled::<AttentionKind>(keys::ATTENTION)? {
             AttentionKind::Fused(_) => AttentionKind::Fused(read.spelled(keys::FUSED_OP)?),
             AttentionKind::Reference => AttentionKind::Reference,
@@ -310,9 +317,10 @@ impl ExportDescription {
                 bos_id: read.parsed(keys::BOS_ID)?,
                 unk_id: read.parsed(keys::UNK_ID)?,
             },
-            past_present_share_buffer: read.parsed(keys::PAST_PRESENT_SHARE_BUFFER)?,
+            past_present_share_buffer: !accelerator
+                && read.parsed(keys::PAST_PRESENT_SHARE_BUFFER)?,
             state_inputs: read.names(keys::STATE_INPUTS)?,
-            token_history_layer: read.parsed(keys::TOKEN_HISTORY)?,
+            token_history_layer,
             padding_side: read.spelled(keys::PADDING_SIDE)?,
         })
     }

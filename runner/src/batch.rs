@@ -20,6 +20,11 @@ pub fn generate_batch<F: TokenFilter>(
     max_rows: usize,
     mut admission: impl FnMut(usize) -> Result<Admission<F>>,
 ) -> Result<Vec<Decoded>> {
+    // The plan's limit (the accelerator graphs: one row a call) caps what was asked.
+    let max_rows = session
+        .plan
+        .max_rows
+        .map_or(max_rows, |rows| max_rows.min(rows));
     let mut engine = Engine::default();
     let mut next = 0;
     let mut index_of: HashMap<RowId, usize> = HashMap::new();

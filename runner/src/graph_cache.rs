@@ -5,7 +5,7 @@
 //! other options never meet a stale graph. Entries are written all or nothing (the
 //! exporter's staging) beside their tokenizer, whose checksum the graph records.
 
-use graphs::contract::Variant;
+use crate::plan::PlannedGraphs;
 use std::path::{Path, PathBuf};
 
 /// Where the cache lives: `$NEEDLE_ONNX_CACHE`, else `$XDG_CACHE_HOME/needle-onnx`, else
@@ -21,19 +21,23 @@ pub fn default_dir() -> Option<PathBuf> {
         .or_else(|| var("HOME").map(|d| d.join(".cache/needle-onnx")))
 }
 
-/// The cached graph of the `.cact` with checksum `sha256` exported as `variant`, as ladder
-/// rung `layers` (the whole model when `None`) with the tokenizer's whitespace rule.
+/// The cached graph of the `.cact` with checksum `sha256` exported as `graphs`, as ladder
+/// rung `layers` (the whole model when `None`) with the tokenizer's whitespace rule (the
+/// accelerator graphs: their decode graph, the prefill graph beside it).
 pub fn graph_path(
     dir: &Path,
     sha256: &str,
-    variant: Variant,
+    graphs: PlannedGraphs,
     layers: Option<usize>,
     remove_extra_whitespaces: bool,
 ) -> PathBuf {
-    let mut name = format!(
-        "{sha256}.{}.{}.{}.ort{}",
-        variant.attention, variant.precision, variant.matmul_weights, variant.runtime
-    );
+    let mut name = match graphs {
+        PlannedGraphs::Stock(variant) => format!(
+            "{sha256}.{}.{}.{}.ort{}",
+            variant.attention, variant.precision, variant.matmul_weights, variant.runtime
+        ),
+        PlannedGraphs::Accelerator(target) => format!("{sha256}.accelerator-{target}"),
+    };
     if let Some(depth) = layers {
         name.push_str(&format!(".layers{depth}"));
     }

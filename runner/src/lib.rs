@@ -2,6 +2,7 @@
 //! onnxruntime: execution providers chosen at startup, the tokenizer, KV-cached
 //! generation, continuous batching, tool calling and the OpenAI-compatible server
 //! (`needle-run`).
+pub mod accelerator;
 pub mod answer;
 pub mod batch;
 pub mod cache;

@@ -3,7 +3,7 @@
 //! built-in demo model.
 
 use crate::graph_cache;
-use crate::plan::variant_for;
+use crate::plan::{graphs_for, GraphKind, Overrides, PlannedGraphs};
 use crate::provider::{self, Provider, Unavailable};
 use crate::session::NeedleSession;
 use anyhow::{anyhow, bail, Context, Result};
@@ -11,6 +11,7 @@ use exporter::export::ExportOptions;
 use exporter::model::{sha256_hex, NeedleModel};
 use exporter::output::ExportFiles;
 use exporter::tokenizer::{NeedleTokenizer, SpecialIds};
+use graphs::accelerator::PREFILL_CHUNK;
 use graphs::contract::{keys, AttentionKind, MatMulWeights, Precision, RuntimeTarget, Variant};
 use std::path::{Path, PathBuf};
 
@@ -34,6 +35,8 @@ pub struct LoadOptions {
     pub provider: Provider,
     /// Drop to CPU when the named provider cannot be registered.
     pub fallback: bool,
+    /// Override the provider's choice of stock or accelerator graphs (`.cact` only).
+    pub graph: Option<GraphKind>,
     /// Override the provider's preferred attention variant (`.cact` only).
     pub attention: Option<AttentionKind>,
     /// Override the provider's preferred precision (`.cact` only).
@@ -56,6 +59,7 @@ impl Default for LoadOptions {
         LoadOptions {
             provider: Provider::Cpu,
             fallback: false,
+            graph: None,
             attention: None,
             precision: None,
             matmul_weights: None,
@@ -116,11 +120,11 @@ fn through_cache(
     opts: &LoadOptions,
 ) -> Result<(NeedleSession, NeedleTokenizer)> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let variant = plan_variant(&registered, opts);
+    let planned = planned_graphs(&registered, opts)?;
     let graph = graph_cache::graph_path(
         dir,
         &sha256_hex(&bytes),
-        variant,
+        planned,
         opts.layers,
         opts.remove_extra_whitespaces,
     );
@@ -141,7 +145,16 @@ fn through_cache(
     let written = std::fs::create_dir_all(dir)
         .map_err(anyhow::Error::from)
         .and_then(|()| {
-            ExportFiles::beside(&graph, &[variant.attention]).write(
+            let (files, variant) = match planned {
+                PlannedGraphs::Stock(variant) => {
+                    (ExportFiles::beside(&graph, &[variant.attention]), variant)
+                }
+                PlannedGraphs::Accelerator(target) => (
+                    ExportFiles::accelerator(&graph, target),
+                    accelerator_variant(),
+                ),
+            };
+            files.write(
                 &model,
                 &tokenizer,
                 variant.precision,
@@ -156,7 +169,7 @@ fn through_cache(
                 "needle-run: cannot cache the exported graph in {} ({e:#}); exporting in memory",
                 dir.display()
             );
-            in_memory(&model, tokenizer, variant, registered, opts)
+            in_memory(&model, tokenizer, planned, registered, opts)
         }
     }
     .with_context(|| path.display().to_string())
@@ -168,19 +181,30 @@ fn from_cact(
     registered: provider::Registered,
     opts: &LoadOptions,
 ) -> Result<(NeedleSession, NeedleTokenizer)> {
-    let variant = plan_variant(&registered, opts);
+    let planned = planned_graphs(&registered, opts)?;
     let (model, tokenizer) = prepared(model, opts)?;
-    in_memory(&model, tokenizer, variant, registered, opts)
+    in_memory(&model, tokenizer, planned, registered, opts)
 }
 
-/// The variant the plan picks for the registered provider and the options.
-fn plan_variant(registered: &provider::Registered, opts: &LoadOptions) -> Variant {
-    variant_for(
-        registered.provider,
-        opts.attention,
-        opts.precision,
-        opts.matmul_weights,
-    )
+/// The graphs the plan picks for the registered provider and the options.
+fn planned_graphs(registered: &provider::Registered, opts: &LoadOptions) -> Result<PlannedGraphs> {
+    let overrides = Overrides {
+        graph: opts.graph,
+        attention: opts.attention,
+        precision: opts.precision,
+        matmul_weights: opts.matmul_weights,
+    };
+    graphs_for(registered.provider, overrides).map_err(anyhow::Error::msg)
+}
+
+/// The one variant the accelerator graphs are exported as (`graphs::accelerator::check`).
+fn accelerator_variant() -> Variant {
+    Variant {
+        attention: AttentionKind::Reference,
+        precision: Precision::Fp32,
+        matmul_weights: MatMulWeights::Float,
+        runtime: RuntimeTarget::Since1_24,
+    }
 }
 
 /// The rung `opts` asks for (the whole model without `--layers`) and its tokenizer.
@@ -193,20 +217,34 @@ fn prepared(model: NeedleModel, opts: &LoadOptions) -> Result<(NeedleModel, Need
     Ok((model, tokenizer))
 }
 
-/// A session of `model` exported in memory as `variant`.
+/// A session of `model` exported in memory as `planned`.
 fn in_memory(
     model: &NeedleModel,
     tokenizer: NeedleTokenizer,
-    variant: Variant,
+    planned: PlannedGraphs,
     registered: provider::Registered,
     opts: &LoadOptions,
 ) -> Result<(NeedleSession, NeedleTokenizer)> {
-    let onnx = model.export(&ExportOptions {
+    let options = |variant| ExportOptions {
         variant,
         tokenizer_file: None,
         remove_extra_whitespaces: opts.remove_extra_whitespaces,
-    });
-    Ok((NeedleSession::from_memory(&onnx, registered)?, tokenizer))
+    };
+    let session = match planned {
+        PlannedGraphs::Stock(variant) => {
+            NeedleSession::from_memory(&model.export(&options(variant)), registered)?
+        }
+        PlannedGraphs::Accelerator(target) => {
+            let opts = options(accelerator_variant());
+            let graph = |sequence| {
+                model
+                    .export_accelerator(&opts, target, sequence)
+                    .map_err(anyhow::Error::msg)
+            };
+            NeedleSession::accelerator_from_memory(&graph(1)?, &graph(PREFILL_CHUNK)?, registered)?
+        }
+    };
+    Ok((session, tokenizer))
 }
 
 fn from_onnx(
@@ -235,6 +273,17 @@ fn from_onnx(
              again without --onnxruntime",
             path.display(),
             variant.runtime
+        );
+    }
+    let kind = match session.is_accelerator() {
+        true => GraphKind::Accelerator,
+        false => GraphKind::Stock,
+    };
+    if opts.graph.is_some_and(|g| g != kind) {
+        bail!(
+            "{}: --graph cannot change an exported graph; export it again with needle-export \
+             (--target for the accelerator graphs)",
+            path.display()
         );
     }
     if opts.attention.is_some_and(|a| a != variant.attention)

@@ -11,6 +11,7 @@ use runner::conversation::{self, Conversation};
 use runner::decode::Sampling;
 use runner::graph_cache;
 use runner::load::{is_onnx, load, LoadOptions, ModelSource, DEMO_TOOLS};
+use runner::plan::GraphKind;
 use runner::provider::{Provider, Unavailable};
 use runner::python_json::{self, PyJson};
 use runner::serve::auth::ApiKey;
@@ -56,6 +57,11 @@ struct ModelArgs {
     /// Run on the CPU when the named provider cannot be registered (reported in the output).
     #[arg(long)]
     fallback: bool,
+    /// The stock graph or the accelerator graphs (static shapes, batch 1, as
+    /// `needle-export --target` writes them); default: the provider's choice (accelerator
+    /// for CoreML and TensorRT, stock elsewhere; `.cact` only).
+    #[arg(long, value_parser = spelled::<GraphKind>())]
+    graph: Option<GraphKind>,
     /// Attention variant of the graph (default: the provider's choice; `.cact` only).
     #[arg(long, value_parser = spelled::<AttentionKind>())]
     attention: Option<AttentionKind>,
@@ -228,6 +234,7 @@ impl ModelArgs {
         let options = LoadOptions {
             provider: self.provider,
             fallback: self.fallback,
+            graph: self.graph,
             attention: self.attention,
             precision: self.precision,
             matmul_weights: self.weights,

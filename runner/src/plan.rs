@@ -2,7 +2,10 @@
 //! variant a `.cact` is exported as, prefill chunking, the in-place cache, threads.
 
 use crate::provider::Provider;
-use graphs::contract::{AttentionKind, MatMulWeights, Precision, RuntimeTarget, Variant};
+use graphs::accelerator::{FixedShape, PREFILL_CHUNK};
+use graphs::contract::{
+    AcceleratorTarget, AttentionKind, MatMulWeights, Precision, RuntimeTarget, Spelled, Variant,
+};
 use graphs::description::ExportDescription;
 
 /// Prompt tokens per forward call of a CPU prefill. onnxruntime's CPU attention scores
@@ -36,18 +39,123 @@ pub struct RunPlan {
     pub in_place_cache: bool,
     /// onnxruntime intra-op threads; 0 lets onnxruntime choose.
     pub threads: usize,
+    /// Most rows decoded together; `None`: as many as the caller asks. The accelerator
+    /// graphs take one row a call, so rows run one after another.
+    pub max_rows: Option<usize>,
 }
 
 impl RunPlan {
-    /// The plan for a graph `description` describes on `provider`.
-    pub fn new(provider: Provider, description: &ExportDescription, threads: usize) -> Self {
+    /// The plan for a graph `description` describes on `provider`; `fixed`: the shapes of
+    /// an accelerator graph (`None` for a stock one).
+    pub fn new(
+        provider: Provider,
+        description: &ExportDescription,
+        fixed: Option<&FixedShape>,
+        threads: usize,
+    ) -> Self {
         let cpu = provider == Provider::Cpu;
+        if fixed.is_some() {
+            return RunPlan {
+                provider,
+                prefill_chunk: Some(PREFILL_CHUNK),
+                prefill_group_logits_bytes: PREFILL_GROUP_LOGITS_BYTES,
+                in_place_cache: false,
+                threads,
+                max_rows: Some(1),
+            };
+        }
         RunPlan {
             provider,
             prefill_chunk: cpu.then_some(CPU_PREFILL_CHUNK),
             prefill_group_logits_bytes: PREFILL_GROUP_LOGITS_BYTES,
             in_place_cache: cpu && description.past_present_share_buffer,
             threads,
+            max_rows: None,
+        }
+    }
+}
+
+/// Which graphs `needle-run` runs (`--graph`): the stock interface's one graph, or the
+/// accelerator graphs (`needle-export --target`: static shapes, batch 1, a decode and a
+/// prefill graph).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GraphKind {
+    Stock,
+    Accelerator,
+}
+
+impl Spelled for GraphKind {
+    const WHAT: &'static str = "graph kind";
+    const ALL: &'static [Self] = &[GraphKind::Stock, GraphKind::Accelerator];
+    fn name(self) -> &'static str {
+        match self {
+            GraphKind::Stock => "stock",
+            GraphKind::Accelerator => "accelerator",
+        }
+    }
+}
+
+/// The graphs a `.cact` is exported as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlannedGraphs {
+    /// One stock graph of this variant.
+    Stock(Variant),
+    /// The accelerator graphs for this target (fp32, float weights).
+    Accelerator(AcceleratorTarget),
+}
+
+/// What the caller overrides of the provider's choice (`None`: the provider's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Overrides {
+    pub graph: Option<GraphKind>,
+    pub attention: Option<AttentionKind>,
+    pub precision: Option<Precision>,
+    pub matmul_weights: Option<MatMulWeights>,
+}
+
+/// The graphs a `.cact` is exported as for `provider`: the accelerator graphs for CoreML
+/// and TensorRT (their one static-shape partition instead of the stock reference graph's
+/// dozen; CONTRACT §2d), the stock [`variant_for`] elsewhere, or what `overrides` say.
+/// `--attention` alone picks a stock graph (the accelerator graphs have no attention
+/// variants); the accelerator graphs with an attention, precision or weights they cannot
+/// be is an error.
+pub fn graphs_for(provider: Provider, overrides: Overrides) -> Result<PlannedGraphs, String> {
+    let preferred = match provider {
+        _ if overrides.attention.is_some() => GraphKind::Stock,
+        Provider::TensorRt | Provider::CoreMl => GraphKind::Accelerator,
+        Provider::Auto | Provider::Cpu | Provider::Cuda => GraphKind::Stock,
+    };
+    let Overrides {
+        attention,
+        precision,
+        matmul_weights,
+        ..
+    } = overrides;
+    match overrides.graph.unwrap_or(preferred) {
+        GraphKind::Stock => Ok(PlannedGraphs::Stock(variant_for(
+            provider,
+            attention,
+            precision,
+            matmul_weights,
+        ))),
+        GraphKind::Accelerator => {
+            if attention.is_some()
+                || precision.is_some_and(|p| p != Precision::Fp32)
+                || matmul_weights.is_some_and(|w| w != MatMulWeights::Float)
+            {
+                return Err(
+                    "the accelerator graphs are fp32 with float weights and have no \
+                            attention variants; leave out --attention, --precision and \
+                            --weights, or run --graph stock"
+                        .into(),
+                );
+            }
+            // One graph serves every target; the target is only recorded in its metadata.
+            let target = match provider {
+                Provider::TensorRt | Provider::Cuda => AcceleratorTarget::TensorRt,
+                Provider::CoreMl | Provider::Cpu | Provider::Auto => AcceleratorTarget::CoreMl,
+            };
+            Ok(PlannedGraphs::Accelerator(target))
         }
     }
 }
@@ -122,6 +230,47 @@ mod tests {
                 runtime: RuntimeTarget::Since1_24,
             }
         );
+    }
+
+    #[test]
+    fn coreml_and_tensorrt_get_the_accelerator_graphs_unless_overridden() {
+        let plan = |p, overrides| graphs_for(p, overrides).unwrap();
+        let none = Overrides::default();
+        assert_eq!(
+            plan(Provider::CoreMl, none),
+            PlannedGraphs::Accelerator(AcceleratorTarget::CoreMl)
+        );
+        assert_eq!(
+            plan(Provider::TensorRt, none),
+            PlannedGraphs::Accelerator(AcceleratorTarget::TensorRt)
+        );
+        for p in [Provider::Cpu, Provider::Cuda] {
+            assert_eq!(
+                plan(p, none),
+                PlannedGraphs::Stock(variant_for(p, None, None, None))
+            );
+        }
+        let forced = Overrides {
+            graph: Some(GraphKind::Accelerator),
+            ..none
+        };
+        assert!(matches!(
+            plan(Provider::Cpu, forced),
+            PlannedGraphs::Accelerator(_)
+        ));
+        let reference = Overrides {
+            attention: Some(AttentionKind::Reference),
+            ..none
+        };
+        assert!(matches!(
+            plan(Provider::CoreMl, reference),
+            PlannedGraphs::Stock(v) if v.attention == AttentionKind::Reference
+        ));
+        let fp16 = Overrides {
+            precision: Some(Precision::Fp16),
+            ..forced
+        };
+        assert!(graphs_for(Provider::Cpu, fp16).is_err());
     }
 
     #[test]

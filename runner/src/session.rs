@@ -1,14 +1,17 @@
 //! One Needle graph loaded in onnxruntime: what its metadata says about it, its run
 //! plan, and a `forward` that threads the typed [`Cache`] through the graph's
-//! `present.*` outputs.
+//! `present.*` outputs (or, for the accelerator graphs, hands it to
+//! [`crate::accelerator`]).
 
+use crate::accelerator::AcceleratorGraphs;
 use crate::cache::{Cache, LayerKv};
 use crate::plan::RunPlan;
 use crate::provider::{self, Provider, Registered};
 use anyhow::{anyhow, bail, Context, Result};
+use graphs::accelerator::FixedShape;
 use graphs::config::ModelConfig;
 use graphs::contract::names::{self, layer_cache, LayerCache};
-use graphs::contract::Precision;
+use graphs::contract::{keys, Precision};
 use graphs::description::ExportDescription;
 use ort::session::{Session, SessionInputValue, SessionOutputs};
 use ort::value::TensorElementType;
@@ -23,6 +26,9 @@ pub struct NeedleSession {
     layer_names: Vec<LayerCache>,
     /// `(past, present)` names of each layer's QKV-conv state; empty without the conv.
     conv_names: Vec<(String, String)>,
+    /// The accelerator graphs' prefill graph and driver, when `session` is their decode
+    /// graph; the stock names above are empty then.
+    accelerator: Option<AcceleratorGraphs>,
 }
 
 /// One step's inputs for `batch` rows, row-major: `input_ids` `[batch, sequence]`,
@@ -96,16 +102,53 @@ impl NeedleSession {
             .builder
             .commit_from_memory(onnx)
             .map_err(|e| anyhow!("{e}"))?;
-        Self::wrap(session, &registered)
+        Self::wrap(session, None, &registered)
     }
 
-    /// Loads an `.onnx` written by `needle-export`.
+    /// Loads the accelerator graphs (`needle-export --target`) from their bytes: the
+    /// one-token `decode` graph and the `prefill` graph.
+    pub fn accelerator_from_memory(
+        decode: &[u8],
+        prefill: &[u8],
+        mut registered: Registered,
+    ) -> Result<Self> {
+        let mut commit = |onnx: &[u8]| {
+            registered
+                .builder
+                .commit_from_memory(onnx)
+                .map_err(|e| anyhow!("{e}"))
+        };
+        let (decode, prefill) = (commit(decode)?, commit(prefill)?);
+        Self::wrap(decode, Some(prefill), &registered)
+    }
+
+    /// Loads an `.onnx` written by `needle-export`; an accelerator decode graph
+    /// (`OUT.onnx` of `--target`) with the prefill graph beside it (`OUT.prefill.onnx`).
     pub fn from_file(path: &std::path::Path, mut registered: Registered) -> Result<Self> {
-        let session = registered
-            .builder
-            .commit_from_file(path)
-            .map_err(|e| anyhow!("{}: cannot load: {e}", path.display()))?;
-        Self::wrap(session, &registered)
+        let mut commit = |path: &std::path::Path| {
+            registered
+                .builder
+                .commit_from_file(path)
+                .map_err(|e| anyhow!("{}: cannot load: {e}", path.display()))
+        };
+        let session = commit(path)?;
+        let accelerator = session
+            .metadata()
+            .map_err(|e| anyhow!("{e}"))?
+            .custom(keys::TARGET)
+            .is_some();
+        let prefill = match accelerator {
+            true => Some(
+                commit(&path.with_extension("prefill.onnx")).with_context(|| {
+                    format!(
+                        "the prefill graph of the accelerator graph {}",
+                        path.display()
+                    )
+                })?,
+            ),
+            false => None,
+        };
+        Self::wrap(session, prefill, &registered)
     }
 
     /// Creates a session for `onnx` on `provider` with `threads` intra-op threads.
@@ -115,12 +158,33 @@ impl NeedleSession {
         Self::from_memory(onnx, registered)
     }
 
-    fn wrap(session: Session, registered: &Registered) -> Result<Self> {
+    fn wrap(session: Session, prefill: Option<Session>, registered: &Registered) -> Result<Self> {
         let meta = session.metadata().map_err(|e| anyhow!("{e}"))?;
         let description = ExportDescription::from_metadata(|k| meta.custom(k))
             .map_err(|e| anyhow!("not a needle-export graph: {e}"))?;
+        let fixed = FixedShape::from_metadata(|k| meta.custom(k))
+            .map_err(|e| anyhow!("not a needle-export graph: {e}"))?;
         drop(meta);
-        let plan = RunPlan::new(registered.provider, &description, registered.threads);
+        let plan = RunPlan::new(
+            registered.provider,
+            &description,
+            fixed.as_ref(),
+            registered.threads,
+        );
+        if let Some(shape) = fixed {
+            let prefill = prefill.ok_or_else(|| {
+                anyhow!("an accelerator graph runs with its prefill graph (OUT.prefill.onnx)")
+            })?;
+            let accelerator = AcceleratorGraphs::new(&session, &shape, &description, prefill)?;
+            return Ok(NeedleSession {
+                session,
+                description,
+                plan,
+                layer_names: Vec::new(),
+                conv_names: Vec::new(),
+                accelerator: Some(accelerator),
+            });
+        }
         let layers = description.config.num_layers();
         if description.token_history_layer != layers {
             bail!(
@@ -139,6 +203,7 @@ impl NeedleSession {
             plan,
             layer_names,
             conv_names,
+            accelerator: None,
         };
         s.check_interface()?;
         Ok(s)
@@ -161,6 +226,11 @@ impl NeedleSession {
 
     fn has_output(&self, name: &str) -> bool {
         self.session.outputs().iter().any(|o| o.name() == name)
+    }
+
+    /// Whether the graphs are the accelerator graphs (`needle-export --target`).
+    pub fn is_accelerator(&self) -> bool {
+        self.accelerator.is_some()
     }
 
     /// The provider that runs the graph (never `Auto`).
@@ -196,13 +266,34 @@ impl NeedleSession {
 
     /// The empty state for `batch` rows (`past_sequence = 0`).
     pub fn empty_cache(&self, batch: usize) -> Result<Cache> {
-        self.new_cache(batch, None)
+        match &self.accelerator {
+            Some(graphs) => self.accelerator_cache(graphs, batch, 0),
+            None => self.new_cache(batch, None),
+        }
+    }
+
+    /// The accelerator graphs' cache of one row with room for `tokens`.
+    fn accelerator_cache(
+        &self,
+        graphs: &AcceleratorGraphs,
+        batch: usize,
+        tokens: usize,
+    ) -> Result<Cache> {
+        if batch != 1 {
+            bail!("the accelerator graphs take one row a call, not {batch}");
+        }
+        graphs.new_cache(&self.session, self.config(), tokens)
     }
 
     /// A state of zeros for `batch` rows that have seen `len` tokens (padding included),
     /// with room for `capacity` tokens where the plan updates the cache in place (else
     /// exactly `len` positions): what [`crate::cache::rows::join`] puts rows into.
     pub fn zeroed_cache(&self, batch: usize, len: usize, capacity: usize) -> Result<Cache> {
+        if self.is_accelerator() {
+            bail!(
+                "the accelerator graphs run one row at a time; their rows are never laid out anew"
+            );
+        }
         let positions = match self.plan.in_place_cache {
             true => capacity.max(len).min(self.config().max_seq_len()),
             false => len,
@@ -217,6 +308,9 @@ impl NeedleSession {
     /// An empty state for `batch` rows and up to `capacity` tokens: preallocated buffers
     /// updated in place where the plan says so, else [`Self::empty_cache`].
     pub fn preallocated_cache(&self, batch: usize, capacity: usize) -> Result<Cache> {
+        if let Some(graphs) = &self.accelerator {
+            return self.accelerator_cache(graphs, batch, capacity);
+        }
         if !self.plan.in_place_cache {
             return self.empty_cache(batch);
         }
@@ -264,6 +358,7 @@ impl NeedleSession {
             qkv_conv,
             len: 0,
             capacity,
+            fixed: None,
         })
     }
 
@@ -277,6 +372,9 @@ impl NeedleSession {
     /// Runs one step of `inputs` after `cache` (rows of different lengths padded on the
     /// right, see [`StepInputs`]).
     pub fn step(&mut self, inputs: StepInputs, cache: Cache) -> Result<StepOutput> {
+        if let Some(graphs) = self.accelerator.as_mut() {
+            return graphs.step(&mut self.session, inputs, cache);
+        }
         let StepInputs {
             input_ids,
             attention_mask,
@@ -363,6 +461,7 @@ impl NeedleSession {
                 qkv_conv,
                 len: total,
                 capacity: None,
+                fixed: None,
             },
         })
     }

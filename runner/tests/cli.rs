@@ -1,12 +1,15 @@
 //! `needle-run` end to end: the demo query, raw mode against upstream's greedy
 //! generations (through the tokenizer), `.onnx` input, providers, bad input.
 
+mod support;
+
 use exporter::model::NeedleModel;
 use exporter::output::ExportFiles;
 use exporter::tokenizer::NeedleTokenizer;
 use graphs::contract::{AttentionKind, MatMulWeights, Precision, RuntimeTarget};
 use serde_json::Value;
 use std::process::{Command, Output};
+use support::generate_refs;
 use test_support::{fixture, scratch};
 
 fn run(args: &[&str]) -> Output {
@@ -104,11 +107,6 @@ fn export_fused(model: &str, onnx: &std::path::Path, runtime: RuntimeTarget) {
             runtime,
         )
         .unwrap();
-}
-
-fn generate_refs(model: &str) -> Vec<Value> {
-    let text = std::fs::read_to_string(fixture(&format!("{model}.generate.json"))).unwrap();
-    serde_json::from_str(&text).unwrap()
 }
 
 #[test]

@@ -196,6 +196,32 @@ pub fn session_of(cact: &[u8], opts: &ExportOptions, provider: Provider) -> Need
     NeedleSession::create(&onnx_of(cact, opts), provider, false, 1).unwrap()
 }
 
+/// Exports `.cact` bytes as the accelerator graphs (`needle-export --target`) in memory and
+/// loads the pair on the CPU with one thread.
+pub fn accelerator_session_of(cact: &[u8]) -> NeedleSession {
+    let model = NeedleModel::from_bytes("model.cact", cact).unwrap();
+    let opts = options(
+        AttentionKind::Reference,
+        Precision::Fp32,
+        MatMulWeights::Float,
+    );
+    let target = graphs::contract::AcceleratorTarget::CoreMl;
+    let graph = |sequence| model.export_accelerator(&opts, target, sequence).unwrap();
+    let registered = runner::provider::session_builder(
+        runner::ort_env::init().unwrap(),
+        Provider::Cpu,
+        false,
+        1,
+    )
+    .unwrap();
+    NeedleSession::accelerator_from_memory(
+        &graph(1),
+        &graph(graphs::accelerator::PREFILL_CHUNK),
+        registered,
+    )
+    .unwrap()
+}
+
 /// Exports fixture `model` (fp32, dense weights) and loads it on the CPU with one thread.
 pub fn session(model: &str, attention: AttentionKind) -> NeedleSession {
     let bytes = std::fs::read(fixture(&format!("{model}.cact"))).unwrap();

@@ -38,6 +38,7 @@ use crate::config::ModelConfig;
 use crate::contract::names::{self, layer_cache};
 use crate::contract::{keys, AcceleratorTarget, HeadShape, MatMulWeights, Precision};
 use crate::description::ExportDescription;
+use crate::metadata::Metadata;
 use crate::model::ModelWeights;
 use crate::onnx::{data_type, ModelProto};
 use crate::stream::{block, Architecture, LayerPast};
@@ -48,6 +49,32 @@ pub const BATCH: usize = 1;
 /// Tokens per call of the prefill graph: a prompt goes through it in chunks, the last
 /// one padded after the prompt's end.
 pub const PREFILL_CHUNK: usize = 64;
+
+/// What an accelerator graph's metadata says of its fixed shapes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FixedShape {
+    pub target: AcceleratorTarget,
+    /// Cache slots (`needle.cache_capacity`): the model's `max_seq_len`.
+    pub capacity: usize,
+    /// Tokens per call (`needle.fixed_sequence`): 1, or [`PREFILL_CHUNK`].
+    pub sequence: usize,
+}
+
+impl FixedShape {
+    /// Reads it from a graph's metadata (`get` looks a key up); `None` for a stock graph
+    /// (no `needle.target`). The error names the missing or malformed key.
+    pub fn from_metadata(get: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, String> {
+        if get(keys::TARGET).is_none() {
+            return Ok(None);
+        }
+        let read = Metadata(&get);
+        Ok(Some(FixedShape {
+            target: read.spelled(keys::TARGET)?,
+            capacity: read.parsed(keys::CACHE_CAPACITY)?,
+            sequence: read.parsed(keys::FIXED_SEQUENCE)?,
+        }))
+    }
+}
 
 /// What an accelerator graph cannot be yet, or `Ok`: float32 dense weights.
 pub fn check(desc: &ExportDescription) -> Result<(), String> {

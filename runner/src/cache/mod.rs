@@ -1,7 +1,9 @@
 //! The state a Needle graph carries between steps ([`Cache`]: every layer's keys and
 //! values, the token history, Needle 3's QKV-conv state), and its row relayouts
-//! ([`rows`]), which let rows join and leave a running batch.
+//! ([`rows`]), which let rows join and leave a running batch; the accelerator graphs'
+//! fixed-capacity form of it ([`fixed`]).
 
+pub mod fixed;
 mod host;
 pub mod rows;
 
@@ -26,6 +28,10 @@ pub struct Cache {
     /// both `past_*` and `present.*` so attention appends in place (see
     /// [`crate::plan::RunPlan::in_place_cache`]); `None`: exact-length tensors, replaced each step.
     pub(crate) capacity: Option<usize>,
+    /// The accelerator graphs' cache (`layers` hold no token history then, and their
+    /// buffers are the graphs' capacity): what their caller keeps besides; `None` for the
+    /// stock graphs.
+    pub(crate) fixed: Option<fixed::FixedSlots>,
 }
 
 impl Cache {

@@ -58,8 +58,19 @@ pub fn serve(model: LoadedModel, opts: &ServeOptions) -> Result<()> {
     let LoadedModel {
         session, tokenizer, ..
     } = model;
+    // The plan's limit (the accelerator graphs: one row a call) caps what was asked.
+    let max_batch = session
+        .plan
+        .max_rows
+        .map_or(opts.max_batch, |rows| opts.max_batch.min(rows));
+    if max_batch < opts.max_batch {
+        eprintln!(
+            "needle-run: the accelerator graphs take one row a call: requests are decoded one \
+             after another (--max-batch {max_batch})"
+        );
+    }
     let (jobs, queue) = std::sync::mpsc::sync_channel(opts.queue);
-    let metrics = Arc::new(Metrics::new(opts.max_batch));
+    let metrics = Arc::new(Metrics::new(max_batch));
     let shared = Arc::new(shared::Shared {
         jobs,
         constraints: ConstraintFactory::new(&tokenizer)?,
@@ -74,11 +85,10 @@ pub fn serve(model: LoadedModel, opts: &ServeOptions) -> Result<()> {
         timeout: opts.timeout,
         completions: AtomicU64::new(0),
         started: shared::now(),
-        max_batch: opts.max_batch,
+        max_batch,
         metrics: metrics.clone(),
     });
     let provider = session.provider();
-    let max_batch = opts.max_batch;
     let decoder = std::thread::Builder::new()
         .name("needle-decode".into())
         .spawn(move || scheduler::run(session, queue, max_batch, &metrics))?;
