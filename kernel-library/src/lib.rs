@@ -64,10 +64,12 @@ fn too_old(base: &OrtApiBase) -> *mut OrtStatus {
     unsafe {
         let version = CStr::from_ptr((base.GetVersionString)()).to_string_lossy();
         let message = format!(
-            "libneedle_kernels needs onnxruntime 1.17 or later (C API {API_VERSION}); this is {version}\0"
+            "libneedle_kernels needs onnxruntime 1.17 or later (C API {API_VERSION}); \
+             this is {version}\0"
         );
         match (base.GetApi)(1).as_ref() {
             Some(api) => (api.CreateStatus)(OrtErrorCode::ORT_FAIL, message.as_ptr().cast()).0,
+            // Every onnxruntime has API 1; without it there is no status to answer with.
             None => std::ptr::null_mut(),
         }
     }

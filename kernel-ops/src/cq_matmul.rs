@@ -85,3 +85,78 @@ impl NeedleOp for CqMatMul {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::InputData;
+
+    /// A 4 × 16 matrix of 2-bit codes in one group of 16.
+    fn attribute(name: &str) -> Option<i64> {
+        match name {
+            "cols" | "group" => Some(16),
+            "bits" => Some(2),
+            _ => None,
+        }
+    }
+
+    const CODES: [u8; 16] = [0; 16];
+    const NORMS: [u16; 4] = [0x3c00; 4];
+    const CODEBOOK: [f32; 4] = [0.0, 1.0, 2.0, 3.0];
+
+    fn inputs<'a>(x_shape: &'a [i64], x: &'a [f32]) -> [Input<'a>; 4] {
+        [
+            Input {
+                shape: x_shape,
+                data: InputData::Float32(x),
+            },
+            Input {
+                shape: &[4, 4],
+                data: InputData::Uint8(&CODES),
+            },
+            Input {
+                shape: &[4, 1],
+                data: InputData::Float16(&NORMS),
+            },
+            Input {
+                shape: &[4],
+                data: InputData::Float32(&CODEBOOK),
+            },
+        ]
+    }
+
+    #[test]
+    fn the_output_takes_the_rows_and_a_wrong_width_is_an_error() {
+        let op = CqMatMul::new(&attribute).unwrap();
+        let x = [1.0; 2 * 3 * 16];
+        assert_eq!(op.output_shape(&inputs(&[2, 3, 16], &x)), Ok(vec![2, 3, 4]));
+        let mut y = [f32::NAN; 2 * 3 * 4];
+        op.compute(&inputs(&[2, 3, 16], &x), &mut y, &kernels::Serial)
+            .unwrap();
+        // Every code is index 0, value 0.
+        assert_eq!(y, [0.0; 24]);
+        assert_eq!(
+            op.output_shape(&inputs(&[1, 8], &x[..8])),
+            Err(OpError(
+                "needle.CqMatMul: X is [1, 8], its last axis must be cols = 16".into()
+            ))
+        );
+    }
+
+    #[test]
+    fn a_missing_attribute_or_a_mistyped_input_is_named() {
+        let no_bits = |name: &str| attribute(name).filter(|_| name != "bits");
+        let missing = CqMatMul::new(&no_bits).err();
+        assert_eq!(
+            missing,
+            Some(OpError("needle.CqMatMul: no attribute bits".into()))
+        );
+        let op = CqMatMul::new(&attribute).unwrap();
+        let mut mistyped = inputs(&[1, 16], &[0.0; 16]);
+        mistyped[2].data = InputData::Uint8(&CODES);
+        assert_eq!(
+            op.output_shape(&mistyped),
+            Err(OpError("needle.CqMatMul: input 2 is not Float16".into()))
+        );
+    }
+}

@@ -55,3 +55,28 @@ impl NeedleOp for Sinkhorn {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::InputData;
+
+    #[test]
+    fn logits_must_be_square_matrices() {
+        let op = Sinkhorn::new(&|_| Some(20)).unwrap();
+        let logits = [0.0; 18];
+        let input = |shape| {
+            [Input {
+                shape,
+                data: InputData::Float32(&logits),
+            }]
+        };
+        assert_eq!(op.output_shape(&input(&[2, 3, 3])), Ok(vec![2, 3, 3]));
+        assert_eq!(
+            op.output_shape(&input(&[2, 9])),
+            Err(OpError(
+                "needle.Sinkhorn: logits are [2, 9], not [.., n, n]".into()
+            ))
+        );
+    }
+}

@@ -1,6 +1,7 @@
 //! The Needle op domain in this process: the ops `kernel-ops` defines, registered through
 //! onnxruntime's custom-operator API as the `ort` crate offers it. Every session gets it,
-//! so a packed graph loads wherever `needle-run` loads graphs; stock graphs never name its ops.
+//! so a packed graph loads wherever `needle-run` loads graphs; stock graphs never name its
+//! ops.
 //!
 //! A kernel reads its weights from the graph's initializers on every call: onnxruntime
 //! keeps them for the session, so nothing is copied or repacked.
