@@ -1,23 +1,27 @@
-//! The Needle op domain in this process: onnxruntime's custom-operator API (through
-//! `ort`) over the `kernels` crate. Every session gets it, so a packed graph loads
-//! wherever `needle-run` loads graphs; stock graphs never name its ops.
+//! The Needle op domain in this process: the ops `kernel-ops` defines, registered through
+//! onnxruntime's custom-operator API as the `ort` crate offers it. Every session gets it,
+//! so a packed graph loads wherever `needle-run` loads graphs; stock graphs never name its
+//! ops.
 //!
 //! A kernel reads its weights from the graph's initializers on every call: onnxruntime
 //! keeps them for the session, so nothing is copied or repacked.
 
 use graphs::contract::needle_ops;
 use half::slice::HalfFloatSliceExt;
-use kernels::{cq_matmul, sinkhorn, CqMatrix, Isa, RowSplit};
+use kernel_ops::{
+    op_error, ElementType, Input, InputData, NeedleOp, Registry, RowSplit, DOMAIN, OUTPUT_TYPE,
+};
 use ort::operator::{
     ComputeContext, Kernel, KernelContext, Operator, OperatorDomain, OperatorInput, OperatorOutput,
 };
-use ort::value::TensorElementType;
+use ort::value::{TensorElementType, ValueRef};
+use std::marker::PhantomData;
 
 /// The domain with every Needle op.
 pub fn domain() -> ort::Result<OperatorDomain> {
-    OperatorDomain::new(needle_ops::DOMAIN)?
-        .add(CqMatMulOp)?
-        .add(SinkhornOp)
+    let mut builder = DomainBuilder(Some(OperatorDomain::new(DOMAIN)?));
+    kernel_ops::register_all(&mut builder)?;
+    Ok(builder.0.expect("every add succeeded"))
 }
 
 /// The smallest graph that uses the domain: one `needle.Sinkhorn` of a 2 × 2 matrix.
@@ -36,143 +40,105 @@ pub(crate) fn sinkhorn_model() -> Vec<u8> {
         .encode_to_vec()
 }
 
-/// `needle.CqMatMul` (`kernels/src/cq_matmul/mod.rs` states its contract).
-struct CqMatMulOp;
+/// Builds the `ort` domain from the ops `kernel_ops::register_all` hands over.
+struct DomainBuilder(Option<OperatorDomain>);
 
-impl Operator for CqMatMulOp {
-    type Kernel<'attr> = CqMatMulKernel;
+impl Registry for DomainBuilder {
+    type Error = ort::Error;
+
+    fn add<Op: NeedleOp>(&mut self) -> ort::Result<()> {
+        let domain = self.0.take().expect("a failed add ends the registration");
+        self.0 = Some(domain.add(OrtOperator::<Op>(PhantomData))?);
+        Ok(())
+    }
+}
+
+/// A Needle op as an `ort` operator.
+struct OrtOperator<Op>(PhantomData<Op>);
+
+/// The `ort` type of each element type.
+fn ort_type(t: ElementType) -> TensorElementType {
+    match t {
+        ElementType::Float32 => TensorElementType::Float32,
+        ElementType::Uint8 => TensorElementType::Uint8,
+        ElementType::Float16 => TensorElementType::Float16,
+    }
+}
+
+impl<Op: NeedleOp> Operator for OrtOperator<Op> {
+    type Kernel<'attr> = OrtKernel<Op>;
 
     fn name(&self) -> &str {
-        needle_ops::CQ_MATMUL
+        Op::NAME
     }
 
     fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
-        [
-            OperatorInput::required(TensorElementType::Float32),
-            OperatorInput::required(TensorElementType::Uint8),
-            OperatorInput::required(TensorElementType::Float16),
-            OperatorInput::required(TensorElementType::Float32),
-        ]
+        Op::INPUTS
+            .iter()
+            .map(|&t| OperatorInput::required(ort_type(t)))
     }
 
     fn outputs(&self) -> impl IntoIterator<Item = OperatorOutput> {
-        [OperatorOutput::required(TensorElementType::Float32)]
+        [OperatorOutput::required(ort_type(OUTPUT_TYPE))]
     }
 
-    fn create_kernel<'attr>(&self, info: &KernelContext<'attr>) -> ort::Result<CqMatMulKernel> {
-        let attribute = |name: &str| {
-            info.get::<i64>(name)
-                .and_then(|v| usize::try_from(v).ok())
-                .ok_or_else(|| ort::Error::new(format!("needle.CqMatMul: no attribute {name}")))
-        };
-        Ok(CqMatMulKernel {
-            cols: attribute("cols")?,
-            group: attribute("group")?,
-            bits: attribute("bits")?,
-            isa: Isa::best(),
-        })
+    fn create_kernel<'attr>(&self, info: &KernelContext<'attr>) -> ort::Result<OrtKernel<Op>> {
+        let op = Op::new(&|name| info.get::<i64>(name)).map_err(ort::Error::new)?;
+        Ok(OrtKernel(op))
     }
 }
 
-struct CqMatMulKernel {
-    cols: usize,
-    group: usize,
-    bits: usize,
-    isa: Isa,
-}
+struct OrtKernel<Op>(Op);
 
-impl Kernel for CqMatMulKernel {
+impl<Op: NeedleOp> Kernel for OrtKernel<Op> {
     fn compute(&mut self, ctx: &ComputeContext) -> ort::Result<()> {
-        let input = |i: usize| {
-            ctx.input(i)?
-                .ok_or_else(|| ort::Error::new(format!("needle.CqMatMul: input {i} missing")))
-        };
-        let (x, codes, norms, codebook) = (input(0)?, input(1)?, input(2)?, input(3)?);
-        let (x_shape, x) = x.try_extract_tensor::<f32>()?;
-        let (codes_shape, codes) = codes.try_extract_tensor::<u8>()?;
-        let (_, norms) = norms.try_extract_tensor::<half::f16>()?;
-        let (_, codebook) = codebook.try_extract_tensor::<f32>()?;
-        let rows = codes_shape.first().copied().unwrap_or(0) as usize;
-        let w = CqMatrix::new(
-            rows,
-            self.cols,
-            self.group,
-            self.bits,
-            codes,
-            norms.reinterpret_cast(),
-            codebook,
-        )
-        .map_err(|e| ort::Error::new(format!("needle.CqMatMul: {e}")))?;
-        if x_shape.last().copied() != Some(self.cols as i64) {
-            return Err(ort::Error::new(format!(
-                "needle.CqMatMul: X is {x_shape:?}, its last axis must be cols = {}",
-                self.cols
-            )));
-        }
-        let mut y_shape = x_shape.to_vec();
-        *y_shape.last_mut().expect("checked above") = rows as i64;
+        let values = (0..Op::INPUTS.len())
+            .map(|i| {
+                ctx.input(i)?
+                    .ok_or_else(|| ort::Error::new(op_error::<Op>(format!("input {i} missing"))))
+            })
+            .collect::<ort::Result<Vec<_>>>()?;
+        let inputs = values
+            .iter()
+            .zip(Op::INPUTS)
+            .map(|(value, &t)| input(value, t))
+            .collect::<ort::Result<Vec<_>>>()?;
+        let shape = self.0.output_shape(&inputs).map_err(ort::Error::new)?;
         let mut y = ctx
-            .output(0, y_shape)?
-            .ok_or_else(|| ort::Error::new("needle.CqMatMul: no output"))?;
+            .output(0, shape)?
+            .ok_or_else(|| ort::Error::new(op_error::<Op>("no output")))?;
         let (_, y) = y.try_extract_tensor_mut::<f32>()?;
-        let tokens = x.len() / self.cols;
-        cq_matmul(&w, x, tokens, y, self.isa, &SessionThreads(ctx));
-        Ok(())
+        self.0
+            .compute(&inputs, y, &SessionThreads(ctx))
+            .map_err(ort::Error::new)
     }
 }
 
-/// `needle.Sinkhorn` (`kernels/src/sinkhorn.rs` states its contract).
-struct SinkhornOp;
-
-impl Operator for SinkhornOp {
-    type Kernel<'attr> = SinkhornKernel;
-
-    fn name(&self) -> &str {
-        needle_ops::SINKHORN
-    }
-
-    fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
-        [OperatorInput::required(TensorElementType::Float32)]
-    }
-
-    fn outputs(&self) -> impl IntoIterator<Item = OperatorOutput> {
-        [OperatorOutput::required(TensorElementType::Float32)]
-    }
-
-    fn create_kernel<'attr>(&self, info: &KernelContext<'attr>) -> ort::Result<SinkhornKernel> {
-        let iterations = info
-            .get::<i64>("iterations")
-            .and_then(|v| usize::try_from(v).ok())
-            .ok_or_else(|| ort::Error::new("needle.Sinkhorn: no attribute iterations"))?;
-        Ok(SinkhornKernel { iterations })
-    }
-}
-
-struct SinkhornKernel {
-    iterations: usize,
-}
-
-impl Kernel for SinkhornKernel {
-    fn compute(&mut self, ctx: &ComputeContext) -> ort::Result<()> {
-        let logits = ctx
-            .input(0)?
-            .ok_or_else(|| ort::Error::new("needle.Sinkhorn: input missing"))?;
-        let (shape, logits) = logits.try_extract_tensor::<f32>()?;
-        let n = match shape.as_ref() {
-            [.., rows, cols] if rows == cols && *rows > 0 => *rows as usize,
-            _ => {
-                return Err(ort::Error::new(format!(
-                    "needle.Sinkhorn: logits are {shape:?}, not [.., n, n]"
-                )))
+/// `value`'s shape and elements as element type `t`.
+fn input<'a>(value: &'a ValueRef<'_>, t: ElementType) -> ort::Result<Input<'a>> {
+    Ok(match t {
+        ElementType::Float32 => {
+            let (shape, data) = value.try_extract_tensor::<f32>()?;
+            Input {
+                shape,
+                data: InputData::Float32(data),
             }
-        };
-        let mut out = ctx
-            .output(0, shape.to_vec())?
-            .ok_or_else(|| ort::Error::new("needle.Sinkhorn: no output"))?;
-        let (_, out) = out.try_extract_tensor_mut::<f32>()?;
-        sinkhorn(logits, n, self.iterations, out);
-        Ok(())
-    }
+        }
+        ElementType::Uint8 => {
+            let (shape, data) = value.try_extract_tensor::<u8>()?;
+            Input {
+                shape,
+                data: InputData::Uint8(data),
+            }
+        }
+        ElementType::Float16 => {
+            let (shape, data) = value.try_extract_tensor::<half::f16>()?;
+            Input {
+                shape,
+                data: InputData::Float16(data.reinterpret_cast()),
+            }
+        }
+    })
 }
 
 /// Row blocks on the session's intra-op thread pool.

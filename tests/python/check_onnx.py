@@ -1,10 +1,11 @@
 """Stock-deployment check of an exported Needle graph, independent of our Rust code.
 
-Usage: check_onnx.py MODEL.onnx CASES.safetensors
+Usage: check_onnx.py MODEL.onnx CASES.safetensors [KERNEL_LIBRARY]
 
 1. `onnx.checker.check_model(full_check=True)` on the file;
-2. loads it in Python onnxruntime (CPU, no custom ops) and feeds every case of the
-   upstream fixture (`X.input_ids`, all-ones attention_mask, positions 0..S-1,
+2. loads it in Python onnxruntime (CPU; custom ops only from KERNEL_LIBRARY, the Needle
+   kernel library, where given: `register_custom_ops_library`) and feeds every case of
+   the upstream fixture (`X.input_ids`, all-ones attention_mask, positions 0..S-1,
    empty pasts: zero-length KV, zero engram state);
 3. runs each case's first row again through the KV cache: its first half (at least one
    token) as one prefill, then one token per step, every present.X fed back as
@@ -61,12 +62,14 @@ def relative_error(got, ref):
     return float(np.abs(got - ref).max() / max(1.0, np.abs(ref).max()))
 
 
-def main(model_path, cases_path):
+def main(model_path, cases_path, kernel_library=None):
     onnx.checker.check_model(model_path, full_check=True)
     with tempfile.TemporaryDirectory() as tmp:
         options = ort.SessionOptions()
         options.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
         options.log_severity_level = 3  # not the warning that the file is for this machine
+        if kernel_library:
+            options.register_custom_ops_library(kernel_library)
         sess = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
         optimized = onnx.load(options.optimized_model_filepath).graph
         session_ops = sorted({n.op_type for n in optimized.node})

@@ -1,0 +1,162 @@
+//! `needle.CqMatMul` (`kernels/src/cq_matmul/mod.rs` states its contract): inputs `X`
+//! float32 `[…, cols]`, `codes` uint8 `[rows, row bytes]`, `norms` float16
+//! `[rows, groups]`, `codebook` float32 `[2^bits]`; attributes `cols`, `group`, `bits`;
+//! output float32 `[…, rows]`.
+
+use crate::{op_error, size_attribute, ElementType, Input, NeedleOp, OpError, RowSplit};
+use graphs::contract::needle_ops;
+use kernels::{cq_matmul, CqMatrix, Isa};
+
+pub struct CqMatMul {
+    cols: usize,
+    group: usize,
+    bits: usize,
+    isa: Isa,
+}
+
+impl CqMatMul {
+    /// The CQ matrix of `inputs` and the activations `X` with their shape, checked against
+    /// each other and the attributes.
+    fn operands<'a>(
+        &self,
+        inputs: &[Input<'a>],
+    ) -> Result<(CqMatrix<'a>, &'a [i64], &'a [f32]), OpError> {
+        let (x_shape, x) = Input::get::<Self, f32>(inputs, 0)?;
+        let (codes_shape, codes) = Input::get::<Self, u8>(inputs, 1)?;
+        let (_, norms) = Input::get::<Self, u16>(inputs, 2)?;
+        let (_, codebook) = Input::get::<Self, f32>(inputs, 3)?;
+        let rows = codes_shape.first().copied().unwrap_or(0) as usize;
+        let w = CqMatrix::new(
+            rows, self.cols, self.group, self.bits, codes, norms, codebook,
+        )
+        .map_err(op_error::<Self>)?;
+        if x_shape.last().copied() != Some(self.cols as i64) {
+            return Err(op_error::<Self>(format!(
+                "X is {x_shape:?}, its last axis must be cols = {}",
+                self.cols
+            )));
+        }
+        Ok((w, x_shape, x))
+    }
+}
+
+impl NeedleOp for CqMatMul {
+    const NAME: &'static str = needle_ops::CQ_MATMUL;
+    const INPUTS: &'static [ElementType] = &[
+        ElementType::Float32,
+        ElementType::Uint8,
+        ElementType::Float16,
+        ElementType::Float32,
+    ];
+
+    fn new(attribute: &dyn Fn(&str) -> Option<i64>) -> Result<Self, OpError> {
+        Ok(CqMatMul {
+            cols: size_attribute::<Self>(attribute, "cols")?,
+            group: size_attribute::<Self>(attribute, "group")?,
+            bits: size_attribute::<Self>(attribute, "bits")?,
+            isa: Isa::best(),
+        })
+    }
+
+    fn output_shape(&self, inputs: &[Input]) -> Result<Vec<i64>, OpError> {
+        let (w, x_shape, _) = self.operands(inputs)?;
+        let mut y_shape = x_shape.to_vec();
+        *y_shape.last_mut().expect("operands checked the last axis") = w.rows() as i64;
+        Ok(y_shape)
+    }
+
+    fn compute(
+        &self,
+        inputs: &[Input],
+        output: &mut [f32],
+        split: &dyn RowSplit,
+    ) -> Result<(), OpError> {
+        let (w, _, x) = self.operands(inputs)?;
+        let tokens = x.len() / self.cols;
+        if output.len() != tokens * w.rows() {
+            return Err(op_error::<Self>(format!(
+                "Y holds {} values, {tokens} tokens × {} rows need {}",
+                output.len(),
+                w.rows(),
+                tokens * w.rows()
+            )));
+        }
+        cq_matmul(&w, x, tokens, output, self.isa, split);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::InputData;
+
+    /// A 4 × 16 matrix of 2-bit codes in one group of 16.
+    fn attribute(name: &str) -> Option<i64> {
+        match name {
+            "cols" | "group" => Some(16),
+            "bits" => Some(2),
+            _ => None,
+        }
+    }
+
+    const CODES: [u8; 16] = [0; 16];
+    const NORMS: [u16; 4] = [0x3c00; 4];
+    const CODEBOOK: [f32; 4] = [0.0, 1.0, 2.0, 3.0];
+
+    fn inputs<'a>(x_shape: &'a [i64], x: &'a [f32]) -> [Input<'a>; 4] {
+        [
+            Input {
+                shape: x_shape,
+                data: InputData::Float32(x),
+            },
+            Input {
+                shape: &[4, 4],
+                data: InputData::Uint8(&CODES),
+            },
+            Input {
+                shape: &[4, 1],
+                data: InputData::Float16(&NORMS),
+            },
+            Input {
+                shape: &[4],
+                data: InputData::Float32(&CODEBOOK),
+            },
+        ]
+    }
+
+    #[test]
+    fn the_output_takes_the_rows_and_a_wrong_width_is_an_error() {
+        let op = CqMatMul::new(&attribute).unwrap();
+        let x = [1.0; 2 * 3 * 16];
+        assert_eq!(op.output_shape(&inputs(&[2, 3, 16], &x)), Ok(vec![2, 3, 4]));
+        let mut y = [f32::NAN; 2 * 3 * 4];
+        op.compute(&inputs(&[2, 3, 16], &x), &mut y, &kernels::Serial)
+            .unwrap();
+        // Every code is index 0, value 0.
+        assert_eq!(y, [0.0; 24]);
+        assert_eq!(
+            op.output_shape(&inputs(&[1, 8], &x[..8])),
+            Err(OpError(
+                "needle.CqMatMul: X is [1, 8], its last axis must be cols = 16".into()
+            ))
+        );
+    }
+
+    #[test]
+    fn a_missing_attribute_or_a_mistyped_input_is_named() {
+        let no_bits = |name: &str| attribute(name).filter(|_| name != "bits");
+        let missing = CqMatMul::new(&no_bits).err();
+        assert_eq!(
+            missing,
+            Some(OpError("needle.CqMatMul: no attribute bits".into()))
+        );
+        let op = CqMatMul::new(&attribute).unwrap();
+        let mut mistyped = inputs(&[1, 16], &[0.0; 16]);
+        mistyped[2].data = InputData::Uint8(&CODES);
+        assert_eq!(
+            op.output_shape(&mistyped),
+            Err(OpError("needle.CqMatMul: input 2 is not Float16".into()))
+        );
+    }
+}

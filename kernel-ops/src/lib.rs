@@ -1,0 +1,164 @@
+//! The Needle op domain as onnxruntime sees it, written once without onnxruntime's types:
+//! each op's name, input types, attributes, the checks of its tensors' shapes and its
+//! compute over the `kernels` crate. Two thin adapters register it with onnxruntime:
+//! `needle-run`'s in-process domain (`runner/src/needle_ops.rs`, through the `ort` crate)
+//! and the library any onnxruntime loads (`kernel-library/`, through the raw C API).
+
+mod cq_matmul;
+mod sinkhorn;
+
+pub use cq_matmul::CqMatMul;
+pub use graphs::contract::needle_ops::DOMAIN;
+pub use kernels::RowSplit;
+pub use sinkhorn::Sinkhorn;
+
+/// The element type of a tensor an op reads or writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ElementType {
+    Float32,
+    Uint8,
+    Float16,
+}
+
+/// Every op of the domain has one output, of this type.
+pub const OUTPUT_TYPE: ElementType = ElementType::Float32;
+
+/// One input tensor as the host hands it over: its shape and its elements.
+#[derive(Clone, Copy, Debug)]
+pub struct Input<'a> {
+    pub shape: &'a [i64],
+    pub data: InputData<'a>,
+}
+
+/// An input's elements, typed as the op declares them (float16 as its bits).
+#[derive(Clone, Copy, Debug)]
+pub enum InputData<'a> {
+    Float32(&'a [f32]),
+    Uint8(&'a [u8]),
+    Float16(&'a [u16]),
+}
+
+impl<'a> Input<'a> {
+    /// The shape and the elements of input `index` of `Op`'s `inputs`, as `T`.
+    fn get<Op: NeedleOp, T: Element>(
+        inputs: &[Input<'a>],
+        index: usize,
+    ) -> Result<(&'a [i64], &'a [T]), OpError> {
+        let input = inputs
+            .get(index)
+            .ok_or_else(|| op_error::<Op>(format!("input {index} missing")))?;
+        let data = T::of(input.data)
+            .ok_or_else(|| op_error::<Op>(format!("input {index} is not {:?}", T::TYPE)))?;
+        Ok((input.shape, data))
+    }
+}
+
+/// A Rust type that an [`ElementType`] is read as.
+trait Element: Sized {
+    const TYPE: ElementType;
+    fn of(data: InputData<'_>) -> Option<&[Self]>;
+}
+
+impl Element for f32 {
+    const TYPE: ElementType = ElementType::Float32;
+    fn of(data: InputData<'_>) -> Option<&[f32]> {
+        match data {
+            InputData::Float32(d) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+impl Element for u8 {
+    const TYPE: ElementType = ElementType::Uint8;
+    fn of(data: InputData<'_>) -> Option<&[u8]> {
+        match data {
+            InputData::Uint8(d) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+/// float16, as its bits.
+impl Element for u16 {
+    const TYPE: ElementType = ElementType::Float16;
+    fn of(data: InputData<'_>) -> Option<&[u16]> {
+        match data {
+            InputData::Float16(d) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+/// Why an op cannot be created or run: one line naming the op, for onnxruntime's error.
+#[derive(Debug, PartialEq)]
+pub struct OpError(pub String);
+
+impl std::fmt::Display for OpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for OpError {}
+
+/// The message, for hosts whose errors are strings.
+impl From<OpError> for String {
+    fn from(e: OpError) -> String {
+        e.0
+    }
+}
+
+/// One op of the domain. A host adapter declares [`NeedleOp::INPUTS`] (all required) and one
+/// [`OUTPUT_TYPE`] output, creates the kernel from the node's integer attributes, and on
+/// every call allocates the output [`NeedleOp::output_shape`] names before
+/// [`NeedleOp::compute`] fills it.
+pub trait NeedleOp: Sized + Send + Sync + 'static {
+    /// The op's name in [`DOMAIN`].
+    const NAME: &'static str;
+    /// The element type of each input, in order.
+    const INPUTS: &'static [ElementType];
+
+    /// The kernel of one node, from its integer attributes (`attribute(name)`, `None` where
+    /// the node has none).
+    fn new(attribute: &dyn Fn(&str) -> Option<i64>) -> Result<Self, OpError>;
+
+    /// The output's shape for `inputs` (typed as [`NeedleOp::INPUTS`]), every shape checked.
+    fn output_shape(&self, inputs: &[Input]) -> Result<Vec<i64>, OpError>;
+
+    /// Fills `output` (shaped as [`NeedleOp::output_shape`] says) from `inputs`, its
+    /// independent blocks spread by `split`.
+    fn compute(
+        &self,
+        inputs: &[Input],
+        output: &mut [f32],
+        split: &dyn RowSplit,
+    ) -> Result<(), OpError>;
+}
+
+/// What takes the domain's ops one by one: a host's domain being built.
+pub trait Registry {
+    type Error;
+    fn add<Op: NeedleOp>(&mut self) -> Result<(), Self::Error>;
+}
+
+/// Hands every op of the domain to `registry`.
+pub fn register_all<R: Registry>(registry: &mut R) -> Result<(), R::Error> {
+    registry.add::<CqMatMul>()?;
+    registry.add::<Sinkhorn>()
+}
+
+/// `Op`'s error: `needle.<op>: <what>`.
+pub fn op_error<Op: NeedleOp>(what: impl std::fmt::Display) -> OpError {
+    OpError(format!("{DOMAIN}.{}: {what}", Op::NAME))
+}
+
+/// A non-negative integer attribute of `Op`, or the error that names it.
+fn size_attribute<Op: NeedleOp>(
+    attribute: &dyn Fn(&str) -> Option<i64>,
+    name: &str,
+) -> Result<usize, OpError> {
+    attribute(name)
+        .and_then(|v| usize::try_from(v).ok())
+        .ok_or_else(|| op_error::<Op>(format!("no attribute {name}")))
+}
