@@ -89,7 +89,9 @@ fn runs_an_input_and_reads_metadata() {
     let outputs = session
         .run(ort::inputs!["x" => Tensor::from_array(([2usize, 3], x)).expect("tensor")])
         .expect("run");
-    let (shape, y) = outputs["y"].try_extract_tensor::<f32>().expect("f32 output");
+    let (shape, y) = outputs["y"]
+        .try_extract_tensor::<f32>()
+        .expect("f32 output");
     assert_eq!(&shape[..], &[2, 3]);
     assert_eq!(y, [1.0, 3.0, 5.0, -1.0, 2.0, 21.0]);
 }
