@@ -15,17 +15,7 @@ use serde_json::Value;
 use std::path::Path;
 use std::process::{Command, Output};
 use support::generate_refs;
-use test_support::{fixture, scratch};
-
-/// Fixtures with upstream greedy generations (`<model>.generate.json`), both generations.
-const MODELS: [&str; 6] = [
-    "m48",
-    "m64",
-    "m96",
-    "needle3/n3a",
-    "needle3/n3b",
-    "needle3/n3c",
-];
+use test_support::{fixture, scratch, GENERATING_MODELS as MODELS};
 
 fn run(args: &[&str], cache: Option<&Path>) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_needle-run"));

@@ -23,15 +23,7 @@ pub const MODELS: [&str; 9] = [
     "needle3/n3a_d4",
 ];
 
-/// The models with upstream greedy generations (`<model>.generate.json`).
-pub const GENERATING_MODELS: [&str; 6] = [
-    "m48",
-    "m64",
-    "m96",
-    "needle3/n3a",
-    "needle3/n3b",
-    "needle3/n3c",
-];
+pub use test_support::GENERATING_MODELS;
 
 /// One upstream reference case: ids `[batch, seq]`, real lengths, logits `[batch, seq, vocab]`.
 pub struct Case {

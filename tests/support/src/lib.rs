@@ -15,6 +15,16 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// The models with upstream greedy generations (`<model>.generate.json`).
+pub const GENERATING_MODELS: [&str; 6] = [
+    "m48",
+    "m64",
+    "m96",
+    "needle3/n3a",
+    "needle3/n3b",
+    "needle3/n3c",
+];
+
 /// `tests/fixtures/<name>`.
 pub fn fixture(name: &str) -> PathBuf {
     repo_root().join("tests/fixtures").join(name)
