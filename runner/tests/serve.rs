@@ -876,7 +876,7 @@ fn openai_agents_call_tools_through_the_responses_api() {
 /// one tool's parameters, its call's arguments the answer): the content is JSON the schema
 /// validates (Python `jsonschema`, in the script), the README query's right arguments, the
 /// same streamed, the arguments of the named-tool call of the same query, and through the
-/// SDK's `parse` with a Pydantic model, a value of that model.
+/// SDK's `parse` with a Pydantic model, a value of that model; `json_object`, a JSON object.
 #[test]
 fn structured_output_is_the_schema_tools_call() {
     let tools: Value = serde_json::from_str(runner::load::DEMO_TOOLS).unwrap();
@@ -912,10 +912,10 @@ fn structured_output_is_the_schema_tools_call() {
         Some("response_format"),
         "without tools",
     );
-    refused(
-        &got["json_object"],
-        400,
-        Some("response_format"),
-        "json_schema",
-    );
+    // json_object: any object (the demo was not trained on it, so only the form is checked:
+    // Python's json parses the content into a dict, whole and streamed alike).
+    let object = &got["json_object"];
+    assert_eq!(object["is_object"], true, "{object}");
+    assert_eq!(object["finish_reason"], "stop", "{object}");
+    assert_eq!(object["streamed_content"], object["content"], "{object}");
 }

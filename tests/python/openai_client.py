@@ -444,11 +444,26 @@ def structured(spec):
                 model="needle-demo", messages=user, response_format=fmt, tools=openai_tools([tool])
             )
         ),
-        "json_object": refusal(
-            lambda: client.chat.completions.create(
-                model="needle-demo", messages=user, response_format={"type": "json_object"}
-            )
-        ),
+        "json_object": json_object(client, user),
+    }
+
+
+def json_object(client, user):
+    """`response_format` `json_object`: whatever object the model writes, whole and streamed."""
+    fmt = {"type": "json_object"}
+    whole = client.chat.completions.create(model="needle-demo", messages=user, response_format=fmt, max_tokens=96)
+    streamed = ""
+    for chunk in client.chat.completions.create(
+        model="needle-demo", messages=user, response_format=fmt, max_tokens=96, stream=True
+    ):
+        for choice in chunk.choices:
+            streamed += choice.delta.content or ""
+    content = whole.choices[0].message.content
+    return {
+        "content": content,
+        "is_object": isinstance(json.loads(content), dict),
+        "finish_reason": whole.choices[0].finish_reason,
+        "streamed_content": streamed,
     }
 
 

@@ -135,8 +135,8 @@ pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
         Some(_) if !tools.is_empty() => {
             return Err(invalid(
                 "response_format",
-                "a json_schema response_format is answered as the call of one tool whose \
-                 parameters are the schema; send it without tools",
+                "a json_schema or json_object response_format is answered as the call of one \
+                 tool whose parameters are the schema; send it without tools",
             ))
         }
         Some(tool) => {
@@ -247,7 +247,8 @@ pub fn parse(body: &Value) -> Result<ChatRequest, Invalid> {
 
 /// `response_format` `json_schema` as the tool whose one call answers it (upstream's
 /// `needle.extract(text, schema)`: the schema is the only tool's parameters), in the
-/// trained form; `None` for text answers.
+/// trained form; `json_object` as such a tool whose parameters are any object; `None` for
+/// text answers.
 fn schema_tool(format: Option<&Value>) -> Result<Option<Value>, Invalid> {
     let Some(format) = format.filter(|f| !f.is_null()) else {
         return Ok(None);
@@ -281,11 +282,14 @@ fn schema_tool(format: Option<&Value>) -> Result<Option<Value>, Invalid> {
             }
             Ok(Some(trained_form(&function)))
         }
-        Some("json_object") => Err(invalid(
-            "response_format",
-            "json_object has no schema to decode under (the grammar closes every object to \
-             its declared keys); give a json_schema",
-        )),
+        // Any object: the grammar closes objects only where a schema does not say otherwise,
+        // so the open `additionalProperties` stays in what is decoded (and rendered, being
+        // what the answer may be).
+        Some("json_object") => Ok(Some(json!({
+            "name": "json_object",
+            "description": "Answers with one JSON object.",
+            "parameters": {"type": "object", "additionalProperties": true},
+        }))),
         Some(other) => Err(invalid(
             "response_format",
             format!("response_format {other:?} is not supported"),
