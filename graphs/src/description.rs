@@ -458,7 +458,8 @@ mod tests {
             .into_iter()
             .collect();
         let without = |key: &str| {
-            ExportDescription::from_metadata(|k| (k != key).then(|| meta[k].clone())).unwrap_err()
+            ExportDescription::from_metadata(|k| meta.get(k).filter(|_| k != key).cloned())
+                .unwrap_err()
         };
         assert_eq!(
             without(keys::PRECISION),
