@@ -64,7 +64,7 @@ impl NeedleModel {
         sequence: usize,
     ) -> Result<Vec<u8>, String> {
         let desc = self.describe(opts);
-        accelerator::check(&desc)?;
+        accelerator::check(&desc, target)?;
         Ok(accelerator::build(&desc, &self.weights, target, sequence).encode_to_vec())
     }
 }

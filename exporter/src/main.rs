@@ -53,8 +53,9 @@ struct Args {
     genai: bool,
     /// Write the static-shape graphs for an accelerator's execution provider instead:
     /// `OUT.onnx` takes one token a call (decode), `OUT.prefill.onnx` a chunk; fixed
-    /// batch and cache capacity, ops CoreML and NNAPI take (fp32, float weights; not with
-    /// --attention, --genai, --onnxruntime).
+    /// batch and cache capacity, ops CoreML and NNAPI take (float weights; fp16 for coreml
+    /// and tensorrt, nnapi's through its EP option; not with --attention, --genai,
+    /// --onnxruntime).
     #[arg(long, value_parser = spelled::<AcceleratorTarget>())]
     target: Option<AcceleratorTarget>,
     /// Export the N-layer ladder rung of a Needle 3 model (2 to its depth), its blocks

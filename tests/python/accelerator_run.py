@@ -27,6 +27,7 @@ import onnxruntime as ort
 from safetensors.numpy import load_file
 
 EOS = 1
+FLOAT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 DECODE_STEPS = 40
 
 
@@ -36,6 +37,8 @@ class Session:
         options.intra_op_num_threads = 1
         self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         self.inputs = {i.name: i.shape for i in self.session.get_inputs()}
+        # float32, or float16 for a `--precision fp16` graph: the cache and mask's type.
+        self.float = FLOAT_TYPES[{i.name: i.type for i in self.session.get_inputs()}["attention_mask"]]
         self.outputs = [o.name for o in self.session.get_outputs()]
         self.window = self.inputs["token_window"][1]
         self.sequence = self.inputs["position_ids"][1]
@@ -46,10 +49,10 @@ class Row:
     """One row's fixed-capacity cache and its tokens so far."""
 
     def __init__(self, decode):
-        self.pasts = {n: np.zeros(s, np.float32) for n, s in decode.inputs.items()
+        self.pasts = {n: np.zeros(s, decode.float) for n, s in decode.inputs.items()
                       if n.startswith("past_key_values.")}
         self.capacity = decode.inputs["attention_mask"][1]
-        self.mask = np.zeros((1, self.capacity), np.float32)
+        self.mask = np.zeros((1, self.capacity), decode.float)
         self.tokens = []
 
     def call(self, graph, tokens):

@@ -188,7 +188,7 @@ impl ExportFiles {
             let desc = model.describe(opts);
             let checked = match graph {
                 Graph::Stock(_) => desc.check(),
-                Graph::Accelerator { .. } => accelerator::check(&desc),
+                Graph::Accelerator { target, .. } => accelerator::check(&desc, *target),
             };
             if let Err(e) = checked {
                 bail!("{}: {e}", model.source.file_name);

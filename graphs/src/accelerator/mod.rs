@@ -76,10 +76,19 @@ impl FixedShape {
     }
 }
 
-/// What an accelerator graph cannot be yet, or `Ok`: float32 dense weights.
-pub fn check(desc: &ExportDescription) -> Result<(), String> {
-    if desc.variant.precision != Precision::Fp32 {
-        return Err("accelerator graphs (--target) are float32 only so far".into());
+/// What an accelerator graph for `target` cannot be yet, or `Ok`: dense float weights,
+/// float32, or float16 where the target's execution provider takes float16 tensors
+/// (CoreML's MLProgram, TensorRT). onnxruntime's NNAPI EP takes float32 tensors only and
+/// runs them in fp16 when asked (`NNAPI_FLAG_USE_FP16`), so fp16 there is a session
+/// option on the float32 graph.
+pub fn check(desc: &ExportDescription, target: AcceleratorTarget) -> Result<(), String> {
+    if desc.variant.precision == Precision::Fp16 && target == AcceleratorTarget::Nnapi {
+        return Err(
+            "--target nnapi graphs are float32 (onnxruntime's NNAPI EP takes no \
+                    float16 tensors): export without --precision fp16 and run it in fp16 \
+                    with the NNAPI EP's NNAPI_FLAG_USE_FP16"
+                .into(),
+        );
     }
     if desc.variant.matmul_weights != MatMulWeights::Float {
         return Err("accelerator graphs (--target) take --weights float only".into());
@@ -97,7 +106,7 @@ pub fn build(
     target: AcceleratorTarget,
     sequence: usize,
 ) -> ModelProto {
-    check(desc).expect("the caller checks the description first");
+    check(desc, target).expect("the caller checks the description first");
     match (&desc.config, weights) {
         (ModelConfig::Needle2(cfg), ModelWeights::Needle2(w)) => {
             build_stream(desc, cfg, w, target, sequence)
