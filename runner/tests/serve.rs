@@ -919,3 +919,21 @@ fn structured_output_is_the_schema_tools_call() {
     assert_eq!(object["finish_reason"], "stop", "{object}");
     assert_eq!(object["streamed_content"], object["content"], "{object}");
 }
+
+/// The accelerator graphs (batch 1, static shapes: what CoreML and TensorRT get) behind the
+/// server: requests sent at once are decoded one after another, each answered with the
+/// calls the stock graph gives it.
+#[test]
+fn the_accelerator_graphs_serve_requests_sent_at_once() {
+    let queries = held_out(4);
+    let server = Server::start(&["--graph", "accelerator"]);
+    let got = server.client("at_once", json!({"queries": queries}));
+    let mut runner = serving_demo();
+    let answers = got["answers"].as_array().unwrap();
+    assert_eq!(answers.len(), queries.len(), "{got}");
+    for (q, answer) in queries.iter().zip(answers) {
+        assert_eq!(calls(answer), one_at_a_time(&mut runner, q, None), "{q}");
+        assert!(answer["needle"]["confidence"].is_null(), "{answer}");
+    }
+    assert!(server.stderr.lock().unwrap().contains("--max-batch 1"));
+}

@@ -467,6 +467,14 @@ def json_object(client, user):
     }
 
 
+def at_once(spec):
+    """Every query at once, each on its own connection."""
+    client = OpenAI(base_url=spec["base_url"], api_key="not-needed", max_retries=0)
+    queries = spec["queries"]
+    with concurrent.futures.ThreadPoolExecutor(len(queries)) as pool:
+        return {"answers": list(pool.map(lambda q: message_of(ask(client, q)), queries))}
+
+
 if __name__ == "__main__":
     spec = json.load(sys.stdin)
     scenario = {
@@ -479,5 +487,6 @@ if __name__ == "__main__":
         "stops": stops,
         "choices": choices,
         "structured": structured,
+        "at_once": at_once,
     }[spec["scenario"]]
     json.dump(scenario(spec), sys.stdout)
