@@ -8,7 +8,7 @@
 
 use crate::cache::fixed::{push_rows, write_slots, FixedSlots};
 use crate::cache::{Cache, LayerKv};
-use crate::session::{StepInputs, StepOutput};
+use crate::step::{StepInputs, StepOutput};
 use anyhow::{anyhow, bail, Context, Result};
 use graphs::accelerator::FixedShape;
 use graphs::config::ModelConfig;

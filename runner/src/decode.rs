@@ -3,7 +3,8 @@
 //! how a token is picked ([`Sampler`]) and restricted ([`TokenFilter`]), what a run
 //! gives back ([`Decoded`]), and a prompt's prefill in the run plan's pieces.
 
-use crate::session::{NeedleSession, StepOutput};
+use crate::session::NeedleSession;
+use crate::step::StepOutput;
 use anyhow::{bail, Result};
 
 /// How the next token is chosen from the last position's logits.

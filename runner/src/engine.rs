@@ -14,7 +14,8 @@
 use crate::cache::rows::{self, padded_mask, RowCache};
 use crate::cache::Cache;
 use crate::decode::{self, check_prompt, Decoded, GenerateOptions, Sampler, TokenFilter};
-use crate::session::{NeedleSession, StepInputs};
+use crate::session::NeedleSession;
+use crate::step::StepInputs;
 use anyhow::{Context, Result};
 use std::time::Instant;
 

@@ -21,6 +21,7 @@ pub mod provider;
 pub mod python_json;
 pub mod serve;
 pub mod session;
+pub mod step;
 pub mod stream;
 pub mod tool_list;
 pub mod tool_schema;

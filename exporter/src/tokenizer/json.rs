@@ -2,8 +2,7 @@
 //! (read by its Python package, transformers.js and onnxruntime-extensions), written key
 //! for key as `tokenizers` 0.22 serializes such a tokenizer; and that document read back.
 
-use super::normalizer::Normalizer;
-use super::SPACE;
+use super::normalizer::{Normalizer, SPACE};
 use anyhow::{anyhow, bail, Result};
 use serde_json::{json, Map, Value};
 

@@ -22,10 +22,9 @@ use anyhow::{anyhow, bail, Result};
 use bpe::Bpe;
 use json::Document;
 pub(crate) use normalizer::regex_escape;
-use normalizer::{Normalizer, Segment};
+use normalizer::{Normalizer, Segment, SPACE};
 use std::collections::HashMap;
 
-const SPACE: char = '▁';
 const UNK_SURFACE: &str = " \u{2047} ";
 
 /// The special ids of a tokenizer (the `.cact` blob header).
@@ -101,12 +100,14 @@ impl NeedleTokenizer {
             .enumerate()
             .map(|(id, text)| {
                 let id = id as u32;
-                let kind = if id == special.unk {
+                // Markers first: a blob may make a special id a user-defined piece, and
+                // `from_spec` then treats it as a marker.
+                let kind = if document.markers.contains(&id) {
+                    PieceKind::UserDefined
+                } else if id == special.unk {
                     PieceKind::Unknown
                 } else if [special.pad, special.eos, special.bos].contains(&id) {
                     PieceKind::Control
-                } else if document.markers.contains(&id) {
-                    PieceKind::UserDefined
                 } else if Piece::is_byte_text(&text) {
                     PieceKind::Byte
                 } else {

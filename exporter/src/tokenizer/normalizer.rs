@@ -2,8 +2,10 @@
 //! chat markers cut out of it, as the `tokenizer.json` this crate writes has HF do it
 //! (a `Sequence` normalizer, then normalized added tokens matched leftmost-longest).
 
-use super::SPACE;
 use serde_json::{json, Value};
+
+/// sentencepiece's meta symbol for a space.
+pub(super) const SPACE: char = '▁';
 
 pub(super) struct Normalizer {
     remove_extra_whitespaces: bool,

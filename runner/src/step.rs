@@ -1,0 +1,68 @@
+//! One forward call's inputs and outputs, shared by the stock session and the
+//! accelerator graphs' driver.
+
+use crate::cache::Cache;
+
+/// One step's inputs for `batch` rows, row-major: `input_ids` `[batch, sequence]`,
+/// `attention_mask` `[batch, cache.len() + sequence]` (every column of the cache and the
+/// new ones; 0 for padding, which goes after a row's tokens) and `position_ids`
+/// `[batch, sequence]` (each token's position in its own row).
+#[derive(Clone, Debug)]
+pub struct StepInputs {
+    pub input_ids: Vec<i64>,
+    pub attention_mask: Vec<i64>,
+    pub position_ids: Vec<i64>,
+    pub batch: usize,
+}
+
+impl StepInputs {
+    /// `batch` rows of equal length after `past` real tokens each: every token real.
+    /// ([`crate::session::NeedleSession::step`] reports ids that do not split into `batch` rows.)
+    pub fn dense(input_ids: &[i64], batch: usize, past: usize) -> Self {
+        let seq = input_ids.len().checked_div(batch).unwrap_or(0);
+        let row: Vec<i64> = (past..past + seq).map(|p| p as i64).collect();
+        StepInputs {
+            input_ids: input_ids.to_vec(),
+            attention_mask: vec![1; batch * (past + seq)],
+            position_ids: row.repeat(batch),
+            batch,
+        }
+    }
+
+    /// `rows` of different lengths from an empty cache, padded on the right to the longest
+    /// with `pad` (mask 0, position 0).
+    pub fn right_padded(rows: &[&[u32]], pad: i64) -> Self {
+        let batch = rows.len();
+        let longest = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+        let mut inputs = StepInputs {
+            input_ids: Vec::with_capacity(batch * longest),
+            attention_mask: Vec::with_capacity(batch * longest),
+            position_ids: Vec::with_capacity(batch * longest),
+            batch,
+        };
+        for row in rows {
+            for i in 0..longest {
+                let token = row.get(i);
+                inputs.input_ids.push(token.map_or(pad, |&t| i64::from(t)));
+                inputs.attention_mask.push(i64::from(token.is_some()));
+                inputs
+                    .position_ids
+                    .push(if token.is_some() { i as i64 } else { 0 });
+            }
+        }
+        inputs
+    }
+}
+
+/// Output of one step.
+pub struct StepOutput {
+    /// `[batch, sequence, vocab]`, row-major.
+    pub logits: Vec<f32>,
+    /// `[batch]`: the confidence head's logit over this step's tokens, when the graph has
+    /// the head (see `names::CONFIDENCE_LOGIT`).
+    pub confidence_logit: Option<Vec<f32>>,
+    /// `[batch, contrastive_dim]`, row-major: the contrastive head's unit-norm embedding of
+    /// this step's tokens, when the graph has the head (see `names::CONTRASTIVE_EMBEDDING`).
+    pub contrastive_embedding: Option<Vec<f32>>,
+    pub cache: Cache,
+}
