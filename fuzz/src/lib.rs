@@ -10,7 +10,7 @@
 use exporter::cact::{file_generation, CactError, Needle2File, Needle3File, TokenizerSpec};
 use exporter::export::ExportOptions;
 use exporter::model::NeedleModel;
-use exporter::tokenizer::NeedleTokenizer;
+use exporter::tokenizer::{NeedleTokenizer, SpecialIds};
 use graphs::contract::{
     AttentionKind, FusedOp, Generation, MatMulWeights, Precision, RuntimeTarget, Variant,
 };
@@ -147,21 +147,37 @@ pub fn tokenizer_blob(data: &[u8]) {
     }
 }
 
-/// Builds the `tokenizers` BPE from the pieces, encodes [`TEXT`], decodes the
-/// result, every id of the vocabulary and a few ids past it, and serializes.
+/// Builds the BPE tokenizer from the pieces, encodes [`TEXT`] and a text made of every piece
+/// (so each chat marker is cut out somewhere, next to other markers and pieces), decodes the
+/// results, every id of the vocabulary and a few ids past it, and writes its
+/// `tokenizer.json` and reads it back.
 pub fn tokenizer(spec: &TokenizerSpec) {
     let Ok(tok) = NeedleTokenizer::from_spec(spec, true) else {
         return;
     };
-    let ids = tok.encode(TEXT);
-    let _ = tok.decode(&ids);
+    let every_piece: String = spec.pieces.iter().map(|p| p.text.as_str()).collect();
+    for text in [TEXT, &every_piece, "", " "] {
+        let ids = tok.encode(text);
+        let _ = tok.decode(&ids);
+    }
     let n = spec.pieces.len() as u32;
     let mut all: Vec<u32> = (0..n).collect();
     all.extend([n, n.wrapping_add(1), u32::MAX]);
     let _ = tok.decode(&all);
-    let _ = tok.encode("");
-    let _ = tok.encode(" ");
-    let _ = tok.to_json();
+    let json = tok.to_json();
+    let special = SpecialIds {
+        pad: spec.pad_id,
+        eos: spec.eos_id,
+        bos: spec.bos_id,
+        unk: spec.unk_id,
+    };
+    let back = NeedleTokenizer::from_json(&json, special, spec.add_dummy_prefix, true)
+        .expect("a written tokenizer.json reads back");
+    assert_eq!(
+        back.encode(TEXT),
+        tok.encode(TEXT),
+        "tokenizer.json encodes alike"
+    );
     let _ = tok.token_id("<|im_end|>");
 }
 
