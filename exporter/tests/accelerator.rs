@@ -32,6 +32,11 @@ const BOUND: f64 = 1e-5;
 const FP16_BOUND: f64 = 6e-3;
 /// `--precision fp16` (for CoreML's MLProgram and TensorRT, which take float16 tensors).
 const FP16: &[&str] = &["--precision", "fp16"];
+/// The models whose every layer attends over a sliding window, so that their cache is a
+/// ring of the window's slots: m64w's 24 keys (Needle 2's `kv_window`), which its
+/// 120-token case wraps five times; n3c's 20 (Needle 3, no global layer), wrapped by its
+/// generations' prompts and 40-step cases.
+const RINGS: [(&str, u64); 2] = [("m64w", 24), ("needle3/n3c", 20)];
 /// Cached decode steps, and prefill chunks, that some case of each model must take.
 const MIN_DECODE_STEPS: u64 = 32;
 const MIN_PREFILL_CHUNKS: u64 = 2;
@@ -202,7 +207,7 @@ fn the_fp16_accelerator_graphs_match_upstream_through_prefill_chunks_and_decode_
 
 /// The `--target coreml` graphs (and `extra`) of every fixture on the CPU EP: logits within
 /// `bound` of upstream's through prefill chunks and decode steps, upstream's greedy
-/// generations token for token.
+/// generations token for token; a ring for the models of [`RINGS`] only.
 fn match_upstream(extra: &[&str], bound: f64, scratch_name: &str) {
     let dir = scratch(scratch_name);
     for model in FIXTURES {
@@ -217,6 +222,11 @@ fn match_upstream(extra: &[&str], bound: f64, scratch_name: &str) {
         }
         let report = run_json("accelerator_run.py", &args);
         println!("{model}: {}", report["cases"]);
+        let ring = RINGS
+            .iter()
+            .find(|(m, _)| *m == model)
+            .map(|&(_, slots)| slots);
+        assert_eq!(report["ring_slots"].as_u64(), ring, "{model}'s cache");
         for (case, err) in report["cases"].as_object().unwrap() {
             let err = err.as_f64().unwrap();
             assert!(err <= bound, "{model} case {case}: {err}");

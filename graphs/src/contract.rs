@@ -32,6 +32,10 @@ pub mod names {
     /// none), then this call's `sequence` tokens (0 after the row's last in a prompt's
     /// final chunk).
     pub const TOKEN_WINDOW: &str = "token_window";
+    /// Accelerator graphs whose cache is a ring (`keys::CACHE_RING`): `int32 [batch,
+    /// cache_capacity]`, the position of the token each slot holds (any value where
+    /// `attention_mask` says the slot holds none).
+    pub const CACHE_POSITIONS: &str = "cache_positions";
     const NEW_KV_PREFIX: &str = "new_key_values.";
     const PAST_KV_PREFIX: &str = "past_key_values.";
 
@@ -162,9 +166,12 @@ pub mod keys {
     pub const TOKEN_HISTORY: &str = "needle.token_history_layer";
     pub const PAST_PRESENT_SHARE_BUFFER: &str = "needle.past_present_share_buffer";
     /// An accelerator graph's execution provider (`super::AcceleratorTarget`), its cache
-    /// capacity and the fixed number of tokens it takes per call.
+    /// capacity, whether the cache is a ring (`true`: position `p` in slot `p mod
+    /// capacity`, the graph reading `names::CACHE_POSITIONS`; `false` or absent: slot `p`)
+    /// and the fixed number of tokens it takes per call.
     pub const TARGET: &str = "needle.target";
     pub const CACHE_CAPACITY: &str = "needle.cache_capacity";
+    pub const CACHE_RING: &str = "needle.cache_ring";
     pub const FIXED_SEQUENCE: &str = "needle.fixed_sequence";
     pub const TOKENIZER: &str = "needle.tokenizer";
     /// Lowercase hex SHA-256 of the tokenizer file's bytes, so a runtime can tell it is

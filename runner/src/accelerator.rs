@@ -2,11 +2,12 @@
 //! graph interface"): a prompt through the prefill graph in chunks of its fixed sequence
 //! (the last one padded), then one token a call through the decode graph, both reading
 //! the caller's fixed-capacity cache ([`crate::cache::fixed`]) and returning only their
-//! own tokens' keys and values, which are written into it at their positions. Batch 1;
+//! own tokens' keys and values, which are written into it at their positions' slots (a
+//! ring's, for a model whose every layer attends over a sliding window). Batch 1;
 //! no probe heads. [`crate::session::NeedleSession`] hands its steps here when its graph
 //! is the decode graph of such a pair.
 
-use crate::cache::fixed::{push_rows, write_slots, FixedSlots};
+use crate::cache::fixed::{push_rows, slot_runs, write_slots, FixedSlots};
 use crate::cache::{Cache, LayerKv};
 use crate::step::{StepInputs, StepOutput};
 use anyhow::{anyhow, bail, Context, Result};
@@ -22,8 +23,12 @@ pub struct AcceleratorGraphs {
     prefill: Session,
     /// Tokens per prefill call.
     chunk: usize,
-    /// Cache slots: the most tokens a row may have.
-    capacity: usize,
+    /// Cache slots.
+    slots: usize,
+    /// Whether the slots are a ring (position `p` in slot `p mod slots`).
+    ring: bool,
+    /// The most tokens a row may have: the model's `max_seq_len`, or the slots when fewer.
+    max_positions: usize,
     /// Tokens before a call that `token_window` carries (`engram_history`).
     history: usize,
     vocab: usize,
@@ -71,7 +76,7 @@ impl AcceleratorGraphs {
                 shape.sequence
             );
         }
-        if prefill_shape.capacity != shape.capacity
+        if (prefill_shape.capacity, prefill_shape.ring) != (shape.capacity, shape.ring)
             || prefill_description.source != description.source
         {
             bail!("the prefill graph is not of the same export as the decode graph");
@@ -99,7 +104,13 @@ impl AcceleratorGraphs {
         let graphs = AcceleratorGraphs {
             prefill,
             chunk: prefill_shape.sequence,
-            capacity: shape.capacity,
+            slots: shape.capacity,
+            ring: shape.ring,
+            max_positions: if shape.ring {
+                config.max_seq_len()
+            } else {
+                shape.capacity
+            },
             history: window[1] - shape.sequence,
             vocab: config.output_vocab(),
             layers,
@@ -112,17 +123,20 @@ impl AcceleratorGraphs {
     fn check_interface(&self, decode: &Session) -> Result<()> {
         for (graph, session) in [("decode", decode), ("prefill", &self.prefill)] {
             let inputs: Vec<&str> = session.inputs().iter().map(|i| i.name()).collect();
+            let ring = self.ring.then_some(names::CACHE_POSITIONS);
             let fixed = [
                 names::TOKEN_WINDOW,
                 names::POSITION_IDS,
                 names::ATTENTION_MASK,
-            ];
+            ]
+            .into_iter()
+            .chain(ring);
             let pasts = self
                 .layers
                 .iter()
                 .flat_map(|n| [n.past_key.as_str(), n.past_value.as_str()])
                 .chain(self.conv.iter().map(|(past, _)| past.as_str()));
-            for name in fixed.into_iter().chain(pasts) {
+            for name in fixed.chain(pasts) {
                 if !inputs.contains(&name) {
                     bail!("not a needle-export accelerator graph: the {graph} graph has no input {name}");
                 }
@@ -131,19 +145,20 @@ impl AcceleratorGraphs {
         Ok(())
     }
 
-    /// A row's empty cache with room for `tokens`: buffers of the graphs' capacity, zeros.
+    /// A row's empty cache with room for `tokens` positions: buffers of the graphs'
+    /// capacity, zeros.
     pub fn new_cache(
         &self,
         decode: &Session,
         config: &ModelConfig,
         tokens: usize,
     ) -> Result<Cache> {
-        if tokens > self.capacity {
+        if tokens > self.max_positions {
             bail!(
-                "the prompt and the tokens to generate need {tokens} cache slots; the \
-                 accelerator graphs have {} (the model's max_seq_len): ask for fewer tokens \
+                "the prompt and the tokens to generate need {tokens} positions; the \
+                 accelerator graphs take {} (the model's max_seq_len): ask for fewer tokens \
                  (--max-new-tokens) or use the stock graphs (--graph stock)",
-                self.capacity
+                self.max_positions
             );
         }
         let zeros = |name: &str| -> Result<DynValue> {
@@ -168,14 +183,20 @@ impl AcceleratorGraphs {
             .iter()
             .map(|(past, _)| zeros(past))
             .collect::<Result<_>>()?;
+        let positions = self
+            .ring
+            .then(|| Tensor::<i32>::from_array(([1, self.slots], vec![0; self.slots])))
+            .transpose()?
+            .map(Tensor::into_dyn);
         debug_assert_eq!(self.layers.len(), config.num_layers());
         Ok(Cache {
             layers,
             qkv_conv,
             len: 0,
-            capacity: Some(self.capacity),
+            capacity: Some(self.max_positions),
             fixed: Some(FixedSlots {
                 mask: zeros(names::ATTENTION_MASK)?,
+                positions,
                 recent: Vec::new(),
                 history: self.history,
             }),
@@ -208,11 +229,11 @@ impl AcceleratorGraphs {
         if !in_order || attention_mask.iter().any(|&m| m != 1) {
             bail!("the accelerator graphs take a row's tokens in order, without padding");
         }
-        if p0 + n > self.capacity {
+        if p0 + n > self.max_positions {
             bail!(
-                "{} tokens do not fit the accelerator graphs' cache of {} slots",
+                "{} tokens do not fit the accelerator graphs' {} positions",
                 p0 + n,
-                self.capacity
+                self.max_positions
             );
         }
         let mut logits = Vec::with_capacity(n * self.vocab);
@@ -244,7 +265,9 @@ impl AcceleratorGraphs {
         let AcceleratorGraphs {
             prefill,
             chunk,
-            capacity,
+            slots,
+            ring,
+            max_positions,
             vocab,
             layers,
             conv,
@@ -260,9 +283,9 @@ impl AcceleratorGraphs {
             .as_ref()
             .context("not the accelerator graphs' cache")?;
         let window = fixed.token_window(tokens, sequence);
-        // A padded chunk's padding may take any position below the capacity.
+        // A padded chunk's padding may take any position the model has.
         let positions: Vec<i32> = (p0..p0 + sequence)
-            .map(|p| p.min(*capacity - 1) as i32)
+            .map(|p| p.min(*max_positions - 1) as i32)
             .collect();
         let window = Tensor::<i32>::from_array(([1, window.len()], window))?;
         let positions = Tensor::<i32>::from_array(([1, sequence], positions))?;
@@ -270,6 +293,9 @@ impl AcceleratorGraphs {
         binding.bind_input(names::TOKEN_WINDOW, &window)?;
         binding.bind_input(names::POSITION_IDS, &positions)?;
         binding.bind_input(names::ATTENTION_MASK, &fixed.mask)?;
+        if let Some(slot_positions) = &fixed.positions {
+            binding.bind_input(names::CACHE_POSITIONS, slot_positions)?;
+        }
         let host = session.allocator().memory_info();
         for (n, kv) in layers.iter().zip(&cache.layers) {
             binding.bind_input(n.past_key.as_str(), &kv.key)?;
@@ -286,15 +312,16 @@ impl AcceleratorGraphs {
             .run_binding(&binding)
             .context("onnxruntime run failed")?;
         logits.extend_from_slice(&floats(&outputs, names::LOGITS)?[..n * *vocab]);
+        let runs = slot_runs(p0, n, *slots, *ring);
         for (names, kv) in layers.iter().zip(cache.layers.iter_mut()) {
-            write_slots(&mut kv.key, floats(&outputs, &names.new_key)?, p0, n)?;
-            write_slots(&mut kv.value, floats(&outputs, &names.new_value)?, p0, n)?;
+            write_slots(&mut kv.key, floats(&outputs, &names.new_key)?, &runs)?;
+            write_slots(&mut kv.value, floats(&outputs, &names.new_value)?, &runs)?;
         }
         for ((_, new), state) in conv.iter().zip(cache.qkv_conv.iter_mut()) {
             push_rows(state, floats(&outputs, new)?, n)?;
         }
         drop(outputs);
-        cache.fill_slots(tokens, p0)
+        cache.fill_slots(tokens, p0, &runs)
     }
 }
 

@@ -109,7 +109,7 @@ fn a_prompt_and_budget_past_the_cache_is_one_error_line() {
     let r = &generate_refs("m64")[0];
     let prompt = r["prompt"].as_str().unwrap();
     let cact = fixture("m64.cact").display().to_string();
-    // 108 prompt tokens and 200 more do not fit m64's 256 slots.
+    // 108 prompt tokens and 200 more do not fit m64's 256 positions.
     let args = [
         "--model",
         &cact,
@@ -126,7 +126,7 @@ fn a_prompt_and_budget_past_the_cache_is_one_error_line() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(
-        err.contains("308 cache slots") && err.contains("256"),
+        err.contains("308 positions") && err.contains("256"),
         "{err}"
     );
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");

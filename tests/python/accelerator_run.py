@@ -4,7 +4,9 @@ Usage: accelerator_run.py DECODE.onnx PREFILL.onnx CASES.safetensors [GENERATE.j
 
 Drives the graphs the way their interface says (graphs/src/accelerator/mod.rs): a cache of
 fixed capacity owned here, each call's `new_key_values.*` written into it at the tokens'
-positions, `attention_mask` marking the filled slots, `token_window` the row's last W
+positions (a ring, when the graph takes `cache_positions`: position p in slot p mod the
+capacity, `cache_positions` saying which position each slot holds), `attention_mask`
+marking the filled slots, `token_window` the row's last W
 tokens before the call then the call's own (a final prefill chunk padded with zeros), and
 Needle 3's QKV-conv state: the row's last raw projections each call returned.
 
@@ -17,7 +19,8 @@ Needle 3's QKV-conv state: the row's last raw projections each call returned.
    decode steps until EOS (id 1) or as many tokens as upstream generated.
 
 Prints one JSON object: `{"cases": {"<run>": error}, "prefill_chunks": {"<run>": chunks},
-"decode_steps": {"<run>": steps}, "generations": [{"expected": [...], "got": [...]}]}`.
+"decode_steps": {"<run>": steps}, "generations": [{"expected": [...], "got": [...]}],
+"ring_slots": slots or null}`.
 """
 import json
 import sys
@@ -43,6 +46,10 @@ class Session:
         self.window = self.inputs["token_window"][1]
         self.sequence = self.inputs["position_ids"][1]
         self.history = self.window - self.sequence
+        self.ring = "cache_positions" in self.inputs
+        # A ring's slots are fewer than the positions the model takes (RoPE's table).
+        meta = self.session.get_modelmeta().custom_metadata_map
+        self.max_positions = int(meta["needle.max_seq_len"])
 
 
 class Row:
@@ -53,18 +60,27 @@ class Row:
                       if n.startswith("past_key_values.")}
         self.capacity = decode.inputs["attention_mask"][1]
         self.mask = np.zeros((1, self.capacity), decode.float)
+        self.ring = decode.ring
+        self.slot_positions = np.zeros((1, self.capacity), np.int32)
+        self.max_positions = decode.max_positions
         self.tokens = []
+
+    def slots(self, p0, n):
+        """Each of a call's `n` tokens' slot, in order (a ring: later ones replace earlier)."""
+        return [(p0 + i) % self.capacity if self.ring else p0 + i for i in range(n)]
 
     def call(self, graph, tokens):
         """Runs `tokens` (at most the graph's sequence) through `graph`; their logits."""
         p0, n, s = len(self.tokens), len(tokens), graph.sequence
         before = ([0] * graph.history + self.tokens)[-graph.history:] if graph.history else []
         window = before + list(tokens) + [0] * (s - n)
-        positions = [min(p0 + i, self.capacity - 1) for i in range(s)]
+        positions = [min(p0 + i, self.max_positions - 1) for i in range(s)]
         feeds = dict(self.pasts)
         feeds["token_window"] = np.array([window], np.int32)
         feeds["position_ids"] = np.array([positions], np.int32)
         feeds["attention_mask"] = self.mask
+        if self.ring:
+            feeds["cache_positions"] = self.slot_positions
         result = dict(zip(graph.outputs, graph.session.run(graph.outputs, feeds)))
         for name, value in result.items():
             if not name.startswith("new_key_values."):
@@ -76,8 +92,11 @@ class Row:
                 rows = np.concatenate([self.pasts[past], value[:, :n]], axis=1)
                 self.pasts[past] = rows[:, -slots:]
             else:
-                self.pasts[past][:, :, p0:p0 + n] = value[:, :, :n]
-        self.mask[0, p0:p0 + n] = 1
+                for i, slot in enumerate(self.slots(p0, n)):
+                    self.pasts[past][:, :, slot] = value[:, :, i]
+        for i, slot in enumerate(self.slots(p0, n)):
+            self.mask[0, slot] = 1
+            self.slot_positions[0, slot] = p0 + i
         self.tokens.extend(tokens)
         return result["logits"][0, :n]
 
@@ -93,7 +112,8 @@ def relative_error(got, ref):
 def main(decode_path, prefill_path, cases_path, generate_path=None):
     decode, prefill = Session(decode_path), Session(prefill_path)
     cases = load_file(cases_path)
-    report = {"cases": {}, "prefill_chunks": {}, "decode_steps": {}, "generations": []}
+    report = {"cases": {}, "prefill_chunks": {}, "decode_steps": {}, "generations": [],
+              "ring_slots": decode.inputs["attention_mask"][1] if decode.ring else None}
     for name in sorted(k[:-len(".input_ids")] for k in cases if k.endswith(".input_ids")):
         if name + ".logits" not in cases:
             continue

@@ -4,16 +4,20 @@
 //! partition. One graph per fixed `sequence`: 1 for a decode step, a chunk for prefill.
 //! Batch 1. Both generations, through [`Accelerated`] (`needle2.rs`, `needle3.rs`).
 //!
-//! The cache has a fixed capacity (`max_seq_len` slots) and belongs to the caller: the
-//! graph reads it whole, with `attention_mask` saying which slots hold the row's tokens,
-//! and returns this call's keys and values, which the caller writes at the tokens'
-//! positions (in place: the cache is never copied through the graph).
+//! The cache has a fixed capacity and belongs to the caller: the graph reads it whole,
+//! with `attention_mask` saying which slots hold the row's tokens, and returns this call's
+//! keys and values, which the caller writes at the tokens' slots (in place: the cache is
+//! never copied through the graph). The capacity is `max_seq_len` slots, slot `p` holding
+//! position `p`; or, when every layer attends over a sliding window, a ring of the
+//! window's slots (position `p` in slot `p mod window`, `cache_positions` saying which
+//! position each slot holds), since no query sees further back.
 //!
 //! ```text
 //! token_window [1, W+S] ─Gather(embedding)·√d ─×1[lanes]─ Slice(last S) ─ layer × L ─ lm_head ─▶ logits [1,S,V]
 //!              └─ edge: n-gram hash, GatherElements(tables) ─▶ each engram site's rows [1,W+S,T,sub]
 //! position_ids [1, S] ─Gather(cos, sin)─ RoPE;  ─ edge: ReduceMin ≥ W−i ─▶ the window's validity
 //! attention_mask [1, C] ─1−m─ ++ causal [S,S] ─ max(window) ─·lowest─▶ bias [1,1,1,S,C+S] over past_key_values ++ this call's keys
+//! cache_positions [1, C] (a ring) ─┘ (the slots' positions for the window; else slot p: p)
 //! layer i ─▶ new_key_values.{i}.key/.value [1, KV, S, hd] (Needle 3: and .qkv_conv, this call's raw projections)
 //! ```
 //!
@@ -54,8 +58,13 @@ pub const PREFILL_CHUNK: usize = 64;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FixedShape {
     pub target: AcceleratorTarget,
-    /// Cache slots (`needle.cache_capacity`): the model's `max_seq_len`.
+    /// Cache slots (`needle.cache_capacity`): the model's `max_seq_len`, or its sliding
+    /// window when the cache is a ring.
     pub capacity: usize,
+    /// Whether the cache is a ring (`needle.cache_ring`): position `p` in slot
+    /// `p mod capacity`, the graph reading `cache_positions`. Graphs written before rings
+    /// existed lack the key: theirs is not.
+    pub ring: bool,
     /// Tokens per call (`needle.fixed_sequence`): 1, or [`PREFILL_CHUNK`].
     pub sequence: usize,
 }
@@ -71,6 +80,10 @@ impl FixedShape {
         Ok(Some(FixedShape {
             target: read.spelled(keys::TARGET)?,
             capacity: read.parsed(keys::CACHE_CAPACITY)?,
+            ring: match get(keys::CACHE_RING) {
+                Some(_) => read.parsed(keys::CACHE_RING)?,
+                None => false,
+            },
             sequence: read.parsed(keys::FIXED_SEQUENCE)?,
         }))
     }
@@ -141,6 +154,8 @@ struct Inputs {
     position_ids: Value,
     /// `float [1, C]`, 1 for the slots that hold the row's tokens.
     mask: Value,
+    /// `int32 [1, C]`, a ring's slots' positions; `None`: slot `p` holds position `p`.
+    cache_positions: Option<Value>,
     /// Each layer's cache, `[1, KV, C, hd]`.
     pasts: Vec<KvPair>,
     /// Each layer's state besides its cache, `[1, slots, width]` (none when the
@@ -171,10 +186,11 @@ fn build_stream<A: Accelerated>(
     let e = &common.engram;
     let history = e.history();
     let window = history + sequence;
-    let capacity = common.max_seq_len;
+    let ring = ring_window(cfg);
+    let capacity = ring.unwrap_or(common.max_seq_len);
     let mut b = GraphBuilder::new(Opset::V21, desc.variant.precision);
     let float = b.precision().data_type();
-    let inputs = declare_inputs(&mut b, cfg, window, sequence, capacity);
+    let inputs = declare_inputs(&mut b, cfg, window, sequence, capacity, ring.is_some());
 
     let valid = edge::window_validity(&mut b, &inputs.position_ids, history, window);
     let valid = b.cast(&valid, float);
@@ -240,8 +256,8 @@ fn build_stream<A: Accelerated>(
     declare_outputs(&mut b, cfg, &logits, &new_kvs, sequence);
     let mut model = b.finish(
         "needle",
-        doc_string(desc, sequence, capacity),
-        metadata(desc, target, sequence, capacity),
+        doc_string(desc, sequence, capacity, ring.is_some()),
+        metadata(desc, target, sequence, capacity, ring.is_some()),
     );
     // The shared blocks name some shapes with the stock graphs' symbols; here every shape
     // is fixed and shape inference finds them all, which the checker needs to see.
@@ -249,6 +265,17 @@ fn build_stream<A: Accelerated>(
         graph.value_info.clear();
     }
     model
+}
+
+/// The window every layer attends over, when every layer's binds: the ring's slots. No
+/// query sees a key that many positions back, so the slots of the `window` latest
+/// positions before a call hold all it can see.
+fn ring_window<A: Accelerated>(cfg: &A) -> Option<usize> {
+    let windows = cfg.core_windows();
+    match windows[..] {
+        [Some(first), ..] if windows.iter().all(|&w| w == Some(first)) => Some(first),
+        _ => None,
+    }
 }
 
 /// Keys and values of every engram site for this call's tokens, from the rows the
@@ -286,8 +313,8 @@ fn engram_sites<C>(
 }
 
 /// `[1, 1, 1, S, C + S]`: 0 where a query sees a key, the lowest float where not. The
-/// cached slots are all before this call's tokens, so a query sees every slot the mask
-/// marks; among this call's tokens it sees itself and those before it; with a sliding
+/// cached slots (a ring's too) are all before this call's tokens, so a query sees every
+/// slot the mask marks; among this call's tokens it sees itself and those before it; with a sliding
 /// window of `w` keys, only keys fewer than `w` positions back. Written as a 0/1
 /// "hidden" indicator (float ops only: NNAPI has no comparisons), scaled once.
 fn attention_bias(
@@ -318,7 +345,7 @@ fn attention_bias(
     let mut hidden = b.concat(&[&past, &later], 4);
     if let Some(keys) = window {
         let out_of_window = b.scope("sliding_window", |b| {
-            out_of_window(b, &inputs.position_ids, keys, sequence, capacity)
+            out_of_window(b, inputs, keys, sequence, capacity)
         });
         hidden = b.op1("Max", &[&hidden, &out_of_window], vec![]);
     }
@@ -327,20 +354,25 @@ fn attention_bias(
 }
 
 /// `[1, 1, 1, S, C + S]`: 1 where the key is `keys` or more positions before the query.
-/// Slot `p` holds position `p`; this call's keys are at its queries' positions. The
-/// distance `d` is a whole number, so `clip(d − (keys − 1), 0, 1)` is 0 within the
-/// window and 1 beyond it.
+/// A slot holds the position `cache_positions` gives (a ring), else its own index; this
+/// call's keys are at its queries' positions. The distance `d` is a whole number, so
+/// `clip(d − (keys − 1), 0, 1)` is 0 within the window and 1 beyond it.
 fn out_of_window(
     b: &mut GraphBuilder,
-    position_ids: &Value,
+    inputs: &Inputs,
     keys: usize,
     sequence: usize,
     capacity: usize,
 ) -> Value {
     let float = b.precision().data_type();
-    let queries = b.cast(position_ids, float);
-    let slots: Vec<f32> = (0..capacity).map(|p| p as f32).collect();
-    let slots = b.const_float(&[1, capacity], &slots);
+    let queries = b.cast(&inputs.position_ids, float);
+    let slots = match &inputs.cache_positions {
+        Some(positions) => b.cast(positions, float),
+        None => {
+            let slots: Vec<f32> = (0..capacity).map(|p| p as f32).collect();
+            b.const_float(&[1, capacity], &slots)
+        }
+    };
     let key_positions = b.concat(&[&slots, &queries], 1);
     let key_positions = b.reshape(&key_positions, &[1, 1, 1, 1, (capacity + sequence) as i64]);
     let queries = b.reshape(&queries, &[1, 1, 1, sequence as i64, 1]);
@@ -367,6 +399,7 @@ fn declare_inputs<A: Accelerated>(
     window: usize,
     sequence: usize,
     capacity: usize,
+    ring: bool,
 ) -> Inputs {
     let float = b.precision().data_type();
     let token_window = b.input(
@@ -380,6 +413,13 @@ fn declare_inputs<A: Accelerated>(
         &fixed(&[BATCH, sequence]),
     );
     let mask = b.input(names::ATTENTION_MASK, float, &fixed(&[BATCH, capacity]));
+    let cache_positions = ring.then(|| {
+        b.input(
+            names::CACHE_POSITIONS,
+            data_type::INT32,
+            &fixed(&[BATCH, capacity]),
+        )
+    });
     let shape = cfg.head_shape();
     let pasts = (0..cfg.common().num_layers)
         .map(|i| {
@@ -403,6 +443,7 @@ fn declare_inputs<A: Accelerated>(
         token_window,
         position_ids,
         mask,
+        cache_positions,
         pasts,
         states,
     }
@@ -441,6 +482,7 @@ fn metadata(
     target: AcceleratorTarget,
     sequence: usize,
     capacity: usize,
+    ring: bool,
 ) -> Vec<(String, String)> {
     let stock_only = [keys::TOKEN_HISTORY, keys::PAST_PRESENT_SHARE_BUFFER];
     let mut meta: Vec<(String, String)> = desc
@@ -450,11 +492,12 @@ fn metadata(
         .collect();
     meta.push((keys::TARGET.into(), target.to_string()));
     meta.push((keys::CACHE_CAPACITY.into(), capacity.to_string()));
+    meta.push((keys::CACHE_RING.into(), ring.to_string()));
     meta.push((keys::FIXED_SEQUENCE.into(), sequence.to_string()));
     meta
 }
 
-fn doc_string(desc: &ExportDescription, sequence: usize, capacity: usize) -> String {
+fn doc_string(desc: &ExportDescription, sequence: usize, capacity: usize, ring: bool) -> String {
     let history = desc.config.engram_history();
     let (key, _) = names::new_key_values(0);
     let mut doc = format!(
@@ -463,9 +506,9 @@ fn doc_string(desc: &ExportDescription, sequence: usize, capacity: usize) -> Str
          before this call (0 where it has none) then this call's; {pos} int32 [1, {sequence}], \
          their positions; {mask} [1, {capacity}], 1 for the cache slots that hold the row's \
          tokens; past_key_values.{{i}}.key/.value [1, kv, {capacity}, ·], the cache \
-         (slot p: position p). Outputs: {logits} [1, {sequence}, vocab] float32; \
+         ({layout}). Outputs: {logits} [1, {sequence}, vocab] float32; \
          {kv}/.value [1, kv, {sequence}, ·]: this call's keys and values, to be written into \
-         the cache at their positions (a final chunk's padding: not at all).",
+         the cache at their positions' slots (a final chunk's padding: not at all).",
         desc.generation(),
         tw = names::TOKEN_WINDOW,
         w = history + sequence,
@@ -473,6 +516,15 @@ fn doc_string(desc: &ExportDescription, sequence: usize, capacity: usize) -> Str
         mask = names::ATTENTION_MASK,
         logits = names::LOGITS,
         kv = key.replace(".0.", ".{i}."),
+        layout = if ring {
+            format!(
+                "a ring: position p in slot p mod {capacity}; {} int32 [1, {capacity}], \
+                 the position each slot holds",
+                names::CACHE_POSITIONS
+            )
+        } else {
+            "slot p: position p".to_string()
+        },
     );
     if let Some((slots, width)) = desc.config.qkv_conv_state() {
         let (past, _) = names::qkv_conv_state(0);

@@ -21,6 +21,7 @@ fn element_size(ty: TensorElementType) -> Result<usize> {
     Ok(match ty {
         TensorElementType::Float32 => 4,
         TensorElementType::Float16 => 2,
+        TensorElementType::Int32 => 4,
         TensorElementType::Int64 => 8,
         other => bail!("a cache tensor of {other:?}"),
     })

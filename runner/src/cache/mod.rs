@@ -26,7 +26,9 @@ pub struct Cache {
     pub(crate) len: usize,
     /// `Some(tokens)`: the key/value tensors are buffers of that many positions, bound as
     /// both `past_*` and `present.*` so attention appends in place (see
-    /// [`crate::plan::RunPlan::in_place_cache`]); `None`: exact-length tensors, replaced each step.
+    /// [`crate::plan::RunPlan::in_place_cache`]), or the accelerator graphs' buffers, which
+    /// take that many positions (a ring's are fewer slots); `None`: exact-length tensors,
+    /// replaced each step.
     pub(crate) capacity: Option<usize>,
     /// The accelerator graphs' cache (`layers` hold no token history then, and their
     /// buffers are the graphs' capacity): what their caller keeps besides; `None` for the
