@@ -196,7 +196,6 @@ pub(crate) fn build<A: Architecture>(
             cfg.head_shape(),
         )
     }));
-    let heads = A::heads(&mut b, &ctx, w, &cells, &masks.new);
     let logits = b.scope("lm_head", |b| {
         lm_head(
             b,
@@ -208,6 +207,11 @@ pub(crate) fn build<A: Architecture>(
             &x,
         )
     });
+    // The heads come last so that their output nodes are the graph's latest: onnxruntime's
+    // default execution order walks back from the output nodes, latest first, and from the
+    // heads it reaches each layer's cell right after that layer (`stack_cells`). Walking
+    // back from the logits first would run every layer before any cell.
+    let heads = A::heads(&mut b, &ctx, w, &cells, &masks.new);
     outputs(&mut b, &ctx, &logits, &presents, &next_states);
     let doc = head_outputs(&mut b, desc, &heads);
     b.finish("needle", doc, desc.to_metadata())

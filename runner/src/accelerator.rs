@@ -217,6 +217,8 @@ impl AcceleratorGraphs {
             attention_mask,
             position_ids,
             batch,
+            // No probe heads here: a step's outputs are its logits and keys.
+            heads: _,
         } = inputs;
         if batch != 1 {
             bail!("the accelerator graphs take one row a call, not {batch}");

@@ -16,7 +16,7 @@ use crate::step::StepInputs;
 use crate::stream::{Both, TextStream};
 use anyhow::{anyhow, bail, Result};
 use exporter::tokenizer::NeedleTokenizer;
-use graphs::contract::names::{CONFIDENCE_LOGIT, CONTRASTIVE_EMBEDDING};
+use graphs::contract::names::CONTRASTIVE_EMBEDDING;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -295,7 +295,7 @@ impl Runner {
         let mut out = vec![Vec::new(); texts.len()];
         for chunk in order.chunks(EMBED_BATCH) {
             let rows: Vec<&[u32]> = chunk.iter().map(|&i| &texts[i][..]).collect();
-            let step = StepInputs::right_padded(&rows, 0);
+            let step = StepInputs::right_padded(&rows, 0).with_heads();
             let cache = session.empty_cache(chunk.len())?;
             let flat = session
                 .step(step, cache)?
@@ -412,17 +412,9 @@ pub fn tool_stop_ids(tok: &NeedleTokenizer) -> Result<Vec<u32>> {
 /// `sigmoid` of the confidence head's logit over `ids` fed whole with an empty cache
 /// (the head pools over every position at once); `None` without the head.
 pub fn confidence(session: &mut NeedleSession, ids: &[u32]) -> Result<Option<f64>> {
-    if !session.has_confidence_head() {
-        return Ok(None);
-    }
     let ids: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
-    let cache = session.empty_cache(1)?;
-    let out = session.forward(&ids, 1, cache)?;
-    let logit = out
-        .confidence_logit
-        .and_then(|l| l.first().copied())
-        .ok_or_else(|| anyhow!("the graph returned no {}", CONFIDENCE_LOGIT))?;
-    Ok(Some(1.0 / (1.0 + (-f64::from(logit)).exp())))
+    let logit = session.confidence_logit(&ids)?;
+    Ok(logit.map(|l| 1.0 / (1.0 + (-f64::from(l)).exp())))
 }
 
 /// Tool texts are cut at this many tokens before they are embedded, as upstream's

@@ -304,6 +304,7 @@ impl<F: TokenFilter> Engine<F> {
                 .map(|s| s.row.as_ref().map_or(0, |r| r.cached() as i64))
                 .collect(),
             batch: self.slots.len(),
+            heads: false,
         };
         let cache = self.cache.take().expect("a running batch has a cache");
         let start = Instant::now();

@@ -14,7 +14,7 @@ use graphs::config::ModelConfig;
 use graphs::contract::names::{self, layer_cache, LayerCache};
 use graphs::contract::{keys, Precision};
 use graphs::description::ExportDescription;
-use ort::session::{Session, SessionInputValue, SessionOutputs};
+use ort::session::{OutputSelector, RunOptions, Session, SessionInputValue, SessionOutputs};
 use ort::value::TensorElementType;
 use ort::value::{DynTensor, DynValue, Tensor};
 
@@ -317,6 +317,7 @@ impl NeedleSession {
             attention_mask,
             position_ids,
             batch,
+            heads,
         } = inputs;
         if batch == 0 || !input_ids.len().is_multiple_of(batch) {
             bail!(
@@ -356,21 +357,25 @@ impl NeedleSession {
         let mask = Tensor::<i64>::from_array(([batch, total], attention_mask))?;
         let positions = Tensor::<i64>::from_array(([batch, seq], position_ids))?;
         if cache.capacity.is_some() {
-            return self.forward_in_place(ids, mask, positions, cache, total);
+            return self.forward_in_place(ids, mask, positions, cache, total, heads);
         }
-        let mut inputs: Vec<(&str, SessionInputValue)> =
-            Vec::with_capacity(2 * cache.layers.len() + 4);
-        inputs.push((names::INPUT_IDS, ids.into()));
-        inputs.push((names::ATTENTION_MASK, mask.into()));
-        inputs.push((names::POSITION_IDS, positions.into()));
-        for (n, kv) in self.layer_names.iter().zip(cache.layers) {
-            inputs.push((&n.past_key, kv.key.into()));
-            inputs.push((&n.past_value, kv.value.into()));
+        let inputs = exact_length_inputs(
+            &self.layer_names,
+            &self.conv_names,
+            [ids, mask, positions],
+            cache,
+        );
+        let mut fetched = OutputSelector::default();
+        if !heads {
+            for head in HEADS {
+                fetched = fetched.without(head);
+            }
         }
-        for ((past, _), state) in self.conv_names.iter().zip(cache.qkv_conv) {
-            inputs.push((past, state.into()));
-        }
-        let mut outputs = self.session.run(inputs).context("onnxruntime run failed")?;
+        let options = RunOptions::new()?.with_outputs(fetched);
+        let mut outputs = self
+            .session
+            .run_with_options(inputs, &options)
+            .context("onnxruntime run failed")?;
         let logits = logits(&outputs)?;
         let confidence_logit = head_output(&outputs, names::CONFIDENCE_LOGIT)?;
         let contrastive_embedding = head_output(&outputs, names::CONTRASTIVE_EMBEDDING)?;
@@ -412,6 +417,7 @@ impl NeedleSession {
         positions: Tensor<i64>,
         mut cache: Cache,
         total: usize,
+        heads: bool,
     ) -> Result<StepOutput> {
         let mut binding = self.session.create_binding()?;
         binding.bind_input(names::INPUT_IDS, &ids)?;
@@ -429,8 +435,8 @@ impl NeedleSession {
             binding.bind_output_to_device(present.as_str(), host)?;
         }
         binding.bind_output_to_device(names::LOGITS, host)?;
-        for head in [names::CONFIDENCE_LOGIT, names::CONTRASTIVE_EMBEDDING] {
-            if self.has_output(head) {
+        for head in HEADS {
+            if heads && self.has_output(head) {
                 binding.bind_output_to_device(head, host)?;
             }
         }
@@ -463,6 +469,68 @@ fn logits(outputs: &SessionOutputs<'_>) -> Result<Vec<f32>> {
 }
 
 /// A probe head's output, when the graph has the head.
+impl NeedleSession {
+    /// The confidence head's logit over `ids` fed whole with an empty cache, fetching that
+    /// output alone: onnxruntime then runs only the nodes it reads, so neither the
+    /// `[sequence, vocab]` logits (the largest product of a long forward, and its largest
+    /// buffer) nor the presents' concatenations are computed. `None` without the head.
+    pub fn confidence_logit(&mut self, ids: &[i64]) -> Result<Option<f32>> {
+        if !self.has_confidence_head() {
+            return Ok(None);
+        }
+        let n = ids.len();
+        if n == 0 || n > self.config().max_seq_len() {
+            bail!(
+                "the confidence head reads 1 to max_seq_len ({}) tokens, not {n}",
+                self.config().max_seq_len()
+            );
+        }
+        let positions: Vec<i64> = (0..n as i64).collect();
+        let ids = Tensor::<i64>::from_array(([1, n], ids.to_vec()))?;
+        let mask = Tensor::<i64>::from_array(([1, n], vec![1i64; n]))?;
+        let positions = Tensor::<i64>::from_array(([1, n], positions))?;
+        let cache = self.new_cache(1, None)?;
+        let inputs = exact_length_inputs(
+            &self.layer_names,
+            &self.conv_names,
+            [ids, mask, positions],
+            cache,
+        );
+        let only = OutputSelector::no_default().with(names::CONFIDENCE_LOGIT);
+        let options = RunOptions::new()?.with_outputs(only);
+        let outputs = self
+            .session
+            .run_with_options(inputs, &options)
+            .context("onnxruntime run failed")?;
+        Ok(head_output(&outputs, names::CONFIDENCE_LOGIT)?.and_then(|l| l.first().copied()))
+    }
+}
+
+/// The probe heads' outputs, which a call fetches only when asked ([`StepInputs::heads`]).
+const HEADS: [&str; 2] = [names::CONFIDENCE_LOGIT, names::CONTRASTIVE_EMBEDDING];
+
+/// The exact-length graph inputs of one call: `input_ids`, `attention_mask` and
+/// `position_ids` in that order, then `cache`'s layers and QKV-conv state by their names.
+fn exact_length_inputs<'n>(
+    layer_names: &'n [LayerCache],
+    conv_names: &'n [(String, String)],
+    [ids, mask, positions]: [Tensor<i64>; 3],
+    cache: Cache,
+) -> Vec<(&'n str, SessionInputValue<'static>)> {
+    let mut inputs: Vec<(&str, SessionInputValue)> = Vec::with_capacity(2 * cache.layers.len() + 4);
+    inputs.push((names::INPUT_IDS, ids.into()));
+    inputs.push((names::ATTENTION_MASK, mask.into()));
+    inputs.push((names::POSITION_IDS, positions.into()));
+    for (n, kv) in layer_names.iter().zip(cache.layers) {
+        inputs.push((&n.past_key, kv.key.into()));
+        inputs.push((&n.past_value, kv.value.into()));
+    }
+    for ((past, _), state) in conv_names.iter().zip(cache.qkv_conv) {
+        inputs.push((past, state.into()));
+    }
+    inputs
+}
+
 fn head_output(outputs: &SessionOutputs<'_>, name: &str) -> Result<Option<Vec<f32>>> {
     match outputs.get(name) {
         Some(v) => Ok(Some(v.try_extract_tensor::<f32>()?.1.to_vec())),

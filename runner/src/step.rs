@@ -13,6 +13,10 @@ pub struct StepInputs {
     pub attention_mask: Vec<i64>,
     pub position_ids: Vec<i64>,
     pub batch: usize,
+    /// Whether the call computes the probe heads' outputs. They pool over the call's
+    /// tokens, so only a sequence fed whole reads them; a call that does not fetch them
+    /// skips them (onnxruntime runs only what the fetched outputs need).
+    pub heads: bool,
 }
 
 impl StepInputs {
@@ -26,6 +30,7 @@ impl StepInputs {
             attention_mask: vec![1; batch * (past + seq)],
             position_ids: row.repeat(batch),
             batch,
+            heads: false,
         }
     }
 
@@ -39,6 +44,7 @@ impl StepInputs {
             attention_mask: Vec::with_capacity(batch * longest),
             position_ids: Vec::with_capacity(batch * longest),
             batch,
+            heads: false,
         };
         for row in rows {
             for i in 0..longest {
@@ -52,6 +58,14 @@ impl StepInputs {
         }
         inputs
     }
+
+    /// The same call, also computing the probe heads' outputs.
+    pub fn with_heads(self) -> Self {
+        StepInputs {
+            heads: true,
+            ..self
+        }
+    }
 }
 
 /// Output of one step.
@@ -59,10 +73,12 @@ pub struct StepOutput {
     /// `[batch, sequence, vocab]`, row-major.
     pub logits: Vec<f32>,
     /// `[batch]`: the confidence head's logit over this step's tokens, when the graph has
-    /// the head (see `names::CONFIDENCE_LOGIT`).
+    /// the head and the call asked for it ([`StepInputs::heads`]; see
+    /// `names::CONFIDENCE_LOGIT`).
     pub confidence_logit: Option<Vec<f32>>,
     /// `[batch, contrastive_dim]`, row-major: the contrastive head's unit-norm embedding of
-    /// this step's tokens, when the graph has the head (see `names::CONTRASTIVE_EMBEDDING`).
+    /// this step's tokens, when the graph has the head and the call asked for it (see
+    /// `names::CONTRASTIVE_EMBEDDING`).
     pub contrastive_embedding: Option<Vec<f32>>,
     pub cache: Cache,
 }

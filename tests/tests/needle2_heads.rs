@@ -43,6 +43,7 @@ fn heads_of(s: &mut NeedleSession, ids: &[i64], lengths: &[i64]) -> (Vec<f32>, V
         attention_mask: mask,
         position_ids: (0..batch).flat_map(|_| 0..seq as i64).collect(),
         batch,
+        heads: true,
     };
     let out = s.step(inputs, s.empty_cache(batch).unwrap()).unwrap();
     (

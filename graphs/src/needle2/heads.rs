@@ -12,7 +12,7 @@
 //! The heads pool over the positions of one call, so they are a sequence's when it is
 //! fed whole with an empty cache.
 
-use crate::blocks::probe_pool::{probe_attention, to_float32, transpose_last};
+use crate::blocks::probe_pool::{probe_attention, stack_cells, to_float32, transpose_last};
 use crate::blocks::weights::Tensor;
 use crate::builder::{GraphBuilder, Value};
 use crate::needle2::ProbeHead;
@@ -22,10 +22,8 @@ use crate::needle2::ProbeHead;
 fn probe_pool(b: &mut GraphBuilder, cells: &[Value], keep: &Value, probes: &Tensor) -> Value {
     let (p, d) = (probes.shape[0], probes.shape[1]);
     let rows = cells.len() as i64;
-    let cells: Vec<Value> = cells.iter().map(|c| b.unsqueeze(c, &[2])).collect();
-    let refs: Vec<&Value> = cells.iter().collect();
-    let cells = b.concat(&refs, 2); // [B, S, L+1, d]
-                                    // Upstream's `reshape(b, t·l, d)`: position-major, layer-minor.
+    let cells = stack_cells(b, cells, 2); // [B, S, L+1, d]
+                                          // Upstream's `reshape(b, t·l, d)`: position-major, layer-minor.
     let cells = b.reshape(&cells, &[0, 1, -1, d as i64]);
     let keep = b.unsqueeze(keep, &[2]);
     let per_layer = b.const_i64(&[1, 1, rows]);

@@ -14,7 +14,7 @@
 
 use crate::blocks::context::BuildContext;
 use crate::blocks::norms::rms_unit;
-use crate::blocks::probe_pool::{probe_attention, to_float32, transpose_last};
+use crate::blocks::probe_pool::{probe_attention, stack_cells, to_float32, transpose_last};
 use crate::builder::{GraphBuilder, Value};
 use crate::needle3::{Config, ProbeHead};
 
@@ -31,9 +31,7 @@ pub fn confidence_logit(
     let (rows, k) = (head.gain.shape[0], head.gain.shape[1]);
     let q = head.query.shape[0];
     let root_d = b.scalar_float((d as f32).sqrt());
-    let cells: Vec<Value> = cells.iter().map(|c| b.unsqueeze(c, &[1])).collect();
-    let refs: Vec<&Value> = cells.iter().collect();
-    let cells = b.concat(&refs, 1); // [B, rows, S, d]
+    let cells = stack_cells(b, cells, 1); // [B, rows, S, d]
 
     let probes_t = transpose_last(&head.probes.data, rows, k, d);
     let probes_t = b.weight("probes_t", &[rows, d, k], &probes_t);
