@@ -207,12 +207,13 @@ pub(crate) fn build<A: Architecture>(
             &x,
         )
     });
-    // The heads come last so that their output nodes are the graph's latest: onnxruntime's
-    // default execution order walks back from the output nodes, latest first, and from the
-    // heads it reaches each layer's cell right after that layer (`stack_cells`). Walking
-    // back from the logits first would run every layer before any cell.
-    let heads = A::heads(&mut b, &ctx, w, &cells, &masks.new);
     outputs(&mut b, &ctx, &logits, &presents, &next_states);
+    // The heads come last, after the other outputs' nodes, so that theirs are the graph's
+    // latest: onnxruntime's default execution order walks back from the output nodes,
+    // latest first, and from the heads it reaches each layer's cell right after that layer
+    // (`stack_cells`). Walking back from the logits or a present first runs every layer
+    // before any cell is taken.
+    let heads = A::heads(&mut b, &ctx, w, &cells, &masks.new);
     let doc = head_outputs(&mut b, desc, &heads);
     b.finish("needle", doc, desc.to_metadata())
 }
