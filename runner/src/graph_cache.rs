@@ -1,12 +1,18 @@
 //! needle-run's cache of the graphs it exports from `.cact` files. Exporting in memory at
 //! every start parses and dequantizes the whole file and builds the graph (most of a cold
 //! start from a `.cact`); a cached graph is loaded like any exported `.onnx`, found by the
-//! `.cact`'s SHA-256 and everything else that chooses the graph, so an edited file or
-//! other options never meet a stale graph. Entries are written all or nothing (the
+//! `.cact`'s SHA-256, everything else that chooses the graph and the graphs' revision, so
+//! an edited file, other options or a newer needle-run never meet a stale graph. Entries are written all or nothing (the
 //! exporter's staging) beside their tokenizer, whose checksum the graph records.
 
 use crate::plan::PlannedGraphs;
 use std::path::{Path, PathBuf};
+
+/// The exported graphs' revision, in every cached file's name: bumped whenever the graphs
+/// exported for the same `.cact` and options change (interface, node order, numerics), so
+/// an upgraded needle-run exports anew instead of loading what an older one cached.
+/// 2: the accelerator graphs' ring for windowed models; the probe heads built last.
+const GRAPH_REVISION: u32 = 2;
 
 /// Where the cache lives: `$NEEDLE_ONNX_CACHE`, else `$XDG_CACHE_HOME/needle-onnx`, else
 /// `$HOME/.cache/needle-onnx`; `None` when none of them is set.
@@ -33,10 +39,12 @@ pub fn graph_path(
 ) -> PathBuf {
     let mut name = match graphs {
         PlannedGraphs::Stock(variant) => format!(
-            "{sha256}.{}.{}.{}.ort{}",
+            "{sha256}.g{GRAPH_REVISION}.{}.{}.{}.ort{}",
             variant.attention, variant.precision, variant.matmul_weights, variant.runtime
         ),
-        PlannedGraphs::Accelerator(target) => format!("{sha256}.accelerator-{target}"),
+        PlannedGraphs::Accelerator(target) => {
+            format!("{sha256}.g{GRAPH_REVISION}.accelerator-{target}")
+        }
     };
     if let Some(depth) = layers {
         name.push_str(&format!(".layers{depth}"));

@@ -76,6 +76,7 @@ fn batched(
         attention_mask: mask.clone(),
         position_ids: positions,
         batch,
+        heads: false,
     };
     let mut step = s.step(inputs, c).unwrap();
     let prefill = step.logits.clone();
@@ -96,6 +97,7 @@ fn batched(
             attention_mask: rows.concat(),
             position_ids: positions,
             batch,
+            heads: false,
         };
         step = s.step(inputs, step.cache).unwrap();
         decode.push(step.logits.clone());
