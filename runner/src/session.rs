@@ -306,6 +306,41 @@ impl NeedleSession {
         self.step(step, cache)
     }
 
+    /// The confidence head's logit over `ids` fed whole with an empty cache, fetching that
+    /// output alone: onnxruntime then runs only the nodes it reads, so neither the
+    /// `[sequence, vocab]` logits (the largest product of a long forward, and its largest
+    /// buffer) nor the presents' concatenations are computed. `None` without the head.
+    pub fn confidence_logit(&mut self, ids: &[i64]) -> Result<Option<f32>> {
+        if !self.has_confidence_head() {
+            return Ok(None);
+        }
+        let n = ids.len();
+        if n == 0 || n > self.config().max_seq_len() {
+            bail!(
+                "the confidence head reads 1 to max_seq_len ({}) tokens, not {n}",
+                self.config().max_seq_len()
+            );
+        }
+        let positions: Vec<i64> = (0..n as i64).collect();
+        let ids = Tensor::<i64>::from_array(([1, n], ids.to_vec()))?;
+        let mask = Tensor::<i64>::from_array(([1, n], vec![1i64; n]))?;
+        let positions = Tensor::<i64>::from_array(([1, n], positions))?;
+        let cache = self.new_cache(1, None)?;
+        let inputs = exact_length_inputs(
+            &self.layer_names,
+            &self.conv_names,
+            [ids, mask, positions],
+            cache,
+        );
+        let only = OutputSelector::no_default().with(names::CONFIDENCE_LOGIT);
+        let options = RunOptions::new()?.with_outputs(only);
+        let outputs = self
+            .session
+            .run_with_options(inputs, &options)
+            .context("onnxruntime run failed")?;
+        Ok(head_output(&outputs, names::CONFIDENCE_LOGIT)?.and_then(|l| l.first().copied()))
+    }
+
     /// Runs one step of `inputs` after `cache` (rows of different lengths padded on the
     /// right, see [`StepInputs`]).
     pub fn step(&mut self, inputs: StepInputs, cache: Cache) -> Result<StepOutput> {
@@ -468,44 +503,6 @@ fn logits(outputs: &SessionOutputs<'_>) -> Result<Vec<f32>> {
     Ok(logits.to_vec())
 }
 
-/// A probe head's output, when the graph has the head.
-impl NeedleSession {
-    /// The confidence head's logit over `ids` fed whole with an empty cache, fetching that
-    /// output alone: onnxruntime then runs only the nodes it reads, so neither the
-    /// `[sequence, vocab]` logits (the largest product of a long forward, and its largest
-    /// buffer) nor the presents' concatenations are computed. `None` without the head.
-    pub fn confidence_logit(&mut self, ids: &[i64]) -> Result<Option<f32>> {
-        if !self.has_confidence_head() {
-            return Ok(None);
-        }
-        let n = ids.len();
-        if n == 0 || n > self.config().max_seq_len() {
-            bail!(
-                "the confidence head reads 1 to max_seq_len ({}) tokens, not {n}",
-                self.config().max_seq_len()
-            );
-        }
-        let positions: Vec<i64> = (0..n as i64).collect();
-        let ids = Tensor::<i64>::from_array(([1, n], ids.to_vec()))?;
-        let mask = Tensor::<i64>::from_array(([1, n], vec![1i64; n]))?;
-        let positions = Tensor::<i64>::from_array(([1, n], positions))?;
-        let cache = self.new_cache(1, None)?;
-        let inputs = exact_length_inputs(
-            &self.layer_names,
-            &self.conv_names,
-            [ids, mask, positions],
-            cache,
-        );
-        let only = OutputSelector::no_default().with(names::CONFIDENCE_LOGIT);
-        let options = RunOptions::new()?.with_outputs(only);
-        let outputs = self
-            .session
-            .run_with_options(inputs, &options)
-            .context("onnxruntime run failed")?;
-        Ok(head_output(&outputs, names::CONFIDENCE_LOGIT)?.and_then(|l| l.first().copied()))
-    }
-}
-
 /// The probe heads' outputs, which a call fetches only when asked ([`StepInputs::heads`]).
 const HEADS: [&str; 2] = [names::CONFIDENCE_LOGIT, names::CONTRASTIVE_EMBEDDING];
 
@@ -531,6 +528,7 @@ fn exact_length_inputs<'n>(
     inputs
 }
 
+/// A probe head's output, when the graph has the head.
 fn head_output(outputs: &SessionOutputs<'_>, name: &str) -> Result<Option<Vec<f32>>> {
     match outputs.get(name) {
         Some(v) => Ok(Some(v.try_extract_tensor::<f32>()?.1.to_vec())),
