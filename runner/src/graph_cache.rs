@@ -2,8 +2,9 @@
 //! every start parses and dequantizes the whole file and builds the graph (most of a cold
 //! start from a `.cact`); a cached graph is loaded like any exported `.onnx`, found by the
 //! `.cact`'s SHA-256, everything else that chooses the graph and the graphs' revision, so
-//! an edited file, other options or a newer needle-run never meet a stale graph. Entries are written all or nothing (the
-//! exporter's staging) beside their tokenizer, whose checksum the graph records.
+//! an edited file, other options or a newer needle-run never meet a stale graph. Entries
+//! are written all or nothing (the exporter's staging) beside their tokenizer, whose
+//! checksum the graph records.
 
 use crate::plan::PlannedGraphs;
 use std::path::{Path, PathBuf};
