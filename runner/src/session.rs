@@ -314,24 +314,12 @@ impl NeedleSession {
         if !self.has_confidence_head() {
             return Ok(None);
         }
-        let n = ids.len();
-        if n == 0 || n > self.config().max_seq_len() {
-            bail!(
-                "the confidence head reads 1 to max_seq_len ({}) tokens, not {n}",
-                self.config().max_seq_len()
-            );
+        if ids.is_empty() {
+            bail!("the confidence head reads at least one token");
         }
-        let positions: Vec<i64> = (0..n as i64).collect();
-        let ids = Tensor::<i64>::from_array(([1, n], ids.to_vec()))?;
-        let mask = Tensor::<i64>::from_array(([1, n], vec![1i64; n]))?;
-        let positions = Tensor::<i64>::from_array(([1, n], positions))?;
         let cache = self.new_cache(1, None)?;
-        let inputs = exact_length_inputs(
-            &self.layer_names,
-            &self.conv_names,
-            [ids, mask, positions],
-            cache,
-        );
+        let tensors = self.input_tensors(StepInputs::dense(ids, 1, 0), &cache)?;
+        let inputs = exact_length_inputs(&self.layer_names, &self.conv_names, tensors, cache);
         let only = OutputSelector::no_default().with(names::CONFIDENCE_LOGIT);
         let options = RunOptions::new()?.with_outputs(only);
         let outputs = self
@@ -347,50 +335,10 @@ impl NeedleSession {
         if let Some(graphs) = self.accelerator.as_mut() {
             return graphs.step(&mut self.session, inputs, cache);
         }
-        let StepInputs {
-            input_ids,
-            attention_mask,
-            position_ids,
-            batch,
-            heads,
-        } = inputs;
-        if batch == 0 || !input_ids.len().is_multiple_of(batch) {
-            bail!(
-                "input_ids of length {} do not split into {batch} rows",
-                input_ids.len()
-            );
-        }
-        let seq = input_ids.len() / batch;
-        let total = cache.len + seq;
-        if attention_mask.len() != batch * total || position_ids.len() != batch * seq {
-            bail!(
-                "attention_mask needs {batch}×{total} values and position_ids {batch}×{seq}; \
-                 got {} and {}",
-                attention_mask.len(),
-                position_ids.len()
-            );
-        }
-        let max_seq_len = self.config().max_seq_len();
-        let last_position = position_ids.iter().copied().max().unwrap_or(0);
-        let first_position = position_ids.iter().copied().min().unwrap_or(0);
-        match cache.capacity {
-            Some(capacity) if total > capacity => {
-                bail!("sequence of {total} tokens exceeds the preallocated cache's {capacity}")
-            }
-            _ if total > max_seq_len => bail!(
-                "sequence of {total} tokens ({} cached + {seq} in this call) exceeds the \
-                 model's max_seq_len {max_seq_len}",
-                cache.len
-            ),
-            _ if first_position < 0 => bail!("position_ids must not be negative"),
-            _ if last_position as usize >= max_seq_len => {
-                bail!("position {last_position} is past the model's max_seq_len {max_seq_len}")
-            }
-            _ => {}
-        }
-        let ids = Tensor::<i64>::from_array(([batch, seq], input_ids))?;
-        let mask = Tensor::<i64>::from_array(([batch, total], attention_mask))?;
-        let positions = Tensor::<i64>::from_array(([batch, seq], position_ids))?;
+        let heads = inputs.heads;
+        // Valid once `input_tensors` has checked the rows.
+        let total = cache.len + inputs.position_ids.len() / inputs.batch.max(1);
+        let [ids, mask, positions] = self.input_tensors(inputs, &cache)?;
         if cache.capacity.is_some() {
             return self.forward_in_place(ids, mask, positions, cache, total, heads);
         }
@@ -441,6 +389,57 @@ impl NeedleSession {
                 fixed: None,
             },
         })
+    }
+
+    /// `inputs`' `input_ids`, `attention_mask` and `position_ids` tensors after `cache`,
+    /// once their lengths agree with each other and their positions fit the cache and the
+    /// model.
+    fn input_tensors(&self, inputs: StepInputs, cache: &Cache) -> Result<[Tensor<i64>; 3]> {
+        let StepInputs {
+            input_ids,
+            attention_mask,
+            position_ids,
+            batch,
+            ..
+        } = inputs;
+        if batch == 0 || !input_ids.len().is_multiple_of(batch) {
+            bail!(
+                "input_ids of length {} do not split into {batch} rows",
+                input_ids.len()
+            );
+        }
+        let seq = input_ids.len() / batch;
+        let total = cache.len + seq;
+        if attention_mask.len() != batch * total || position_ids.len() != batch * seq {
+            bail!(
+                "attention_mask needs {batch}×{total} values and position_ids {batch}×{seq}; \
+                 got {} and {}",
+                attention_mask.len(),
+                position_ids.len()
+            );
+        }
+        let max_seq_len = self.config().max_seq_len();
+        let last_position = position_ids.iter().copied().max().unwrap_or(0);
+        let first_position = position_ids.iter().copied().min().unwrap_or(0);
+        match cache.capacity {
+            Some(capacity) if total > capacity => {
+                bail!("sequence of {total} tokens exceeds the preallocated cache's {capacity}")
+            }
+            _ if total > max_seq_len => bail!(
+                "sequence of {total} tokens ({} cached + {seq} in this call) exceeds the \
+                 model's max_seq_len {max_seq_len}",
+                cache.len
+            ),
+            _ if first_position < 0 => bail!("position_ids must not be negative"),
+            _ if last_position as usize >= max_seq_len => {
+                bail!("position {last_position} is past the model's max_seq_len {max_seq_len}")
+            }
+            _ => {}
+        }
+        let ids = Tensor::<i64>::from_array(([batch, seq], input_ids))?;
+        let mask = Tensor::<i64>::from_array(([batch, total], attention_mask))?;
+        let positions = Tensor::<i64>::from_array(([batch, seq], position_ids))?;
+        Ok([ids, mask, positions])
     }
 
     /// [`Self::forward`] with a preallocated cache: each key/value buffer is bound as its
