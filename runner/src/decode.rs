@@ -3,6 +3,7 @@
 //! how a token is picked ([`Sampler`]) and restricted ([`TokenFilter`]), what a run
 //! gives back ([`Decoded`]), and a prompt's prefill in the run plan's pieces.
 
+use crate::cache::Cache;
 use crate::session::NeedleSession;
 use crate::step::StepOutput;
 use anyhow::{bail, Result};
@@ -35,6 +36,9 @@ pub struct Decoded {
     /// ([`TokenFilter::complete`]: a stop sequence appeared); the tokens are kept.
     pub completed_by_filter: bool,
     pub prefill_tokens: usize,
+    /// Of the prompt's tokens, those not run: their cache came from a prompt this one
+    /// continues ([`crate::cache::prefix`]).
+    pub cached_prompt_tokens: usize,
     pub prefill_secs: f64,
     pub decode_tokens: usize,
     pub decode_secs: f64,
@@ -120,14 +124,21 @@ pub fn check_prompt(prompt_ids: &[u32], max_len: usize) -> Result<()> {
 /// in the pieces the run plan says ([`crate::plan::RunPlan::prefill_chunk`]). The logits
 /// are those of the last piece.
 pub fn prefill(session: &mut NeedleSession, ids: &[i64], capacity: usize) -> Result<StepOutput> {
+    let cache = session.preallocated_cache(1, capacity)?;
+    prefill_after(session, ids, cache)
+}
+
+/// Runs `ids` (batch 1) after `cache` as [`prefill`] does, its pieces ending where a
+/// prefill of the whole prompt ends its own, so that only the first piece differs from
+/// that prefill's.
+pub fn prefill_after(session: &mut NeedleSession, ids: &[i64], cache: Cache) -> Result<StepOutput> {
     if ids.is_empty() {
         bail!("the prompt is empty");
     }
-    let chunk = session.plan.prefill_chunk.unwrap_or(ids.len());
-    let mut pieces = ids.chunks(chunk);
-    let first = pieces.next().expect("a non-empty prompt");
-    let mut step = session.forward(first, 1, session.preallocated_cache(1, capacity)?)?;
-    for piece in pieces {
+    let chunk = session.plan.prefill_chunk.unwrap_or(cache.len() + ids.len());
+    let (first, rest) = ids.split_at((chunk - cache.len() % chunk).min(ids.len()));
+    let mut step = session.forward(first, 1, cache)?;
+    for piece in rest.chunks(chunk) {
         step = session.forward(piece, 1, step.cache)?;
     }
     Ok(step)

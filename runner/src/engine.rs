@@ -11,6 +11,7 @@
 //! its answer is the one it gets alone. `needle-run --batch` and single runs are the case
 //! where every row is admitted at once; `needle-run serve` admits requests as they come.
 
+use crate::cache::prefix::PrefixStore;
 use crate::cache::rows::{self, padded_mask, RowCache};
 use crate::cache::Cache;
 use crate::decode::{self, check_prompt, Decoded, GenerateOptions, Sampler, TokenFilter};
@@ -43,6 +44,8 @@ pub struct Engine<F> {
     /// The slots' cache; its column count is every slot's mask width.
     cache: Option<Cache>,
     next_id: RowId,
+    /// Prompts a lone newcomer may continue; none unless asked for.
+    prefixes: Option<PrefixStore>,
 }
 
 /// One row of the batch's cache: a row generating, or a free one (padding).
@@ -55,6 +58,7 @@ struct Slot<F> {
 struct Row<F> {
     id: RowId,
     prompt_len: usize,
+    cached_prompt_tokens: usize,
     opts: GenerateOptions,
     filter: Option<F>,
     sampler: Sampler,
@@ -92,6 +96,7 @@ impl<F> Row<F> {
             stopped_on: self.stopped_on,
             completed_by_filter: self.completed_by_filter,
             prefill_tokens: self.prompt_len,
+            cached_prompt_tokens: self.cached_prompt_tokens,
             prefill_secs: self.prefill_secs,
             decode_tokens: self.decode_tokens,
             decode_secs: self.decode_secs,
@@ -137,11 +142,21 @@ impl<F: TokenFilter> Default for Engine<F> {
             slots: Vec::new(),
             cache: None,
             next_id: 0,
+            prefixes: None,
         }
     }
 }
 
 impl<F: TokenFilter> Engine<F> {
+    /// An engine that remembers the last `prompts` prompts it prefilled alone, with their
+    /// cache, and prefills a lone newcomer that continues one of them from there.
+    pub fn with_prefix_reuse(prompts: usize) -> Self {
+        Engine {
+            prefixes: Some(PrefixStore::new(prompts)),
+            ..Engine::default()
+        }
+    }
+
     /// Rows generating.
     pub fn len(&self) -> usize {
         self.slots.iter().filter(|s| s.row.is_some()).count()
@@ -149,6 +164,13 @@ impl<F: TokenFilter> Engine<F> {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Drops every row and the batch's cache (after a failed call left them half
+    /// updated); the prompts remembered stay, being copies.
+    pub fn clear(&mut self) {
+        self.slots.clear();
+        self.cache = None;
     }
 
     /// Prefills `admissions` together and adds them to the batch; their ids, in order.
@@ -172,7 +194,9 @@ impl<F: TokenFilter> Engine<F> {
         let start = Instant::now();
         let prompts: Vec<&[u32]> = admissions.iter().map(|a| &a.prompt[..]).collect();
         let most_new = admissions.iter().map(|a| a.opts.max_new_tokens).max();
-        let (prefilled, logits) = prefill(session, &prompts, most_new.unwrap_or(0))?;
+        let prefixes = self.prefixes.as_mut();
+        let (prefilled, logits, cached) =
+            prefill(session, &prompts, most_new.unwrap_or(0), prefixes)?;
         let prefill_secs = start.elapsed().as_secs_f64();
         let width = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
         let ids: Vec<RowId> = (self.next_id..).take(admissions.len()).collect();
@@ -181,11 +205,13 @@ impl<F: TokenFilter> Engine<F> {
             .into_iter()
             .zip(logits)
             .zip(&ids)
-            .map(|((a, logits), &id)| Slot {
+            .zip(cached)
+            .map(|(((a, logits), &id), cached_prompt_tokens)| Slot {
                 mask: padded_mask(a.prompt.len(), width),
                 row: Some(Row {
                     id,
                     prompt_len: a.prompt.len(),
+                    cached_prompt_tokens,
                     sampler: Sampler::new(a.opts.sampling),
                     opts: a.opts,
                     filter: a.filter,
@@ -402,13 +428,22 @@ enum Prefilled {
 }
 
 /// Runs `prompts` from an empty cache (with room for `most_new` more tokens each), in
-/// groups whose calls stay within the plan's `prefill_group_logits_bytes`. Returns what
-/// they left in the cache and each prompt's last logits.
+/// groups whose calls stay within the plan's `prefill_group_logits_bytes`; a lone prompt
+/// after the longest of `prefixes` it continues, and then remembered there. Returns what
+/// they left in the cache, each prompt's last logits and how many of its tokens were
+/// taken from `prefixes` rather than run.
 fn prefill(
     session: &mut NeedleSession,
     prompts: &[&[u32]],
     most_new: usize,
-) -> Result<(Prefilled, Vec<Vec<f32>>)> {
+    prefixes: Option<&mut PrefixStore>,
+) -> Result<(Prefilled, Vec<Vec<f32>>, Vec<usize>)> {
+    if let ([prompt], Some(prefixes)) = (prompts, prefixes) {
+        if !session.is_accelerator() {
+            let (cache, logits, cached) = prefill_continuing(session, prompt, most_new, prefixes)?;
+            return Ok((Prefilled::Cache(cache), vec![logits], vec![cached]));
+        }
+    }
     let row_bytes = 4 * session.config().output_vocab();
     let mut groups: Vec<&[&[u32]]> = Vec::new();
     let mut start = 0;
@@ -425,9 +460,10 @@ fn prefill(
         }
     }
     groups.push(&prompts[start..]);
+    let none_cached = vec![0; prompts.len()];
     if let [group] = groups[..] {
         let (cache, logits) = prefill_together(session, group, most_new)?;
-        return Ok((Prefilled::Cache(cache), logits));
+        return Ok((Prefilled::Cache(cache), logits, none_cached));
     }
     let attention = session.description.variant.attention;
     let mut parts = Vec::with_capacity(prompts.len());
@@ -441,7 +477,36 @@ fn prefill(
         parts.extend(rows::split(&cache, attention, &masks, &all)?);
         logits.extend(last);
     }
-    Ok((Prefilled::Rows(parts), logits))
+    Ok((Prefilled::Rows(parts), logits, none_cached))
+}
+
+/// Runs `prompt` (with room for `most_new` more tokens) after the cache of the longest
+/// prompt of `prefixes` it continues, or from an empty cache, and remembers it there.
+/// Returns its cache, last logits and how many of its tokens were not run.
+fn prefill_continuing(
+    session: &mut NeedleSession,
+    prompt: &[u32],
+    most_new: usize,
+    prefixes: &mut PrefixStore,
+) -> Result<(Cache, Vec<f32>, usize)> {
+    let ids: Vec<i64> = prompt.iter().map(|&t| i64::from(t)).collect();
+    let capacity = ids.len() + most_new;
+    let (out, cached) = match prefixes.longest_prefix(prompt) {
+        Some(row) => {
+            let cached = row.len();
+            let zeroed = session.zeroed_cache(1, cached, capacity)?;
+            let (cache, _) = rows::join(zeroed, std::slice::from_ref(row))?;
+            (decode::prefill_after(session, &ids[cached..], cache)?, cached)
+        }
+        None => (decode::prefill(session, &ids, capacity)?, 0),
+    };
+    let attention = session.description.variant.attention;
+    let mask = padded_mask(prompt.len(), prompt.len());
+    let mut row = rows::split(&out.cache, attention, &[&mask], &[0])?;
+    prefixes.remember(prompt.to_vec(), row.pop().expect("one row"));
+    let vocab = session.config().output_vocab();
+    let last = out.logits[out.logits.len() - vocab..].to_vec();
+    Ok((out.cache, last, cached))
 }
 
 /// Runs `prompts` from an empty cache together (with room for `most_new` more tokens

@@ -102,6 +102,10 @@ struct ServeArgs {
     /// Requests decoded together.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
     max_batch: u32,
+    /// Prompts remembered with their cache (0: none): a conversation that comes back
+    /// (the history again, plus tool results) prefills only what it added.
+    #[arg(long, default_value_t = 4)]
+    prefix_cache: u32,
     /// Requests that may wait for a place in the batch; more are answered 429.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     queue: u32,
@@ -296,6 +300,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         api_key,
         model_name: name,
         max_batch: args.max_batch as usize,
+        prefix_cache: args.prefix_cache as usize,
         queue: args.queue as usize,
         max_body: args.max_body,
         timeout: Duration::from_secs_f64(args.request_timeout),

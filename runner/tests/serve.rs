@@ -4,10 +4,11 @@
 //! one-at-a-time answers (the in-process `Runner`, which the CLI tests check against
 //! upstream) or against what the OpenAI API specifies.
 
-use runner::answer::{tool_prompt_ids, Runner, ToolResponse};
+use runner::answer::{tool_conversation_ids, tool_prompt_ids, Runner, ToolResponse};
 use runner::constrain::{CallCount, ConstraintFactory, ToolConstraint};
 use runner::decode::{prefill, TokenFilter};
 use runner::load::{load, LoadOptions, ModelSource};
+use runner::prompt::Turn;
 use serde_json::{json, Value};
 use std::process::Command;
 use test_support::repo_root;
@@ -632,7 +633,9 @@ fn check_logprobs(
 /// log-probability and top 5 are the model's log-softmax after the tokens before it (fed
 /// whole, from an empty cache, by the test), whole and streamed; under a named tool's
 /// grammar they are the masked distribution's, never below the model's own and above it
-/// where the grammar forces a token the model would not pick.
+/// where the grammar forces a token the model would not pick; in the conversation that
+/// comes back after the tools ran, prefilled after the cache of the prompt it continues,
+/// they are still the model's after the whole conversation.
 #[test]
 fn n_choices_are_rows_and_logprobs_are_the_models() {
     let queries = held_out(1);
@@ -722,7 +725,7 @@ fn n_choices_are_rows_and_logprobs_are_the_models() {
     // tokens or the context's rest); with a named tool, under that tool's alone.
     let budget = 256.min(model.session.config().max_seq_len() - prompt.len());
     let factory = ConstraintFactory::new(&model.tokenizer).unwrap();
-    let grammar_of = |tools: Vec<Value>, at_least| {
+    let grammar_of = |tools: Vec<Value>, at_least, prose, budget| {
         factory
             .for_tools(
                 &Value::Array(tools),
@@ -730,12 +733,13 @@ fn n_choices_are_rows_and_logprobs_are_the_models() {
                     at_least,
                     at_most: None,
                 },
-                false,
+                prose,
                 budget,
             )
             .unwrap()
     };
-    let mut all_tools = grammar_of(q["tools"].as_array().unwrap().clone(), 0);
+    let tools = q["tools"].as_array().unwrap().clone();
+    let mut all_tools = grammar_of(tools.clone(), 0, false, budget);
     check_logprobs(&mut model, &prompt, whole, 5, Some(&mut all_tools));
 
     let forced_tool: Vec<Value> = q["tools"]
@@ -745,7 +749,7 @@ fn n_choices_are_rows_and_logprobs_are_the_models() {
         .filter(|t| t["name"] == forced)
         .cloned()
         .collect();
-    let mut grammar = grammar_of(forced_tool, 1);
+    let mut grammar = grammar_of(forced_tool, 1, false, budget);
     let forced_answer = &got["logprobs_forced"];
     assert!(
         calls(forced_answer).iter().all(|c| c["name"] == forced),
@@ -766,6 +770,33 @@ fn n_choices_are_rows_and_logprobs_are_the_models() {
         raised > 0.1,
         "the grammar forced {forced}: the largest gain was {raised}"
     );
+
+    // The conversation that comes back after the logprobs answer's calls ran: its prompt
+    // continues that answer's, whose cache the server kept, so only the rest is prefilled;
+    // the logprobs are still the model's after the whole conversation fed from an empty
+    // cache, under the grammar of an answer after tool results (a call or prose).
+    let continued = &got["continued"];
+    let turns = [
+        Turn::Assistant {
+            calls: Value::Array(calls(&got["logprobs"])),
+            text: String::new(),
+        },
+        Turn::ToolResults(vec![json!({"ok": true}); calls(&got["logprobs"]).len()]),
+    ];
+    let query = q["query"].as_str().unwrap();
+    let conversation = tool_conversation_ids(&model.tokenizer, &q["tools"], query, None, &turns);
+    let usage = &continued["usage"];
+    assert_eq!(usage["prompt_tokens"], json!(conversation.len()), "{continued}");
+    assert_eq!(
+        usage["prompt_tokens_details"]["cached_tokens"],
+        json!(prompt.len()),
+        "{continued}"
+    );
+    let budget = 48.min(model.session.config().max_seq_len() - conversation.len());
+    let mut after_results = grammar_of(tools, 0, true, budget);
+    let entries = continued["logprobs"].as_array().unwrap();
+    assert!(!entries.is_empty(), "{continued}");
+    check_logprobs(&mut model, &conversation, entries, 5, Some(&mut after_results));
 }
 
 /// `POST /v1/responses` through openai-agents with its defaults (the Responses API, default

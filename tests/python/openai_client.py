@@ -64,6 +64,22 @@ def message_of(completion):
     }
 
 
+def after_tools(q, calls):
+    """`q`'s conversation after its answer's `calls` (as `choice_of` has them) ran, each
+    tool's output `{"ok": true}`."""
+    return [
+        {"role": "user", "content": q["query"]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}}
+                for c in calls
+            ],
+        },
+    ] + [{"role": "tool", "tool_call_id": c["id"], "content": json.dumps({"ok": True})} for c in calls]
+
+
 def ask(client, q, **kw):
     return client.chat.completions.create(
         model="needle-demo",
@@ -206,19 +222,10 @@ def answers(spec):
         out["concurrent"] = list(pool.map(lambda q: message_of(ask(client, q)), queries))
     user = [{"role": "user", "content": q["query"]}]
     # The tool loop: the call goes back with each tool's output, and the model answers.
-    first = out["tool_call"]["tool_calls"]
-    history = user + [
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}}
-                for c in first
-            ],
-        }
-    ] + [{"role": "tool", "tool_call_id": c["id"], "content": json.dumps({"ok": True})} for c in first]
     out["continued"] = message_of(
-        client.chat.completions.create(model="needle-demo", messages=history, tools=openai_tools(q["tools"]))
+        client.chat.completions.create(
+            model="needle-demo", messages=after_tools(q, out["tool_call"]["tool_calls"]), tools=openai_tools(q["tools"])
+        )
     )
     out["bad"] = {
         "not_json": raw_post(client.base_url.__str__().rstrip("/"), b"{not json"),
@@ -349,17 +356,30 @@ def stops(spec):
 
 def choices(spec):
     """`n` (sampled and greedy, whole and streamed) against single requests with each
-    choice's seed, and `logprobs` whole, streamed and under a named tool's grammar."""
+    choice's seed, and `logprobs` whole, streamed, under a named tool's grammar and in the
+    conversation that continues the first."""
     client = OpenAI(base_url=spec["base_url"], api_key="not-needed", max_retries=0)
     q = spec["queries"][0]
     sampled = dict(temperature=1.0, seed=5, max_tokens=80)
     forced = {"type": "function", "function": {"name": spec["forced_tool"]}}
+    logprobs = message_of(ask(client, q, logprobs=True, top_logprobs=5))
     return {
         "n3": message_of(ask(client, q, n=3, **sampled)),
         "singles": [message_of(ask(client, q, **{**sampled, "seed": 5 + i})) for i in range(3)],
         "n3_stream": streamed(client, q, n=3, **sampled),
         "greedy_n2": message_of(ask(client, q, n=2)),
-        "logprobs": message_of(ask(client, q, logprobs=True, top_logprobs=5)),
+        "logprobs": logprobs,
+        # Its prompt continues the one before: the conversation after that answer's calls.
+        "continued": message_of(
+            client.chat.completions.create(
+                model="needle-demo",
+                messages=after_tools(q, logprobs["tool_calls"]),
+                tools=openai_tools(q["tools"]),
+                logprobs=True,
+                top_logprobs=5,
+                max_tokens=48,
+            )
+        ),
         "logprobs_stream": streamed(client, q, logprobs=True, top_logprobs=5),
         "logprobs_forced": message_of(ask(client, q, logprobs=True, top_logprobs=3, tool_choice=forced)),
         "no_logprobs": message_of(ask(client, q))["logprobs"],

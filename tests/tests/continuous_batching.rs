@@ -12,6 +12,10 @@
 //!   joining as a row is done; prompts of different lengths, answers that end at different
 //!   steps).
 //!
+//! - A lone newcomer whose prompt continues one the engine prefilled before (a
+//!   conversation coming back to the server) prefilled after that prompt's cache: its
+//!   single run's logits, every conformance model, both attention variants.
+//!
 //! That padded rows in one graph call are their single runs is `padded_batch.rs`.
 
 use graphs::contract::AttentionKind;
@@ -151,6 +155,52 @@ fn rows_joining_and_leaving_a_running_batch_match_their_single_runs() {
                 "{model} {attention}, prefill group budget {group_bytes:?}: {} rows, up to {widest} at once, worst step {worst:.2e}",
                 ROWS.len()
             );
+        }
+    }
+}
+
+/// A lone prompt that continues one the engine prefilled before is prefilled after that
+/// prompt's remembered cache (as a conversation coming back to `needle-run serve` is), and
+/// sees its single run's logits at every step; one that continues none is prefilled whole.
+/// The remembered prompt is longer than the CPU's prefill piece, so the pieces after it
+/// start inside one.
+#[test]
+fn a_prompt_continuing_a_remembered_one_sees_its_single_run() {
+    for model in MODELS {
+        for attention in [AttentionKind::FUSED, AttentionKind::Reference] {
+            let mut s = session(model, attention);
+            let vocab = s.config().output_vocab();
+            let max = s.config().max_seq_len();
+            let first = prompt(0, (max / 3).min(150), vocab);
+            let mut continuing = first.clone();
+            continuing.extend(prompt(1, (max / 3).min(150), vocab));
+            let other = prompt(2, 20, vocab);
+            let mut engine = Engine::with_prefix_reuse(4);
+            for (p, cached) in [(&first, 0), (&continuing, first.len()), (&other, 0)] {
+                let recorder = Recorder::default();
+                let admission = Admission {
+                    prompt: p.clone(),
+                    opts: options(5),
+                    filter: Some(recorder.clone()),
+                };
+                engine.admit(&mut s, vec![admission]).unwrap();
+                let mut decoded = None;
+                while decoded.is_none() {
+                    decoded = engine.step(&mut s).unwrap().pop();
+                }
+                let decoded = decoded.unwrap().decoded.unwrap();
+                let what = format!("{model} {attention}, prompt of {}", p.len());
+                assert_eq!(decoded.cached_prompt_tokens, cached, "{what}");
+                let mut alone = Recorder::default();
+                let single = generate_filtered(&mut s, p, &options(5), Some(&mut alone)).unwrap();
+                assert_eq!(decoded.generated_ids, single.generated_ids, "{what}: tokens");
+                let (got, want) = (recorder.0.borrow(), alone.0.borrow());
+                assert_eq!(got.len(), want.len(), "{what}: steps");
+                for (step, (g, w)) in got.iter().zip(want.iter()).enumerate() {
+                    let err = row_error(g, w, 1, vocab);
+                    assert!(err <= BOUND, "{what} step {step}: relative error {err:.2e}");
+                }
+            }
         }
     }
 }

@@ -1,10 +1,12 @@
 //! The state a Needle graph carries between steps ([`Cache`]: every layer's keys and
 //! values, the token history, Needle 3's QKV-conv state), and its row relayouts
-//! ([`rows`]), which let rows join and leave a running batch; the accelerator graphs'
-//! fixed-capacity form of it ([`fixed`]).
+//! ([`rows`]), which let rows join and leave a running batch; the rows of prompts a
+//! conversation may continue ([`prefix`]); the accelerator graphs' fixed-capacity form of
+//! it ([`fixed`]).
 
 pub mod fixed;
 mod host;
+pub mod prefix;
 pub mod rows;
 
 use anyhow::Result;

@@ -29,6 +29,16 @@ impl RowCache {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// A row of `len` tokens with no tensors, for tests of what holds rows.
+    #[cfg(test)]
+    pub(crate) fn empty_of_len(len: usize) -> RowCache {
+        RowCache {
+            kv: Vec::new(),
+            states: Vec::new(),
+            len,
+        }
+    }
 }
 
 /// The cache columns that hold row `mask`'s real keys. GroupQueryAttention keeps a row's

@@ -25,6 +25,7 @@ pub struct Metrics {
     /// so that a client cannot make up label values.
     requests: Mutex<BTreeMap<(String, u16), u64>>,
     prompt_tokens: AtomicU64,
+    cached_prompt_tokens: AtomicU64,
     completion_tokens: AtomicU64,
     queued: AtomicU64,
     batch_rows: AtomicU64,
@@ -87,6 +88,7 @@ impl Metrics {
         Metrics {
             requests: Mutex::new(BTreeMap::new()),
             prompt_tokens: AtomicU64::new(0),
+            cached_prompt_tokens: AtomicU64::new(0),
             completion_tokens: AtomicU64::new(0),
             queued: AtomicU64::new(0),
             batch_rows: AtomicU64::new(0),
@@ -113,10 +115,12 @@ impl Metrics {
         self.batch_rows.store(rows as u64, Ordering::Relaxed);
     }
 
-    /// A row finished with these token counts.
-    pub fn tokens(&self, prompt: usize, completion: usize) {
+    /// A row finished with these token counts (`cached`: prompt tokens not run).
+    pub fn tokens(&self, prompt: usize, cached: usize, completion: usize) {
         self.prompt_tokens
             .fetch_add(prompt as u64, Ordering::Relaxed);
+        self.cached_prompt_tokens
+            .fetch_add(cached as u64, Ordering::Relaxed);
         self.completion_tokens
             .fetch_add(completion as u64, Ordering::Relaxed);
     }
@@ -159,6 +163,12 @@ impl Metrics {
                 "Prompt tokens of the finished rows.",
                 "counter",
                 load(&self.prompt_tokens),
+            ),
+            (
+                "needle_prompt_tokens_cached_total",
+                "Prompt tokens of the finished rows taken from a prompt they continue, not run.",
+                "counter",
+                load(&self.cached_prompt_tokens),
             ),
             (
                 "needle_completion_tokens_total",

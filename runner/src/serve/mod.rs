@@ -41,6 +41,9 @@ pub struct ServeOptions {
     pub model_name: String,
     /// Rows decoded together.
     pub max_batch: usize,
+    /// Prompts remembered with their cache, so that a conversation coming back prefills
+    /// only what it added.
+    pub prefix_cache: usize,
     /// Requests waiting for a row; more are answered 429.
     pub queue: usize,
     /// Largest request body in bytes; larger ones are answered 413.
@@ -91,7 +94,10 @@ pub fn serve(model: LoadedModel, opts: &ServeOptions) -> Result<()> {
     let provider = session.provider();
     let decoder = std::thread::Builder::new()
         .name("needle-decode".into())
-        .spawn(move || scheduler::run(session, queue, max_batch, &metrics))?;
+        .spawn({
+            let prefixes = opts.prefix_cache;
+            move || scheduler::run(session, queue, max_batch, prefixes, &metrics)
+        })?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -70,13 +70,20 @@ fn content(answer: &Answer) -> Value {
 
 /// The token counts of a request's answers: its prompt once (every choice shares it),
 /// every choice's generated tokens.
+/// `cached_tokens`: prompt tokens taken from a prompt the request continues.
 pub fn usage<'a>(dones: impl IntoIterator<Item = &'a Done>) -> Value {
-    let (mut prompt, mut completion) = (0, 0);
+    let (mut prompt, mut cached, mut completion) = (0, 0, 0);
     for done in dones {
         prompt = done.decoded.prefill_tokens;
+        cached = cached.max(done.decoded.cached_prompt_tokens);
         completion += done.decoded.generated_ids.len();
     }
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    })
 }
 
 /// A token's `logprobs.content` entry: its text (`token_bytes`: each id's bytes in a

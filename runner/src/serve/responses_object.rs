@@ -113,7 +113,7 @@ fn usage(done: &Done) -> Value {
     let chat = response::usage([done]);
     json!({
         "input_tokens": chat["prompt_tokens"],
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": chat["prompt_tokens_details"],
         "output_tokens": chat["completion_tokens"],
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": chat["total_tokens"],

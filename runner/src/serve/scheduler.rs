@@ -124,9 +124,16 @@ struct Running {
 }
 
 /// Decodes the jobs of `jobs` until every sender is gone and the last one is done, at
-/// most `max_batch` at once.
-pub fn run(mut session: NeedleSession, jobs: Receiver<Job>, max_batch: usize, metrics: &Metrics) {
-    let mut engine: Engine<Notify> = Engine::default();
+/// most `max_batch` at once, a lone newcomer continuing one of the last `prefixes`
+/// prompts from its cache.
+pub fn run(
+    mut session: NeedleSession,
+    jobs: Receiver<Job>,
+    max_batch: usize,
+    prefixes: usize,
+    metrics: &Metrics,
+) {
+    let mut engine: Engine<Notify> = Engine::with_prefix_reuse(prefixes);
     let mut running: HashMap<RowId, Running> = HashMap::new();
     let mut open = true;
     loop {
@@ -169,7 +176,12 @@ pub fn run(mut session: NeedleSession, jobs: Receiver<Job>, max_batch: usize, me
                     };
                     let event = match f.decoded {
                         Ok(decoded) => {
-                            metrics.tokens(decoded.prefill_tokens, decoded.generated_ids.len());
+                            let d = &decoded;
+                            metrics.tokens(
+                                d.prefill_tokens,
+                                d.cached_prompt_tokens,
+                                d.generated_ids.len(),
+                            );
                             done(&mut session, &row, decoded)
                         }
                         Err(e) => Event::Failed(format!("{e:#}")),
@@ -183,7 +195,7 @@ pub fn run(mut session: NeedleSession, jobs: Receiver<Job>, max_batch: usize, me
                     let failed = Event::Failed(format!("decoding failed: {e:#}"));
                     let _ = row.events.send((row.choice, failed));
                 }
-                engine = Engine::default();
+                engine.clear();
             }
         }
         metrics.batch_rows(engine.len());
@@ -230,7 +242,7 @@ fn admit(
                 let failed = Event::Failed(format!("prefill failed: {e:#}"));
                 let _ = row.events.send((row.choice, failed));
             }
-            *engine = Engine::default();
+            engine.clear();
         }
     }
 }
