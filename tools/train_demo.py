@@ -544,10 +544,48 @@ def conversation(rng, slots, tools_by_name, templates, mix=None):
     return ex
 
 
+def model_name(rng, tool):
+    """A name a client's output model might have for what `tool` sets: `set_lights` ->
+    `Lights`, `LightsRequest`, `SetLights`, ... (Pydantic names the schema after the class)."""
+    verb, _, noun = tool.partition("_")
+    noun, verb = noun.capitalize(), verb.capitalize()
+    return rng.choice([noun, noun, noun + "Request", noun + "Settings", noun + "Args",
+                       verb + noun, verb + noun + "Params"])
+
+
+def structured(rng, slots, tools_by_name, templates, mix=None):
+    """A request answered through `response_format` json_schema, rendered as `serve` does
+    (upstream's `extract`): the only tool is named after the client's output model, has its
+    docstring or no description, and some of the tool's parameters; the one call fills
+    those it has."""
+    weights = (mix or {}).get("tool_weights") or {}
+    names = list(tools_by_name)
+    tool = rng.choices(names, [weights.get(n, 1.0) for n in names])[0]
+    query, call, reasons = make_call(tool, slots, rng.choice(templates[tool]))
+    schema = tools_by_name[tool]["parameters"]
+    required = schema.get("required", [])
+    keep = [k for k in schema["properties"] if k in required or rng.random() < 0.5]
+    args = {k: v for k, v in call["arguments"].items() if k in keep}
+    call = {"name": model_name(rng, tool), "arguments": args}
+    reasons = [r for r in reasons if r in make_reasons_of(call, "; ".join(reasons))]
+    noun = tool.partition("_")[2].replace("_", " ")
+    function = {"name": call["name"]}
+    description = rng.choice([None, f"The {noun} a request asks for.", f"{noun.capitalize()} settings.",
+                              f"Extract the {noun} from the text.", f"What the user wants for the {noun}."])
+    if description:
+        function["description"] = description
+    function["parameters"] = {"type": "object",
+                              "properties": {k: schema["properties"][k] for k in keep},
+                              "required": [k for k in required if k in keep]}
+    if rng.random() < 0.3:
+        query = query[0].upper() + query[1:]
+    return {"query": query, "tools": [function], "reasoning": "; ".join(reasons), "answers": [call]}
+
+
 def make_reasons_of(call, reasoning):
     """The reasoning items that name `call`'s argument values."""
     values = {f"'{v}'" if not isinstance(v, bool) else None for v in call["arguments"].values()}
-    values |= {"'on'", "'off'"} if call["name"] == "set_lights" else set()
+    values |= {"'on'", "'off'"} if "on" in call["arguments"] else set()
     return {r for r in reasoning.split("; ") if r.split(" -> ")[0] in values}
 
 
@@ -582,7 +620,7 @@ def llama_index_description(tool):
     sig = ", ".join(f"{k}: {py[v['type']]}" if k in req else f"{k}: Optional[{py[v['type']]}] = None"
                     for k, v in props.items())
     args = "\n".join(f"        {k}: {v.get('description', '')}" for k, v in props.items())
-    return f"{tool['name']}({sig}) -> str\n{tool['description']}\n\n    Args:\n{args}\n    "
+    return f"{tool['name']}({sig}) -> str\n{tool.get('description', '')}\n\n    Args:\n{args}\n    "
 
 
 def shaped_tools(rng, tools):
@@ -654,8 +692,11 @@ def make_data(seed, n, conv_share, tools_by_name, banned, train_templates, mix=N
                   pools={"made_up": mix.get("made_up", 0.5), "markov": mix.get("markov", 0.0)})
     out, dropped = [], {"query": 0, "value": 0}
     while len(out) < n:
-        if rng.random() < conv_share:
+        roll = rng.random()
+        if roll < conv_share:
             ex = conversation(rng, slots, tools_by_name, train_templates, mix)
+        elif roll < conv_share + mix.get("structured", 0.0):
+            ex = structured(rng, slots, tools_by_name, train_templates, mix)
         else:
             ex = single_turn(rng, slots, tools_by_name, train_templates,
                              p_off=mix.get("off_topic", 0.05), mix=mix)
@@ -725,7 +766,7 @@ def batches(encoded, rng):
 
 # ---------------------------------------------------------------- training
 
-def train(params, config, encoded, minutes, lr, warmup, seed, log):
+def train(params, config, encoded, minutes, lr, warmup, seed, log, fixed_steps=None):
     import jax
     import jax.numpy as jnp
     import optax
@@ -781,7 +822,11 @@ def train(params, config, encoded, minutes, lr, warmup, seed, log):
         losses.append(loss)
         tokens += ids.size
         i += 1
-        if total is None and i == 60:
+        if total is None and i == 60 and fixed_steps:
+            # Set where a fitted run sets it, so that the schedule is that run's.
+            total = fixed_steps
+            log(f"steps: {total}")
+        elif total is None and i == 60:
             # Fit the budget: the rate of these steps (compiles excluded), QAT steps
             # taken as 1.4 times as slow, the QAT variant's compiles as 60 s.
             rate = (time.time() - t0 - compile_s) / i
@@ -911,6 +956,9 @@ def main():
     ap.add_argument("--examples", type=int, default=16000)
     ap.add_argument("--conv-share", type=float, default=0.4)
     ap.add_argument("--minutes", type=float, default=45.0, help="training time budget")
+    ap.add_argument("--steps", type=int,
+                    help="train this many steps instead of fitting --minutes (a shipped "
+                         "stage's count from its summary.json, to reproduce it)")
     ap.add_argument("--off-topic-share", type=float, default=0.05,
                     help="share of single-turn examples that call no tool")
     ap.add_argument("--off-topic-extra", action="store_true",
@@ -919,6 +967,9 @@ def main():
                     help="share of string slot values that are made up rather than from the lists")
     ap.add_argument("--markov", type=float, default=0.0,
                     help="share of made-up words drawn from a letter-trigram chain")
+    ap.add_argument("--structured-share", type=float, default=0.0,
+                    help="share of examples answered through response_format (one tool named "
+                         "after an output model)")
     ap.add_argument("--tool-weights", default="",
                     help="e.g. send_message=1.4,play_music=1.4: how often each tool is called")
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -976,7 +1027,7 @@ def main():
     banned = held_out_values()
     train_templates = {t: [x for x in ts if x != HELD_OUT_TEMPLATES[t]] for t, ts in TEMPLATES.items()}
     mix = {"off_topic": args.off_topic_share, "off_topic_extra": args.off_topic_extra,
-           "made_up": args.made_up, "markov": args.markov,
+           "made_up": args.made_up, "markov": args.markov, "structured": args.structured_share,
            "tool_weights": {k: float(v) for k, v in
                             (kv.split("=") for kv in args.tool_weights.split(",") if kv)}}
     log(f"args: {vars(args)}")
@@ -1004,7 +1055,8 @@ def main():
         for ex in data:
             f.write(json.dumps(ex, ensure_ascii=False) + "\n")
 
-    params, stats = train(params, config, encoded, args.minutes, args.lr, args.warmup, args.seed, log)
+    params, stats = train(params, config, encoded, args.minutes, args.lr, args.warmup, args.seed, log,
+                          fixed_steps=args.steps)
     stats.update(examples=len(data), dropped=dropped)
     export_and_evaluate(args, params, config, blob, tok, stats, convs, evaluate, log)
 
