@@ -22,12 +22,14 @@ weather as a dict.
 import json
 import sys
 import traceback
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 from pydantic import BaseModel, Field
 
 Room = Literal["living room", "kitchen", "bedroom", "bathroom", "office", "garage", "hallway", "dining room"]
 Mode = Literal["heat", "cool", "auto"]
+# A percentage, bounded as the demo's tools.json bounds it (Pydantic writes minimum/maximum).
+Percent = Annotated[int, Field(ge=0, le=100)]
 
 CALLED = []
 
@@ -36,7 +38,7 @@ def _record(name, **arguments):
     CALLED.append({"name": name, "arguments": {k: v for k, v in arguments.items() if v is not None}})
 
 
-def set_lights(room: Room, on: bool, brightness: Optional[int] = None) -> str:
+def set_lights(room: Room, on: bool, brightness: Optional[Percent] = None) -> str:
     """Turn the lights in a room on or off, optionally setting brightness.
 
     Args:
@@ -59,7 +61,7 @@ def set_thermostat(temperature: int, mode: Optional[Mode] = None) -> str:
     return "ok"
 
 
-def play_music(artist: str, volume: Optional[int] = None) -> str:
+def play_music(artist: str, volume: Optional[Percent] = None) -> str:
     """Play music by an artist, optionally at a volume.
 
     Args:
