@@ -376,7 +376,8 @@ fn call_schema(tool: &Value) -> Result<Value> {
 }
 
 /// `schema` with every object schema that does not say otherwise closed to its declared
-/// properties (`additionalProperties: false`): argument keys must be declared ones.
+/// properties (`additionalProperties: false`): argument keys must be declared ones; and
+/// every number bounded to what its readers hold ([`bound_numbers`]).
 fn closed(mut schema: Value) -> Value {
     if let Value::Object(map) = &mut schema {
         let is_object = map.get("type").and_then(Value::as_str) == Some("object")
@@ -384,6 +385,7 @@ fn closed(mut schema: Value) -> Value {
         if is_object && !map.contains_key("additionalProperties") {
             map.insert("additionalProperties".into(), Value::Bool(false));
         }
+        bound_numbers(map);
         for key in ["properties", "$defs", "definitions", "patternProperties"] {
             if let Some(Value::Object(children)) = map.get_mut(key) {
                 close_all(children);
@@ -403,6 +405,34 @@ fn closed(mut schema: Value) -> Value {
         }
     }
     schema
+}
+
+/// Bounds a number or integer schema that is not bounded on a side to ±10^18: a JSON
+/// number past a double's range (`1e999`, 310 digits) is infinity to Python and an error
+/// to serde_json, so a model that runs on writing digits or an exponent would give a call
+/// nobody can read. llguidance writes a bounded number in decimal notation (no exponent)
+/// and builds its range only within i64's; within ±10^18 every reader holds an integer
+/// exactly and a number as a double.
+fn bound_numbers(map: &mut Map<String, Value>) {
+    let types: Vec<&str> = match map.get("type") {
+        Some(Value::String(t)) => vec![t.as_str()],
+        Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
+        _ => return,
+    };
+    // 10^18: i64's range, rounded down to where llguidance's range regexes still build.
+    let (low, high) = if types.contains(&"number") {
+        (json!(-1e18), json!(1e18))
+    } else if types.contains(&"integer") {
+        (json!(-1_000_000_000_000_000_000i64), json!(1_000_000_000_000_000_000i64))
+    } else {
+        return;
+    };
+    if !map.contains_key("minimum") && !map.contains_key("exclusiveMinimum") {
+        map.insert("minimum".into(), low);
+    }
+    if !map.contains_key("maximum") && !map.contains_key("exclusiveMaximum") {
+        map.insert("maximum".into(), high);
+    }
 }
 
 fn close_all(children: &mut Map<String, Value>) {
@@ -533,6 +563,43 @@ mod tests {
         };
         let mut c = factory.for_tools(&tools(), required, true, 64).unwrap();
         assert!(!allows(&mut c, first_word, vocab));
+    }
+
+    /// A number argument is one every JSON reader holds: decimal, within i64's range
+    /// (`1e999` is infinity to Python and an error to serde_json).
+    #[test]
+    fn numbers_stay_within_a_doubles_range() {
+        let tok = demo_tokenizer();
+        let factory = ConstraintFactory::new(&tok).unwrap();
+        let vocab = tok.vocab_size();
+        let level = json!([{"name": "set_lights", "parameters": {"type": "object",
+            "properties": {"level": {"type": "number"}, "count": {"type": "integer"}},
+            "required": ["level", "count"]}}]);
+        let head = r#"<tool_call>[{"name":"set_lights","arguments":{"level":"#;
+        let texts: Vec<String> = (0..vocab as u32).map(|id| tok.decode(&[id])).collect();
+        // Whether the grammar lets `text` be written, whichever tokens it takes: each step
+        // the allowed token that writes the longest part of what is left.
+        let fits = |text: &str| {
+            let mut c = factory.for_tools(&level, CallCount::ANY, false, 400).unwrap();
+            let mut left = format!("{head}{text}");
+            while !left.is_empty() {
+                let mut logits = vec![0.0; vocab];
+                c.mask(&mut logits).unwrap();
+                let next = (0..vocab)
+                    .filter(|&id| logits[id].is_finite() && !texts[id].is_empty())
+                    .filter(|&id| left.starts_with(&texts[id]))
+                    .max_by_key(|&id| texts[id].len());
+                let Some(id) = next else { return false };
+                c.accept(id as u32).unwrap();
+                left.drain(..texts[id].len());
+            }
+            true
+        };
+        assert!(fits(r#"-12.5,"count":7}}]</tool_call>"#));
+        assert!(fits(r#"0.0005,"count":-3}}]</tool_call>"#));
+        assert!(!fits("1e999"));
+        assert!(!fits(&format!(r#"2{},"count":1}}}}]</tool_call>"#, "0".repeat(310))));
+        assert!(!fits(&format!(r#"1,"count":1{}}}}}]</tool_call>"#, "0".repeat(310))));
     }
 
     /// Prose that runs into the end of its budget closes with `<|im_end|>`.
