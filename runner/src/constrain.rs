@@ -217,7 +217,10 @@ impl TokenFilter for ToolConstraint {
     fn mask(&mut self, logits: &mut [f32]) -> Result<()> {
         // Once the answer is complete only `<|im_end|>` (the trie's EOS) may follow.
         let allowed = self.matcher.compute_mask_or_eos().map_err(grammar_error)?;
-        let allowed = |id: usize| allowed.is_allowed(id as u32);
+        // A model may score more ids than its tokenizer has pieces (a padded output
+        // vocabulary): those are no text, so never allowed.
+        let pieces = self.texts.len();
+        let allowed = |id: usize| id < pieces && allowed.is_allowed(id as u32);
         // Closing: the allowed tokens that take the answer furthest, longest first (a key
         // the grammar forces goes in one token, not letter by letter).
         let rank = |id: usize| (self.closes(id), self.texts[id].len());
@@ -600,6 +603,21 @@ mod tests {
         assert!(!fits("1e999"));
         assert!(!fits(&format!(r#"2{},"count":1}}}}]</tool_call>"#, "0".repeat(310))));
         assert!(!fits(&format!(r#"1,"count":1{}}}}}]</tool_call>"#, "0".repeat(310))));
+    }
+
+    /// Logits past the tokenizer's pieces (a model whose output vocabulary is padded, as
+    /// the full-size random Needle 3 of `bench/make_full_needle3.py`) are masked, not
+    /// looked up past the end of the grammar's token set.
+    #[test]
+    fn ids_past_the_pieces_are_never_allowed() {
+        let tok = demo_tokenizer();
+        let factory = ConstraintFactory::new(&tok).unwrap();
+        let vocab = tok.vocab_size();
+        let mut c = factory.for_tools(&tools(), CallCount::ANY, true, 64).unwrap();
+        let mut logits = vec![0.0; vocab + 100];
+        c.mask(&mut logits).unwrap();
+        assert!(logits[vocab..].iter().all(|l| *l == f32::NEG_INFINITY));
+        assert!(logits[..vocab].iter().any(|l| l.is_finite()));
     }
 
     /// Prose that runs into the end of its budget closes with `<|im_end|>`.
