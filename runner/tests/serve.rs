@@ -38,6 +38,12 @@ fn serving_demo() -> Runner {
         .unwrap()
 }
 
+/// The demo model's context (`max_seq_len`).
+fn demo_context() -> usize {
+    let model = load(&ModelSource::Demo, &LoadOptions::default()).unwrap();
+    model.session.config().max_seq_len()
+}
+
 /// `needle-run`'s calls for `query`, as the client reports calls (`arguments` parsed).
 fn one_at_a_time(runner: &mut Runner, q: &Value, system: Option<&str>) -> Vec<Value> {
     let query = q["query"].as_str().unwrap();
@@ -181,6 +187,7 @@ fn the_openai_client_gets_needle_runs_answers() {
     let concurrent = got["concurrent"].as_array().unwrap();
     assert_eq!(concurrent.len(), 32);
     let mut plain = 0;
+    let context = demo_context();
     for (q, answer) in queries.iter().zip(concurrent) {
         let query = q["query"].as_str().unwrap();
         let alone = runner.complete(&q["tools"], query, None, 256).unwrap();
@@ -198,8 +205,8 @@ fn the_openai_client_gets_needle_runs_answers() {
             answer["usage"]["completion_tokens"], alone.generated_tokens,
             "{query}"
         );
-        let ran_out =
-            alone.generated_tokens == 256 || alone.prompt_tokens + alone.generated_tokens == 512;
+        let ran_out = alone.generated_tokens == 256
+            || alone.prompt_tokens + alone.generated_tokens == context;
         let finish = match (alone.function_calls.is_empty(), ran_out) {
             (false, _) => "tool_calls",
             (true, false) => "stop",
@@ -249,7 +256,12 @@ fn the_openai_client_gets_needle_runs_answers() {
         Some(1 + tokenizer.encode(&history).len() as u64),
         "{continued}"
     );
-    assert_eq!(continued["needle"]["success"], true, "{continued}");
+    // After tool results the model calls again or answers in prose.
+    let prose = continued["content"].as_str().is_some_and(|c| !c.is_empty());
+    assert!(
+        continued["needle"]["success"] == true || prose,
+        "{continued}"
+    );
     assert!(
         ["tool_calls", "stop"].contains(&continued["finish_reason"].as_str().unwrap()),
         "{continued}"
@@ -262,7 +274,12 @@ fn the_openai_client_gets_needle_runs_answers() {
     );
     refused(&bad["n_past_batch"], 400, Some("n"), "--max-batch");
     refused(&bad["bad_temperature"], 400, Some("temperature"), "0 to 2");
-    refused(&bad["too_long"], 400, None, "context is 512 tokens");
+    refused(
+        &bad["too_long"],
+        400,
+        None,
+        &format!("context is {context} tokens"),
+    );
     refused(&bad["no_tools"], 400, Some("tools"), "declares none");
     refused(&bad["free_decoding"], 400, Some("needle"), "always decodes");
     assert_eq!(got["health_after"]["status"], "ok");

@@ -240,7 +240,7 @@ def answers(spec):
         ),
         "n_past_batch": refusal(lambda: ask(client, q, n=17)),
         "bad_temperature": refusal(lambda: ask(client, q, temperature=7)),
-        "too_long": refusal(lambda: ask(client, {"query": "lights " * 900, "tools": q["tools"]})),
+        "too_long": refusal(lambda: ask(client, {"query": "lights " * 1200, "tools": q["tools"]})),
         "no_tools": refusal(lambda: client.chat.completions.create(model="needle-demo", messages=user)),
         "free_decoding": refusal(lambda: ask(client, q, extra_body={"needle": {"constrain": False}})),
     }

@@ -43,7 +43,7 @@ async def main():
     async def structured():
         typed = Agent(name="home", model=spec["model"], output_type=home.Lights)
         result = await Runner.run(typed, spec["structured"]["query"], max_turns=MAX_TURNS)
-        return {"value": result.final_output.model_dump()}
+        return {"value": result.final_output.model_dump(exclude_none=True)}
 
     await home.report_async(spec, first_calls, loop, structured, streamed)
 

@@ -112,6 +112,7 @@ class Lights(BaseModel):
 
     room: Room = Field(description="Room name.")
     on: bool = Field(description="True to turn on, false to turn off.")
+    brightness: Optional[Percent] = Field(default=None, description="Brightness percent 0-100.")
 
 
 def functions(names):

@@ -56,14 +56,14 @@ def main():
     def structured():
         value = client.chat.completions.create(
             model=spec["model"], response_model=home.Lights, messages=user(spec["structured"]["query"]), max_retries=0)
-        return {"value": value.model_dump()}
+        return {"value": value.model_dump(exclude_none=True)}
 
     def streamed():
         last = None
         for last in client.chat.completions.create_partial(
                 model=spec["model"], response_model=home.Lights, messages=user(spec["structured"]["query"]), max_retries=0):
             pass
-        return {"value": last.model_dump()}
+        return {"value": last.model_dump(exclude_none=True)}
 
     home.report({
         "calls": [home.attempt(first_calls, q) for q in spec["calls"]],

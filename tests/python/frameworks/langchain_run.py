@@ -51,7 +51,7 @@ def main():
 
     def structured():
         value = llm.with_structured_output(home.Lights).invoke(spec["structured"]["query"])
-        return {"value": value.model_dump()}
+        return {"value": value.model_dump(exclude_none=True)}
 
     home.report({
         "calls": [home.attempt(first_calls, q) for q in spec["calls"]],

@@ -1,7 +1,7 @@
 """llama-index against `needle-run serve`, its documented way (report shape: home.py).
 
 The model is `OpenAILike` (a chat model that calls functions, with the window the server
-reports as `max_model_len`); tools are the functions of home.py through `FunctionTool.from_defaults` (the
+reports as `max_model_len`, greedy); tools are the functions of home.py through `FunctionTool.from_defaults` (the
 signature and docstring as the description). The first-call figure is
 `chat_with_tools` (`allow_parallel_tool_calls=True`: its default allows one call, and
 some held-out queries ask for two) read by `get_tool_calls_from_response`; the loop is `FunctionAgent`;
@@ -37,6 +37,9 @@ async def main():
         is_function_calling_model=True,
         context_window=served_window(spec),
         max_retries=0,
+        # Greedy, as needle-run decodes and the other frameworks' defaults leave it:
+        # OpenAILike's default 0.1 samples, and the calls are judged against needle-run's.
+        temperature=0.0,
     )
     tools = {name: FunctionTool.from_defaults(fn=f) for name, f in home.FUNCTIONS.items()}
 
@@ -64,7 +67,7 @@ async def main():
 
     async def structured():
         value = await llm.astructured_predict(home.Lights, PromptTemplate(spec["structured"]["query"]))
-        return {"value": value.model_dump()}
+        return {"value": value.model_dump(exclude_none=True)}
 
     await home.report_async(spec, first_calls, loop, structured, streamed)
 

@@ -49,7 +49,7 @@ async def main():
 
     async def structured():
         result = await Agent(model, output_type=home.Lights).run(spec["structured"]["query"], usage_limits=LIMITS)
-        return {"value": result.output.model_dump()}
+        return {"value": result.output.model_dump(exclude_none=True)}
 
     await home.report_async(spec, first_calls, loop, structured, streamed)
 
