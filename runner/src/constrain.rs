@@ -103,6 +103,7 @@ impl ConstraintFactory {
             json: JsonScan::default(),
             left: max_new_tokens,
             closing_from: max_new_tokens.min(CLOSING_TOKENS),
+            ran_on: false,
         })
     }
 }
@@ -182,6 +183,8 @@ pub struct ToolConstraint {
     /// Tokens left in the budget.
     left: usize,
     closing_from: usize,
+    /// Whether closing overrode the model's own pick (see [`TokenFilter::ran_on`]).
+    ran_on: bool,
 }
 
 impl ToolConstraint {
@@ -228,11 +231,20 @@ impl TokenFilter for ToolConstraint {
             true => (0..logits.len()).filter(|&id| allowed(id)).map(rank).max(),
             false => None,
         };
+        // The model's own pick among the allowed tokens: closing overrode it if it ranks
+        // below the best.
+        let overridden = best.is_some_and(|best| {
+            (0..logits.len())
+                .filter(|&id| allowed(id))
+                .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
+                .is_some_and(|own| rank(own) < best)
+        });
         for (id, logit) in logits.iter_mut().enumerate() {
             if !allowed(id) || best.is_some_and(|best| rank(id) < best) {
                 *logit = f32::NEG_INFINITY;
             }
         }
+        self.ran_on |= overridden;
         Ok(())
     }
 
@@ -252,6 +264,10 @@ impl TokenFilter for ToolConstraint {
             self.phase = Phase::Prose;
         }
         self.matcher.consume_token(token).map_err(grammar_error)
+    }
+
+    fn ran_on(&self) -> bool {
+        self.ran_on
     }
 }
 
@@ -620,20 +636,32 @@ mod tests {
         assert!(logits[..vocab].iter().any(|l| l.is_finite()));
     }
 
-    /// Prose that runs into the end of its budget closes with `<|im_end|>`.
+    /// Prose that runs into the end of its budget closes with `<|im_end|>`; the answer ran
+    /// on when the model would have written more, not when it ends there itself.
     #[test]
     fn prose_closes_at_the_end_of_its_budget() {
         let tok = demo_tokenizer();
         let factory = ConstraintFactory::new(&tok).unwrap();
         let vocab = tok.vocab_size();
         let prose = tok.encode("The kitchen lights");
-        let mut c = factory
-            .for_tools(&tools(), CallCount::ANY, true, prose.len() + CLOSING_TOKENS)
-            .unwrap();
-        feed(&mut c, &prose, vocab);
-        let mut logits = vec![0.0; vocab];
-        c.mask(&mut logits).unwrap();
-        let allowed: Vec<usize> = (0..vocab).filter(|&i| logits[i].is_finite()).collect();
-        assert_eq!(allowed, vec![tok.token_id(IM_END).unwrap() as usize]);
+        let im_end = tok.token_id(IM_END).unwrap() as usize;
+        let more = tok
+            .encode(" are")
+            .into_iter()
+            .find(|&id| !tok.decode(&[id]).trim().is_empty())
+            .unwrap() as usize;
+        for (favoured, ran_on) in [(more, true), (im_end, false)] {
+            let mut c = factory
+                .for_tools(&tools(), CallCount::ANY, true, prose.len() + CLOSING_TOKENS)
+                .unwrap();
+            feed(&mut c, &prose, vocab);
+            assert!(!c.ran_on());
+            let mut logits = vec![0.0; vocab];
+            logits[favoured] = 10.0;
+            c.mask(&mut logits).unwrap();
+            let allowed: Vec<usize> = (0..vocab).filter(|&i| logits[i].is_finite()).collect();
+            assert_eq!(allowed, vec![im_end]);
+            assert_eq!(c.ran_on(), ran_on, "the model favouring {favoured}");
+        }
     }
 }

@@ -35,6 +35,9 @@ pub struct Decoded {
     /// Whether generation ended because the row's filter found its output complete
     /// ([`TokenFilter::complete`]: a stop sequence appeared); the tokens are kept.
     pub completed_by_filter: bool,
+    /// Whether the row's filter had to close its output at the end of the budget
+    /// ([`TokenFilter::ran_on`]).
+    pub ran_on: bool,
     pub prefill_tokens: usize,
     /// Of the prompt's tokens, those not run: their cache came from a prompt this one
     /// continues ([`crate::cache::prefix`]).
@@ -75,6 +78,12 @@ pub trait TokenFilter {
     fn complete(&self) -> bool {
         false
     }
+    /// Whether the filter, near the end of its budget, overrode the model's choice to
+    /// close the output: the output ran on (a word repeated until the budget ended) and
+    /// its end is the filter's, not the model's.
+    fn ran_on(&self) -> bool {
+        false
+    }
 }
 
 impl<T: TokenFilter + ?Sized> TokenFilter for &mut T {
@@ -89,6 +98,10 @@ impl<T: TokenFilter + ?Sized> TokenFilter for &mut T {
     fn complete(&self) -> bool {
         (**self).complete()
     }
+
+    fn ran_on(&self) -> bool {
+        (**self).ran_on()
+    }
 }
 
 impl<T: TokenFilter + ?Sized> TokenFilter for Box<T> {
@@ -102,6 +115,10 @@ impl<T: TokenFilter + ?Sized> TokenFilter for Box<T> {
 
     fn complete(&self) -> bool {
         (**self).complete()
+    }
+
+    fn ran_on(&self) -> bool {
+        (**self).ran_on()
     }
 }
 

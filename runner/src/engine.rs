@@ -90,8 +90,12 @@ impl<F> Row<F> {
         self.generated.last().copied()
     }
 
+}
+
+impl<F: TokenFilter> Row<F> {
     fn finished(self) -> Decoded {
         Decoded {
+            ran_on: self.filter.as_ref().is_some_and(F::ran_on),
             generated_ids: self.generated,
             stopped_on: self.stopped_on,
             completed_by_filter: self.completed_by_filter,
@@ -102,9 +106,7 @@ impl<F> Row<F> {
             decode_secs: self.decode_secs,
         }
     }
-}
 
-impl<F: TokenFilter> Row<F> {
     /// Picks the next token: `Some` to feed it, `None` when the row is done (a stop token,
     /// a full context, the last token it may generate, or its filter found the output
     /// complete). Like upstream

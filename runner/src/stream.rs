@@ -87,4 +87,8 @@ impl TokenFilter for Both<'_> {
     fn complete(&self) -> bool {
         self.0.complete() || self.1.complete()
     }
+
+    fn ran_on(&self) -> bool {
+        self.0.ran_on() || self.1.ran_on()
+    }
 }

@@ -18,6 +18,8 @@ pub struct Meta<'a> {
 pub fn finish_reason(answer: &Answer, done: &Done) -> &'static str {
     if !answer.function_calls().is_empty() {
         "tool_calls"
+    } else if done.decoded.ran_on {
+        "length"
     } else if done.decoded.stopped_on.is_some() || done.decoded.completed_by_filter {
         "stop"
     } else {

@@ -114,6 +114,10 @@ impl TokenFilter for Notify {
     fn complete(&self) -> bool {
         self.stop.as_ref().is_some_and(StopWatch::complete)
     }
+
+    fn ran_on(&self) -> bool {
+        self.inner.as_ref().is_some_and(|f| f.ran_on())
+    }
 }
 
 struct Running {

@@ -116,11 +116,24 @@ pub fn queue_jobs(s: &Shared, jobs: Vec<Job>) -> Result<(), Box<Response>> {
 }
 
 /// The answer of a finished generation: its decoded text, cut at the first stop sequence,
-/// in the request's `form`.
+/// in the request's `form`. Text that ran on until the grammar had to close it (a word
+/// repeated to the budget's end) is no answer: it is left out, and `needle.error` says so.
 pub fn final_answer(s: &Shared, done: &Done, stops: &StopTexts, form: AnswerForm) -> Answer {
     let text = s.tokenizer.decode(&done.decoded.generated_ids);
-    answer_in_form(stops.cut(&text).0, form)
+    let answer = answer_in_form(stops.cut(&text).0, form);
+    match done.decoded.ran_on && answer.function_calls().is_empty() {
+        true => Answer {
+            text: String::new(),
+            calls: Err(RAN_ON.to_string()),
+            ..answer
+        },
+        false => answer,
+    }
 }
+
+/// `needle.error` of an answer left out because it ran on.
+const RAN_ON: &str = "the answer ran on to the end of its token budget, where the grammar \
+                      closed it; its text is left out";
 
 /// The answer `text` (decoded so far, or whole) says in the request's `form`: for a
 /// structured answer, the one call's arguments as decoded so far as the text, and no calls
