@@ -256,16 +256,20 @@ fn the_openai_client_gets_needle_runs_answers() {
         Some(1 + tokenizer.encode(&history).len() as u64),
         "{continued}"
     );
-    // After tool results the model calls again or answers in prose.
-    let prose = continued["content"].as_str().is_some_and(|c| !c.is_empty());
-    assert!(
-        continued["needle"]["success"] == true || prose,
-        "{continued}"
-    );
-    assert!(
-        ["tool_calls", "stop"].contains(&continued["finish_reason"].as_str().unwrap()),
-        "{continued}"
-    );
+    // After tool results the model calls again or answers in prose; prose that ran on
+    // until the grammar closed it (the demo does, on this query's two results) is left
+    // out, and the answer says so.
+    let content = continued["content"].as_str().unwrap_or_default();
+    match continued["finish_reason"].as_str().unwrap() {
+        "tool_calls" => assert_eq!(continued["needle"]["success"], true, "{continued}"),
+        "stop" => assert!(!content.is_empty(), "{continued}"),
+        "length" => {
+            assert_eq!(content, "", "{continued}");
+            let error = continued["needle"]["error"].as_str().unwrap();
+            assert!(error.contains("ran on"), "{continued}");
+        }
+        other => panic!("finish_reason {other}: {continued}"),
+    }
     refused(
         &bad["unknown_function"],
         400,
