@@ -442,7 +442,10 @@ fn bound_numbers(map: &mut Map<String, Value>) {
     let (low, high) = if types.contains(&"number") {
         (json!(-1e18), json!(1e18))
     } else if types.contains(&"integer") {
-        (json!(-1_000_000_000_000_000_000i64), json!(1_000_000_000_000_000_000i64))
+        (
+            json!(-1_000_000_000_000_000_000i64),
+            json!(1_000_000_000_000_000_000i64),
+        )
     } else {
         return;
     };
@@ -599,7 +602,9 @@ mod tests {
         // Whether the grammar lets `text` be written, whichever tokens it takes: each step
         // the allowed token that writes the longest part of what is left.
         let fits = |text: &str| {
-            let mut c = factory.for_tools(&level, CallCount::ANY, false, 400).unwrap();
+            let mut c = factory
+                .for_tools(&level, CallCount::ANY, false, 400)
+                .unwrap();
             let mut left = format!("{head}{text}");
             while !left.is_empty() {
                 let mut logits = vec![0.0; vocab];
@@ -617,8 +622,14 @@ mod tests {
         assert!(fits(r#"-12.5,"count":7}}]</tool_call>"#));
         assert!(fits(r#"0.0005,"count":-3}}]</tool_call>"#));
         assert!(!fits("1e999"));
-        assert!(!fits(&format!(r#"2{},"count":1}}}}]</tool_call>"#, "0".repeat(310))));
-        assert!(!fits(&format!(r#"1,"count":1{}}}}}]</tool_call>"#, "0".repeat(310))));
+        assert!(!fits(&format!(
+            r#"2{},"count":1}}}}]</tool_call>"#,
+            "0".repeat(310)
+        )));
+        assert!(!fits(&format!(
+            r#"1,"count":1{}}}}}]</tool_call>"#,
+            "0".repeat(310)
+        )));
     }
 
     /// Logits past the tokenizer's pieces (a model whose output vocabulary is padded, as
@@ -629,7 +640,9 @@ mod tests {
         let tok = demo_tokenizer();
         let factory = ConstraintFactory::new(&tok).unwrap();
         let vocab = tok.vocab_size();
-        let mut c = factory.for_tools(&tools(), CallCount::ANY, true, 64).unwrap();
+        let mut c = factory
+            .for_tools(&tools(), CallCount::ANY, true, 64)
+            .unwrap();
         let mut logits = vec![0.0; vocab + 100];
         c.mask(&mut logits).unwrap();
         assert!(logits[vocab..].iter().all(|l| *l == f32::NEG_INFINITY));

@@ -152,7 +152,10 @@ pub fn prefill_after(session: &mut NeedleSession, ids: &[i64], cache: Cache) -> 
     if ids.is_empty() {
         bail!("the prompt is empty");
     }
-    let chunk = session.plan.prefill_chunk.unwrap_or(cache.len() + ids.len());
+    let chunk = session
+        .plan
+        .prefill_chunk
+        .unwrap_or(cache.len() + ids.len());
     let (first, rest) = ids.split_at((chunk - cache.len() % chunk).min(ids.len()));
     let mut step = session.forward(first, 1, cache)?;
     for piece in rest.chunks(chunk) {

@@ -89,7 +89,6 @@ impl<F> Row<F> {
     fn last_generated(&self) -> Option<u32> {
         self.generated.last().copied()
     }
-
 }
 
 impl<F: TokenFilter> Row<F> {
@@ -498,7 +497,10 @@ fn prefill_continuing(
             let cached = row.len();
             let zeroed = session.zeroed_cache(1, cached, capacity)?;
             let (cache, _) = rows::join(zeroed, std::slice::from_ref(row))?;
-            (decode::prefill_after(session, &ids[cached..], cache)?, cached)
+            (
+                decode::prefill_after(session, &ids[cached..], cache)?,
+                cached,
+            )
         }
         None => (decode::prefill(session, &ids, capacity)?, 0),
     };

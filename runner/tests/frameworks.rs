@@ -170,7 +170,9 @@ fn frameworks_call_loop_structure_and_stream_on_the_demo() {
             .filter(|(c, e)| right_calls(c, &e["answers"]))
             .count();
         if hits < baseline {
-            faults.push(format!("{framework}: {hits}/100 right calls, needle-run {baseline}"));
+            faults.push(format!(
+                "{framework}: {hits}/100 right calls, needle-run {baseline}"
+            ));
         }
         let completed = match report["loops"].as_array() {
             Some(runs) => {
@@ -200,7 +202,11 @@ fn frameworks_call_loop_structure_and_stream_on_the_demo() {
         writeln!(
             table,
             "{framework}: {hits}/100 right calls, loops {completed}, structured {}, streaming {}",
-            if same(value, &lights) { "right" } else { "wrong" },
+            if same(value, &lights) {
+                "right"
+            } else {
+                "wrong"
+            },
             stream_fault.as_deref().unwrap_or("ok"),
         )
         .unwrap();

@@ -807,7 +807,11 @@ fn n_choices_are_rows_and_logprobs_are_the_models() {
     let query = q["query"].as_str().unwrap();
     let conversation = tool_conversation_ids(&model.tokenizer, &q["tools"], query, None, &turns);
     let usage = &continued["usage"];
-    assert_eq!(usage["prompt_tokens"], json!(conversation.len()), "{continued}");
+    assert_eq!(
+        usage["prompt_tokens"],
+        json!(conversation.len()),
+        "{continued}"
+    );
     assert_eq!(
         usage["prompt_tokens_details"]["cached_tokens"],
         json!(prompt.len()),
@@ -817,7 +821,13 @@ fn n_choices_are_rows_and_logprobs_are_the_models() {
     let mut after_results = grammar_of(tools, 0, true, budget);
     let entries = continued["logprobs"].as_array().unwrap();
     assert!(!entries.is_empty(), "{continued}");
-    check_logprobs(&mut model, &conversation, entries, 5, Some(&mut after_results));
+    check_logprobs(
+        &mut model,
+        &conversation,
+        entries,
+        5,
+        Some(&mut after_results),
+    );
 }
 
 /// `POST /v1/responses` through openai-agents with its defaults (the Responses API, default

@@ -193,7 +193,10 @@ fn a_prompt_continuing_a_remembered_one_sees_its_single_run() {
                 assert_eq!(decoded.cached_prompt_tokens, cached, "{what}");
                 let mut alone = Recorder::default();
                 let single = generate_filtered(&mut s, p, &options(5), Some(&mut alone)).unwrap();
-                assert_eq!(decoded.generated_ids, single.generated_ids, "{what}: tokens");
+                assert_eq!(
+                    decoded.generated_ids, single.generated_ids,
+                    "{what}: tokens"
+                );
                 let (got, want) = (recorder.0.borrow(), alone.0.borrow());
                 assert_eq!(got.len(), want.len(), "{what}: steps");
                 for (step, (g, w)) in got.iter().zip(want.iter()).enumerate() {

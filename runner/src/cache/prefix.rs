@@ -74,7 +74,10 @@ mod tests {
         store.remember(vec![1, 2], row(2));
         store.remember(vec![7, 8, 9], row(3));
         assert_eq!(store.longest_prefix(&[1, 2, 3]).map(RowCache::len), Some(2));
-        assert_eq!(store.longest_prefix(&[7, 8, 9, 1]).map(RowCache::len), Some(3));
+        assert_eq!(
+            store.longest_prefix(&[7, 8, 9, 1]).map(RowCache::len),
+            Some(3)
+        );
         assert!(store.longest_prefix(&[7, 8, 9]).is_none());
         assert!(store.longest_prefix(&[1]).is_none());
         assert!(store.longest_prefix(&[2, 1, 3]).is_none());
@@ -86,7 +89,10 @@ mod tests {
         store.remember(vec![1, 2], row(2));
         store.remember(vec![1, 2, 3, 4], row(4));
         assert_eq!(store.len(), 1);
-        assert_eq!(store.longest_prefix(&[1, 2, 3, 4, 5]).map(RowCache::len), Some(4));
+        assert_eq!(
+            store.longest_prefix(&[1, 2, 3, 4, 5]).map(RowCache::len),
+            Some(4)
+        );
         assert!(store.longest_prefix(&[1, 2, 9]).is_none());
     }
 
