@@ -441,7 +441,7 @@ fn prefill(
 ) -> Result<(Prefilled, Vec<Vec<f32>>, Vec<usize>)> {
     if let ([prompt], Some(prefixes)) = (prompts, prefixes) {
         if !session.is_accelerator() {
-            let (cache, logits, cached) = prefill_continuing(session, prompt, most_new, prefixes)?;
+            let (cache, logits, cached) = prefill_one(session, prompt, most_new, Some(prefixes))?;
             return Ok((Prefilled::Cache(cache), vec![logits], vec![cached]));
         }
     }
@@ -481,18 +481,22 @@ fn prefill(
     Ok((Prefilled::Rows(parts), logits, none_cached))
 }
 
-/// Runs `prompt` (with room for `most_new` more tokens) after the cache of the longest
-/// prompt of `prefixes` it continues, or from an empty cache, and remembers it there.
-/// Returns its cache, last logits and how many of its tokens were not run.
-fn prefill_continuing(
+/// Runs `prompt` (with room for `most_new` more tokens) in the pieces the run plan says
+/// ([`decode::prefill`]): after the cache of the longest prompt of `prefixes` it
+/// continues, else from an empty cache; then remembers it in `prefixes`. Returns its
+/// cache, last logits and how many of its tokens were not run.
+fn prefill_one(
     session: &mut NeedleSession,
     prompt: &[u32],
     most_new: usize,
-    prefixes: &mut PrefixStore,
+    mut prefixes: Option<&mut PrefixStore>,
 ) -> Result<(Cache, Vec<f32>, usize)> {
     let ids: Vec<i64> = prompt.iter().map(|&t| i64::from(t)).collect();
     let capacity = ids.len() + most_new;
-    let (out, cached) = match prefixes.longest_prefix(prompt) {
+    let continued = prefixes
+        .as_deref_mut()
+        .and_then(|p| p.longest_prefix(prompt));
+    let (out, cached) = match continued {
         Some(row) => {
             let cached = row.len();
             let zeroed = session.zeroed_cache(1, cached, capacity)?;
@@ -504,10 +508,12 @@ fn prefill_continuing(
         }
         None => (decode::prefill(session, &ids, capacity)?, 0),
     };
-    let attention = session.description.variant.attention;
-    let mask = padded_mask(prompt.len(), prompt.len());
-    let mut row = rows::split(&out.cache, attention, &[&mask], &[0])?;
-    prefixes.remember(prompt.to_vec(), row.pop().expect("one row"));
+    if let Some(prefixes) = prefixes {
+        let attention = session.description.variant.attention;
+        let mask = padded_mask(prompt.len(), prompt.len());
+        let mut row = rows::split(&out.cache, attention, &[&mask], &[0])?;
+        prefixes.remember(prompt.to_vec(), row.pop().expect("one row"));
+    }
     let vocab = session.config().output_vocab();
     let last = out.logits[out.logits.len() - vocab..].to_vec();
     Ok((out.cache, last, cached))
@@ -523,10 +529,8 @@ fn prefill_together(
 ) -> Result<(Cache, Vec<Vec<f32>>)> {
     let vocab = session.config().output_vocab();
     if let [prompt] = prompts {
-        let ids: Vec<i64> = prompt.iter().map(|&t| i64::from(t)).collect();
-        let out = decode::prefill(session, &ids, ids.len() + most_new)?;
-        let last = out.logits[out.logits.len() - vocab..].to_vec();
-        return Ok((out.cache, vec![last]));
+        let (cache, last, _) = prefill_one(session, prompt, most_new, None)?;
+        return Ok((cache, vec![last]));
     }
     let pad = i64::from(session.description.tokenizer.pad_id);
     let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
