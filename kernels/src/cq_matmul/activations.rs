@@ -1,11 +1,9 @@
 //! The activation side of a CQ product: each token's inputs padded to whole groups,
-//! rotated by `H` group by group, and laid out in the order a SIMD path reads codes.
-//!
-//! A SIMD path widens `lanes` code bytes to `lanes` integer lanes and takes code `s` of
-//! every byte with one shift: lane `i`, shift `s` holds the code of input `i·P + s`
-//! (`P = 8 / bits` codes per byte). So within each chunk of `lanes · P` inputs the
-//! activation is stored shift-major: `xt[s·lanes + i] = (H x)[i·P + s]`.
+//! rotated by `H` group by group, and laid out in the order a SIMD path reads codes
+//! ([`Order`]), so the path's looked-up codebook values meet their inputs lane by lane.
 
+#[cfg(target_arch = "x86_64")]
+use super::avx2;
 use super::CqMatrix;
 use crate::hadamard;
 use crate::isa::Isa;
@@ -13,10 +11,19 @@ use crate::isa::Isa;
 /// The path a product runs on and the activation order it reads.
 pub(super) struct Layout {
     pub isa: Isa,
-    /// Float lanes of the path (1 for scalar: natural order).
-    lanes: usize,
-    /// Codes per byte.
-    per_byte: usize,
+    order: Order,
+}
+
+/// Where a path reads each input of a chunk.
+enum Order {
+    /// As the inputs come (the scalar path).
+    Natural,
+    /// `lanes` code bytes widened to lanes, code `s` of every byte taken by one shift:
+    /// within each chunk of `lanes · per_byte` inputs, `xt[s·lanes + i] = (H x)[i·per_byte + s]`.
+    ShiftMajor { lanes: usize, per_byte: usize },
+    /// The AVX2 4-bit lookup (`avx2.rs`): within each 8 inputs, element `e` holds input
+    /// `2(e mod 4) + e / 4`.
+    NibblePairs,
 }
 
 impl Layout {
@@ -25,16 +32,24 @@ impl Layout {
     pub fn new(isa: Isa, bits: usize, group: usize) -> Layout {
         let per_byte = 8 / bits;
         let fits = |lanes: usize| bits != 3 && group.is_multiple_of(lanes * per_byte);
-        let (isa, lanes) = match isa {
-            Isa::Avx512 if fits(16) => (Isa::Avx512, 16),
-            Isa::Avx512 | Isa::Avx2 if fits(8) => (Isa::Avx2, 8),
-            _ => (Isa::Scalar, 1),
+        let (isa, order) = match isa {
+            Isa::Avx512 if fits(16) => (
+                Isa::Avx512,
+                Order::ShiftMajor {
+                    lanes: 16,
+                    per_byte,
+                },
+            ),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 | Isa::Avx2 if bits == 4 && group.is_multiple_of(avx2::NIBBLE_CHUNK) => {
+                (Isa::Avx2, Order::NibblePairs)
+            }
+            Isa::Avx512 | Isa::Avx2 if bits < 3 && fits(8) => {
+                (Isa::Avx2, Order::ShiftMajor { lanes: 8, per_byte })
+            }
+            _ => (Isa::Scalar, Order::Natural),
         };
-        Layout {
-            isa,
-            lanes,
-            per_byte,
-        }
+        Layout { isa, order }
     }
 }
 
@@ -57,15 +72,23 @@ impl Layout {
     /// reads codes: the same order for activations and for decoded weights, so a decoded
     /// row's value `i` meets the activation its code would have met.
     pub fn arrange(&self, natural: &[f32], out: &mut [f32]) {
-        if self.lanes == 1 {
-            out.copy_from_slice(natural);
-            return;
-        }
-        let chunk = self.lanes * self.per_byte;
-        for (dst, src) in out.chunks_exact_mut(chunk).zip(natural.chunks_exact(chunk)) {
-            for s in 0..self.per_byte {
-                for i in 0..self.lanes {
-                    dst[s * self.lanes + i] = src[i * self.per_byte + s];
+        match self.order {
+            Order::Natural => out.copy_from_slice(natural),
+            Order::ShiftMajor { lanes, per_byte } => {
+                let chunk = lanes * per_byte;
+                for (dst, src) in out.chunks_exact_mut(chunk).zip(natural.chunks_exact(chunk)) {
+                    for s in 0..per_byte {
+                        for i in 0..lanes {
+                            dst[s * lanes + i] = src[i * per_byte + s];
+                        }
+                    }
+                }
+            }
+            Order::NibblePairs => {
+                for (dst, src) in out.chunks_exact_mut(8).zip(natural.chunks_exact(8)) {
+                    for (e, value) in dst.iter_mut().enumerate() {
+                        *value = src[2 * (e % 4) + e / 4];
+                    }
                 }
             }
         }
