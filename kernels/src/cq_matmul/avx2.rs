@@ -10,6 +10,7 @@
 //!   then holds, in element `e`, the code of input `8v + 2(e mod 4) + e / 4`
 //!   ([`super::activations::Layout`] arranges the activations to match).
 
+use super::Table;
 use std::arch::x86_64::*;
 
 /// Codes of one 4-bit chunk: 16 bytes.
@@ -28,7 +29,7 @@ pub(super) unsafe fn dots<const R: usize>(
     xt: &[f32],
     group: usize,
     bits: usize,
-    table: &[f32; 16],
+    table: &Table,
 ) -> [f32; R] {
     match bits {
         1 => dots_of::<R, 1>(codes, norms, xt, group, table),
@@ -44,7 +45,7 @@ unsafe fn dots_of<const R: usize, const B: usize>(
     norms: [&[f32]; R],
     xt: &[f32],
     group: usize,
-    table: &[f32; 16],
+    table: &Table,
 ) -> [f32; R] {
     let per_byte = 8 / B;
     let chunk = 8 * per_byte;
@@ -80,8 +81,8 @@ unsafe fn dots_of<const R: usize, const B: usize>(
 /// The first 4 entries of `table` in both 128-bit lanes: what `vpermilps` looks up.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn crumb_table(table: &[f32; 16]) -> __m256 {
-    _mm256_broadcast_ps(&*table.as_ptr().cast::<__m128>())
+unsafe fn crumb_table(table: &Table) -> __m256 {
+    _mm256_broadcast_ps(&*table.values.as_ptr().cast::<__m128>())
 }
 
 #[target_feature(enable = "avx2,fma")]
@@ -90,7 +91,7 @@ unsafe fn nibble_dots<const R: usize>(
     norms: [&[f32]; R],
     xt: &[f32],
     group: usize,
-    table: &[f32; 16],
+    table: &Table,
 ) -> [f32; R] {
     debug_assert!(group.is_multiple_of(NIBBLE_CHUNK) && xt.len().is_multiple_of(group));
     debug_assert!(codes.iter().all(|row| row.len() == xt.len() / 2));
@@ -126,11 +127,10 @@ struct NibbleTables {
 impl NibbleTables {
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn new(table: &[f32; 16]) -> NibbleTables {
-        let planes = std::array::from_fn(|plane| {
-            let bytes: [u8; 16] = std::array::from_fn(|i| table[i].to_bits().to_le_bytes()[plane]);
-            _mm256_broadcastsi128_si256(_mm_loadu_si128(bytes.as_ptr().cast()))
-        });
+    unsafe fn new(table: &Table) -> NibbleTables {
+        let planes = table
+            .byte_planes
+            .map(|bytes| _mm256_broadcastsi128_si256(_mm_loadu_si128(bytes.as_ptr().cast())));
         NibbleTables {
             planes,
             shifts: _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4),
@@ -168,7 +168,7 @@ impl NibbleTables {
 /// The CPU must have AVX2; `codes` holds `out.len() · bits / 8` bytes and `out.len()` is
 /// a multiple of `64 / bits` ([`NIBBLE_CHUNK`] for 4-bit codes).
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn decode(codes: &[u8], bits: usize, table: &[f32; 16], out: &mut [f32]) {
+pub(super) unsafe fn decode(codes: &[u8], bits: usize, table: &Table, out: &mut [f32]) {
     match bits {
         1 => decode_of::<1>(codes, table, out),
         2 => decode_of::<2>(codes, table, out),
@@ -178,7 +178,7 @@ pub(super) unsafe fn decode(codes: &[u8], bits: usize, table: &[f32; 16], out: &
 }
 
 #[target_feature(enable = "avx2,fma")]
-unsafe fn decode_of<const B: usize>(codes: &[u8], table: &[f32; 16], out: &mut [f32]) {
+unsafe fn decode_of<const B: usize>(codes: &[u8], table: &Table, out: &mut [f32]) {
     let per_byte = 8 / B;
     let chunk = 8 * per_byte;
     debug_assert!(out.len().is_multiple_of(chunk) && codes.len() == out.len() * B / 8);
@@ -195,7 +195,7 @@ unsafe fn decode_of<const B: usize>(codes: &[u8], table: &[f32; 16], out: &mut [
 }
 
 #[target_feature(enable = "avx2,fma")]
-unsafe fn nibble_decode(codes: &[u8], table: &[f32; 16], out: &mut [f32]) {
+unsafe fn nibble_decode(codes: &[u8], table: &Table, out: &mut [f32]) {
     debug_assert!(out.len().is_multiple_of(NIBBLE_CHUNK) && codes.len() == out.len() / 2);
     let tables = NibbleTables::new(table);
     for (c, chunk_out) in out.chunks_exact_mut(NIBBLE_CHUNK).enumerate() {

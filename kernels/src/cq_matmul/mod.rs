@@ -132,11 +132,25 @@ impl<'a> CqMatrix<'a> {
         &self.codes[r * self.row_bytes()..(r + 1) * self.row_bytes()]
     }
 
-    /// The codebook repeated over 16 entries (`table[j] = codebook[j mod 2^bits]`), so a
-    /// SIMD lookup by the low bits of a shifted byte needs no mask.
-    fn table(&self) -> [f32; 16] {
-        std::array::from_fn(|j| self.codebook[j % self.codebook.len()])
+    /// The codebook as the SIMD paths look it up.
+    fn table(&self) -> Table {
+        let values: [f32; 16] = std::array::from_fn(|j| self.codebook[j % self.codebook.len()]);
+        let byte_planes =
+            std::array::from_fn(|p| std::array::from_fn(|j| values[j].to_le_bytes()[p]));
+        Table {
+            values,
+            byte_planes,
+        }
     }
+}
+
+/// The codebook in the forms the SIMD lookups read, made once per product.
+pub(super) struct Table {
+    /// `values[j] = codebook[j mod 2^bits]`, so a lookup by the low bits of a shifted byte
+    /// needs no mask.
+    pub values: [f32; 16],
+    /// Byte `p` of each of the 16 values: the AVX2 4-bit lookup's `vpshufb` tables.
+    pub byte_planes: [[u8; 16]; 4],
 }
 
 /// `y[t, r] = Σ_c x[t, c] · W[r, c]` for `tokens` rows of `x` (`[tokens, cols]`) into `y`
@@ -180,7 +194,7 @@ fn rows_block(
     xt: &[f32],
     tokens: usize,
     layout: &Layout,
-    table: &[f32; 16],
+    table: &Table,
     out: &Output,
 ) {
     let groups = w.groups();
@@ -216,7 +230,7 @@ struct RowBlock<'a> {
     xt: &'a [f32],
     tokens: usize,
     layout: &'a Layout,
-    table: &'a [f32; 16],
+    table: &'a Table,
     /// The block's norms as f32, `[rows of the block, groups]`.
     norms: &'a [f32],
     /// The block's first row.
@@ -299,7 +313,9 @@ impl RowBlock<'_> {
             // only for widths whose chunks fit a group.
             Isa::Avx2 => unsafe { avx2::decode(codes, w.bits, self.table, &mut values) },
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => unsafe { avx512::decode(codes, w.bits, self.table, &mut values) },
+            Isa::Avx512 => unsafe {
+                avx512::decode(codes, w.bits, &self.table.values, &mut values)
+            },
             #[cfg(not(target_arch = "x86_64"))]
             _ => unreachable!("no x86 path off x86-64"),
         }
@@ -314,7 +330,7 @@ fn dots<const R: usize>(
     codes: [&[u8]; R],
     norms: [&[f32]; R],
     xt: &[f32],
-    table: &[f32; 16],
+    table: &Table,
 ) -> [f32; R] {
     match layout.isa {
         Isa::Scalar => scalar::dots(codes, norms, xt, w.group, w.bits, w.codebook),
@@ -322,7 +338,7 @@ fn dots<const R: usize>(
         // Sound: a layout picks an x86 path only where `Isa::available` detected it.
         Isa::Avx2 => unsafe { avx2::dots(codes, norms, xt, w.group, w.bits, table) },
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { avx512::dots(codes, norms, xt, w.group, w.bits, table) },
+        Isa::Avx512 => unsafe { avx512::dots(codes, norms, xt, w.group, w.bits, &table.values) },
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("no x86 path off x86-64"),
     }
