@@ -394,6 +394,8 @@ pub mod needle_ops {
     pub const CQ_MATMUL: &str = "CqMatMul";
     /// The hyper-connections' Sinkhorn mix in one kernel (`kernels/src/sinkhorn.rs`).
     pub const SINKHORN: &str = "Sinkhorn";
+    /// Needle 3's Monarch MLP of one layer in one kernel (`kernels/src/monarch_mlp.rs`).
+    pub const MONARCH_MLP: &str = "MonarchMlp";
 }
 
 /// How the weights of the large MatMuls (projections, logits) are stored.

@@ -113,6 +113,7 @@ impl Api {
                 ElementType::Float32 => InputData::Float32(elements(data.cast(), len)),
                 ElementType::Uint8 => InputData::Uint8(elements(data.cast(), len)),
                 ElementType::Float16 => InputData::Float16(elements(data.cast(), len)),
+                ElementType::Int64 => InputData::Int64(elements(data.cast(), len)),
             }
         };
         Ok((shape, data))
@@ -200,6 +201,7 @@ pub fn ort_type(t: ElementType) -> OrtType {
         ElementType::Float32 => OrtType::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
         ElementType::Uint8 => OrtType::ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8,
         ElementType::Float16 => OrtType::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
+        ElementType::Int64 => OrtType::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64,
     }
 }
 

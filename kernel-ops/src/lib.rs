@@ -5,11 +5,13 @@
 //! and the library any onnxruntime loads (`kernel-library/`, through the raw C API).
 
 mod cq_matmul;
+mod monarch_mlp;
 mod sinkhorn;
 
 pub use cq_matmul::CqMatMul;
 pub use graphs::contract::needle_ops::DOMAIN;
 pub use kernels::RowSplit;
+pub use monarch_mlp::MonarchMlp;
 pub use sinkhorn::Sinkhorn;
 
 /// The element type of a tensor an op reads or writes.
@@ -18,6 +20,7 @@ pub enum ElementType {
     Float32,
     Uint8,
     Float16,
+    Int64,
 }
 
 /// Every op of the domain has one output, of this type.
@@ -36,6 +39,7 @@ pub enum InputData<'a> {
     Float32(&'a [f32]),
     Uint8(&'a [u8]),
     Float16(&'a [u16]),
+    Int64(&'a [i64]),
 }
 
 impl<'a> Input<'a> {
@@ -74,6 +78,16 @@ impl Element for u8 {
     fn of(data: InputData<'_>) -> Option<&[u8]> {
         match data {
             InputData::Uint8(d) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+impl Element for i64 {
+    const TYPE: ElementType = ElementType::Int64;
+    fn of(data: InputData<'_>) -> Option<&[i64]> {
+        match data {
+            InputData::Int64(d) => Some(d),
             _ => None,
         }
     }
@@ -145,6 +159,7 @@ pub trait Registry {
 /// Hands every op of the domain to `registry`.
 pub fn register_all<R: Registry>(registry: &mut R) -> Result<(), R::Error> {
     registry.add::<CqMatMul>()?;
+    registry.add::<MonarchMlp>()?;
     registry.add::<Sinkhorn>()
 }
 

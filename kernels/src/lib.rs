@@ -9,7 +9,10 @@ pub mod cq_matmul;
 pub mod f16;
 mod hadamard;
 pub mod isa;
+pub mod math;
+pub mod monarch_mlp;
 pub mod sinkhorn;
+pub mod small_matmul;
 pub mod split;
 
 pub use cq_matmul::{cq_matmul, CqMatrix, CqShapeError};

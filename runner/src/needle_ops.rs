@@ -61,6 +61,7 @@ fn ort_type(t: ElementType) -> TensorElementType {
         ElementType::Float32 => TensorElementType::Float32,
         ElementType::Uint8 => TensorElementType::Uint8,
         ElementType::Float16 => TensorElementType::Float16,
+        ElementType::Int64 => TensorElementType::Int64,
     }
 }
 
@@ -128,6 +129,13 @@ fn input<'a>(value: &'a ValueRef<'_>, t: ElementType) -> ort::Result<Input<'a>> 
             Input {
                 shape,
                 data: InputData::Uint8(data),
+            }
+        }
+        ElementType::Int64 => {
+            let (shape, data) = value.try_extract_tensor::<i64>()?;
+            Input {
+                shape,
+                data: InputData::Int64(data),
             }
         }
         ElementType::Float16 => {

@@ -7,7 +7,7 @@ use crate::blocks::context::BuildContext;
 use crate::builder::{GraphBuilder, Value};
 use crate::needle3::attention::{attention, AttentionCtx, LayerPast};
 use crate::needle3::confidence::confidence_logit;
-use crate::needle3::monarch_mlp::{monarch_mlp, permutations};
+use crate::needle3::monarch_mlp::{monarch_mlp, monarch_mlp_op, permutations};
 use crate::needle3::{Config, LayerWeights, Weights};
 use crate::stream::{Architecture, BlockNorms, Heads, Inputs, SplitMask, StreamWeights};
 
@@ -118,6 +118,9 @@ impl Architecture for Config {
         x: &Value,
         w: &LayerWeights,
     ) -> Value {
+        if ctx.kernels.needle_ops {
+            return monarch_mlp_op(b, x, &w.mlp, [p1, p2]);
+        }
         monarch_mlp(
             b,
             ctx.kernels.op_forms,

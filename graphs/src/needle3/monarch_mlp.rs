@@ -16,6 +16,7 @@ use crate::blocks::context::OpForms;
 use crate::blocks::hadamard::pad_to_width;
 use crate::blocks::weights::Tensor;
 use crate::builder::{GraphBuilder, Value};
+use crate::contract::needle_ops;
 use crate::needle3::MonarchWeights;
 
 /// `x`: `[batch, sequence, d_model]` → `[batch, sequence, d_model]`. `p1`, `p2`: the
@@ -63,6 +64,52 @@ pub fn monarch_mlp(
     } else {
         z
     }
+}
+
+/// [`monarch_mlp`] as one `needle.MonarchMlp` node (packed graphs, which onnxruntime runs
+/// with the Needle kernels loaded): the ~27 nodes of a layer's MLP in one launch. `p1`,
+/// `p2` as [`permutations`] wrote them for [`OpForms::Onnx`].
+pub fn monarch_mlp_op(
+    b: &mut GraphBuilder,
+    x: &Value,
+    w: &MonarchWeights,
+    [p1, p2]: [&Value; 2],
+) -> Value {
+    let n = w.d1.data.len();
+    let cond_v = b.weight("cond_v", &w.cond_v.shape, &w.cond_v.data);
+    let cond_u = b.weight("cond_u", &w.cond_u.shape, &w.cond_u.data);
+    let [d1, d2, b2, d3, d4] = [
+        ("d1", &w.d1),
+        ("d2", &w.d2),
+        ("b2", &w.b2),
+        ("d3", &w.d3),
+        ("d4", &w.d4),
+    ]
+    .map(|(name, t)| b.weight(name, &[n], &t.data));
+    let stages = [
+        ("stage1", &w.w1a, &w.w1b),
+        ("stage2", &w.w2a, &w.w2b),
+        ("stage3", &w.w3a, &w.w3b),
+    ]
+    .map(|(scope, a, bm)| {
+        b.scope(scope, |b| {
+            let (ra, rb) = (a.shape[0], bm.shape[0]);
+            let at = b.weight("a_t", &[ra, ra], &transposed(a));
+            [at, b.weight("b", &[rb, rb], &bm.data)]
+        })
+    });
+    let [[a1, b1], [a2, b2s], [a3, b3]] = &stages;
+    let inputs = [
+        x, &cond_v, &cond_u, &d1, &d2, &b2, &d3, &d4, a1, b1, a2, b2s, a3, b3, p1, p2,
+    ];
+    b.op_in(
+        needle_ops::DOMAIN,
+        needle_ops::MONARCH_MLP,
+        &inputs,
+        vec![],
+        1,
+    )
+    .remove(0)
 }
 
 /// The permutation `p` of `0..n` as `z[.., p[j]]` takes it: indices for a `Gather`, or
