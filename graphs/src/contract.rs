@@ -392,8 +392,14 @@ pub mod needle_ops {
     pub const DOMAIN: &str = "needle";
     /// `Y = X · Wᵀ` for a CQ matrix kept as codes (`kernels/src/cq_matmul/mod.rs`).
     pub const CQ_MATMUL: &str = "CqMatMul";
-    /// The hyper-connections' Sinkhorn mix in one kernel (`kernels/src/sinkhorn.rs`).
+    /// The hyper-connections' Sinkhorn mix in one kernel (`kernels/src/sinkhorn.rs`): what
+    /// packed graphs written before [`HYPER_CONNECTIONS_OUT`] took it over still run.
     pub const SINKHORN: &str = "Sinkhorn";
+    /// A layer's block input from the hyper-connections' lanes
+    /// (`kernels/src/hyper_connections.rs`).
+    pub const HYPER_CONNECTIONS_IN: &str = "HyperConnectionsIn";
+    /// The lanes' update from a layer's block output, its Sinkhorn mix included.
+    pub const HYPER_CONNECTIONS_OUT: &str = "HyperConnectionsOut";
     /// Needle 3's Monarch MLP of one layer in one kernel (`kernels/src/monarch_mlp.rs`).
     pub const MONARCH_MLP: &str = "MonarchMlp";
 }

@@ -175,8 +175,7 @@ pub(crate) fn build<A: Architecture>(
             };
             let (out, present, state) =
                 block(b, &ctx, &attention, &constants, i, &bx, layer_weights, past);
-            let y = b.sub(&out, &u);
-            (hc_post(b, &ctx, &x, &y, &mix), present, state)
+            (hc_post(b, &ctx, &x, &out, &u, &mix), present, state)
         });
         x = next;
         if has_heads {

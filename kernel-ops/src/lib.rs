@@ -5,11 +5,13 @@
 //! and the library any onnxruntime loads (`kernel-library/`, through the raw C API).
 
 mod cq_matmul;
+mod hyper_connections;
 mod monarch_mlp;
 mod sinkhorn;
 
 pub use cq_matmul::CqMatMul;
 pub use graphs::contract::needle_ops::DOMAIN;
+pub use hyper_connections::{HyperConnectionsIn, HyperConnectionsOut};
 pub use kernels::RowSplit;
 pub use monarch_mlp::MonarchMlp;
 pub use sinkhorn::Sinkhorn;
@@ -159,6 +161,8 @@ pub trait Registry {
 /// Hands every op of the domain to `registry`.
 pub fn register_all<R: Registry>(registry: &mut R) -> Result<(), R::Error> {
     registry.add::<CqMatMul>()?;
+    registry.add::<HyperConnectionsIn>()?;
+    registry.add::<HyperConnectionsOut>()?;
     registry.add::<MonarchMlp>()?;
     registry.add::<Sinkhorn>()
 }

@@ -8,6 +8,7 @@
 pub mod cq_matmul;
 pub mod f16;
 mod hadamard;
+pub mod hyper_connections;
 pub mod isa;
 pub mod math;
 pub mod monarch_mlp;

@@ -13,7 +13,7 @@
 use crate::isa::Isa;
 use crate::math::{exp, silu};
 use crate::small_matmul::matmul;
-use crate::split::RowSplit;
+use crate::split::{token_blocks, RowSplit};
 
 /// Tokens a thread takes at once: enough rows for the `Z·B` products to run long.
 const BLOCK_TOKENS: usize = 16;
@@ -131,13 +131,8 @@ impl<'a> MonarchMlp<'a> {
         let d = self.d_model;
         assert_eq!(x.len(), tokens * d, "x is [tokens, d_model]");
         assert_eq!(out.len(), tokens * d, "out is [tokens, d_model]");
-        let out = Output(out.as_mut_ptr());
-        split.for_each(tokens.div_ceil(BLOCK_TOKENS), &|block| {
-            let first = block * BLOCK_TOKENS;
-            let count = BLOCK_TOKENS.min(tokens - first);
-            // Sound: block `block` alone writes tokens first..first + count, and `apply`
-            // holds `out` exclusively until every block has returned.
-            let y = unsafe { std::slice::from_raw_parts_mut(out.at(first * d), count * d) };
+        token_blocks(split, out, d, BLOCK_TOKENS, &|first, y| {
+            let count = y.len() / d;
             self.block(&x[first * d..(first + count) * d], count, y, isa);
         });
     }
@@ -187,16 +182,6 @@ impl<'a> MonarchMlp<'a> {
         for (z, zb) in z.chunks_exact_mut(self.n).zip(scratch.chunks_exact(self.n)) {
             matmul(isa, factors.a_t, zb, z, a, a, b);
         }
-    }
-}
-
-/// The output buffer shared by the token blocks (each writes only its own tokens).
-struct Output(*mut f32);
-unsafe impl Sync for Output {}
-
-impl Output {
-    fn at(&self, offset: usize) -> *mut f32 {
-        self.0.wrapping_add(offset)
     }
 }
 

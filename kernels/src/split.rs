@@ -14,3 +14,36 @@ impl RowSplit for Serial {
         (0..blocks).for_each(f);
     }
 }
+
+/// `f(first, rows)` for each run of up to `block` consecutive tokens of `out` (`row`
+/// values a token), `first` the run's first token and `rows` its part of `out`; the runs
+/// spread by `split`.
+pub fn token_blocks(
+    split: &dyn RowSplit,
+    out: &mut [f32],
+    row: usize,
+    block: usize,
+    f: &(dyn Fn(usize, &mut [f32]) + Sync),
+) {
+    let tokens = if row == 0 { 0 } else { out.len() / row };
+    let base = SharedRows(out.as_mut_ptr());
+    split.for_each(tokens.div_ceil(block), &|b| {
+        let first = b * block;
+        let count = block.min(tokens - first);
+        // Sound: run `b` alone covers tokens first..first + count, and `token_blocks` holds
+        // `out` exclusively until every run has returned.
+        f(first, unsafe {
+            std::slice::from_raw_parts_mut(base.at(first * row), count * row)
+        });
+    });
+}
+
+/// The output shared by the runs of [`token_blocks`] (each writes only its own tokens').
+struct SharedRows(*mut f32);
+unsafe impl Sync for SharedRows {}
+
+impl SharedRows {
+    fn at(&self, offset: usize) -> *mut f32 {
+        self.0.wrapping_add(offset)
+    }
+}

@@ -236,8 +236,7 @@ fn build_stream<A: Accelerated>(
             };
             let (out, new_kv, new_state) =
                 block(b, &ctx, &attention, &constants, i, &bx, layer_weights, past);
-            let y = b.sub(&out, &u);
-            (hc_post(b, &ctx, &x, &y, &mix), (new_kv, new_state))
+            (hc_post(b, &ctx, &x, &out, &u, &mix), (new_kv, new_state))
         });
         x = next;
         new_kvs.push(new_kv);

@@ -7,6 +7,8 @@
 //! `x' = h_res·x + h_post ⊗ (block(u) − u)`.
 //! The three projections are one MatMul whose weight has the `a_*` gains folded in (packed
 //! graphs: one `needle.CqMatMul` of the layer's codes, the gains applied to its logits).
+//! Graphs with the Needle ops run each side as one node (`needle.HyperConnectionsIn`,
+//! `needle.HyperConnectionsOut`).
 
 use crate::blocks::context::{BuildContext, OpForms};
 use crate::blocks::cq_matmul::cq_matmul;
@@ -18,11 +20,17 @@ use crate::contract::{needle_ops, MatMulWeights};
 const SINKHORN_ITERS: usize = 20;
 
 /// The mixing coefficients of one layer, computed from the stream before the block.
-pub struct LaneMix {
-    /// `[batch, sequence, n]` logits of `h_post`.
-    post: Value,
-    /// `[batch, sequence, n·n]` logits of `h_res`.
-    res: Value,
+pub enum LaneMix {
+    /// For the stock nodes: `[batch, sequence, n]` logits of `h_post` and
+    /// `[batch, sequence, n·n]` of `h_res`, gains and bias applied.
+    Nodes { post: Value, res: Value },
+    /// For `needle.HyperConnectionsIn`/`Out` (graphs with the Needle ops): the projection's
+    /// `[batch, sequence, 2n + n²]` logits and the `gains` and `bias` the ops apply.
+    Kernel {
+        logits: Value,
+        gains: Value,
+        bias: Value,
+    },
 }
 
 /// Block input `u` `[batch, sequence, C]` of layer `layer` and the mixes for [`hc_post`].
@@ -41,19 +49,48 @@ pub fn hc_pre<C>(
         MatMulWeights::Packed => layer_codes(w, layer, n),
         _ => None,
     };
-    let logits = match codes {
+    // The projection's logits and the gains still to apply to them (none: folded in).
+    let (logits, gains) = match codes {
         Some(codes) => b.scope("mhc_phi", |b| {
             let logits = cq_matmul(b, &nx, &codes);
-            let gains = b.weight("gain", &[2 * n + n * n], &gains(w, layer, n));
-            b.mul(&logits, &gains)
+            (logits, Some(gains(w, layer, n)))
         }),
-        _ => {
+        None => {
             let phi = folded_projection(w, layer, n, c);
             let phi = b.weight("mhc_phi", &[n * c, 2 * n + n * n], &phi);
-            b.matmul(&nx, &phi)
+            (b.matmul(&nx, &phi), None)
         }
     };
-    let bias = b.weight("mhc_bias", &[2 * n + n * n], &biases(w, layer, n));
+    let width = 2 * n + n * n;
+    let bias = b.weight("mhc_bias", &[width], &biases(w, layer, n));
+    if ctx.kernels.needle_ops {
+        let gains = gains.unwrap_or_else(|| vec![1.0; width]);
+        let gains = b.weight("mhc_gain", &[width], &gains);
+        let u = b
+            .op_in(
+                needle_ops::DOMAIN,
+                needle_ops::HYPER_CONNECTIONS_IN,
+                &[x, &logits, &gains, &bias],
+                vec![],
+                1,
+            )
+            .remove(0);
+        return (
+            u,
+            LaneMix::Kernel {
+                logits,
+                gains,
+                bias,
+            },
+        );
+    }
+    let logits = match gains {
+        Some(gains) => {
+            let gains = b.weight("mhc_gain", &[width], &gains);
+            b.mul(&logits, &gains)
+        }
+        None => logits,
+    };
     let logits = b.add(&logits, &bias);
     let pre = b.slice(&logits, 2, 0, n as i64);
     let post = b.slice(&logits, 2, n as i64, 2 * n as i64);
@@ -61,40 +98,52 @@ pub fn hc_pre<C>(
     let h_pre = b.sigmoid(&pre);
     let h_pre = b.unsqueeze(&h_pre, &[2]);
     let u = b.matmul(&h_pre, x);
-    (b.squeeze(&u, &[2]), LaneMix { post, res })
+    (b.squeeze(&u, &[2]), LaneMix::Nodes { post, res })
 }
 
-/// The new stream `h_res·x + h_post ⊗ y`, `y` `[batch, sequence, C]`.
+/// The new stream `h_res·x + h_post ⊗ (out − u)` from the block's output `out` and input
+/// `u`, `[batch, sequence, C]` each.
 pub fn hc_post<C>(
     b: &mut GraphBuilder,
     ctx: &BuildContext<C>,
     x: &Value,
-    y: &Value,
+    out: &Value,
+    u: &Value,
     mix: &LaneMix,
 ) -> Value {
     let n = ctx.common.mhc_lanes as i64;
-    let h_post = b.sigmoid(&mix.post);
+    let (post, res) = match mix {
+        LaneMix::Kernel {
+            logits,
+            gains,
+            bias,
+        } => {
+            return b
+                .op_in(
+                    needle_ops::DOMAIN,
+                    needle_ops::HYPER_CONNECTIONS_OUT,
+                    &[x, out, u, logits, gains, bias],
+                    vec![("iterations", Attr::Int(SINKHORN_ITERS as i64))],
+                    1,
+                )
+                .remove(0)
+        }
+        LaneMix::Nodes { post, res } => (post, res),
+    };
+    let y = b.sub(out, u);
+    let h_post = b.sigmoid(post);
     let two = b.scalar_float(2.0);
     let h_post = b.mul(&two, &h_post);
-    let res = b.reshape(&mix.res, &[0, 0, n, n]);
-    let h_res = match (ctx.kernels.needle_ops, ctx.kernels.op_forms) {
-        (true, _) => b
-            .op_in(
-                needle_ops::DOMAIN,
-                needle_ops::SINKHORN,
-                &[&res],
-                vec![("iterations", Attr::Int(SINKHORN_ITERS as i64))],
-                1,
-            )
-            .remove(0),
-        (false, OpForms::Onnx) => b.scope("sinkhorn", |b| sinkhorn(b, &res)),
-        (false, OpForms::MobileAccelerators) => {
+    let res = b.reshape(res, &[0, 0, n, n]);
+    let h_res = match ctx.kernels.op_forms {
+        OpForms::Onnx => b.scope("sinkhorn", |b| sinkhorn(b, &res)),
+        OpForms::MobileAccelerators => {
             b.scope("sinkhorn", |b| sinkhorn_normalized(b, &res, n as usize))
         }
     };
     let mixed = b.matmul(&h_res, x);
     let h_post = b.unsqueeze(&h_post, &[3]);
-    let y = b.unsqueeze(y, &[2]);
+    let y = b.unsqueeze(&y, &[2]);
     let update = b.mul(&h_post, &y);
     b.add(&mixed, &update)
 }

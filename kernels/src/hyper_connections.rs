@@ -1,0 +1,251 @@
+//! The manifold hyper-connections around a layer's block, each side in one kernel (the
+//! stock graph runs ~10 nodes a side; `graphs/src/blocks/hyper_connections.rs` states the
+//! formulas). Per token, from the stream `x` `[n, C]` and the layer's `2n + n²` mixing
+//! logits `l` (the projection of the normalised stream, before its gains `a` and bias `b`):
+//!
+//! ```text
+//! m = a·l + b = [pre (n), post (n), res (n·n)]
+//! into the block:   u = Σᵢ σ(preᵢ) · xᵢ
+//! out of the block: x'ᵢ = Σⱼ Sinkhorn(res)ᵢⱼ · xⱼ + 2σ(postᵢ) · (block(u) − u)
+//! ```
+//! Each token's result depends on that token alone, in one order whatever the batch.
+
+use crate::math::exp;
+use crate::sinkhorn::sinkhorn;
+use crate::split::{token_blocks, RowSplit};
+
+/// Tokens a thread takes at once.
+const BLOCK_TOKENS: usize = 64;
+
+/// A layer's mixing logits for a run of tokens and what turns them into mixes.
+#[derive(Clone, Copy, Debug)]
+pub struct LaneMix<'a> {
+    lanes: usize,
+    /// `[tokens, 2n + n²]`, before the gains and bias.
+    logits: &'a [f32],
+    /// `[2n + n²]` each.
+    gains: &'a [f32],
+    bias: &'a [f32],
+}
+
+/// Why tensors do not form a layer's mixes.
+#[derive(Debug, PartialEq)]
+pub struct LaneMixError(pub String);
+
+impl std::fmt::Display for LaneMixError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<'a> LaneMix<'a> {
+    pub fn new(
+        lanes: usize,
+        logits: &'a [f32],
+        gains: &'a [f32],
+        bias: &'a [f32],
+    ) -> Result<Self, LaneMixError> {
+        let width = 2 * lanes + lanes * lanes;
+        if lanes == 0 || gains.len() != width || bias.len() != width {
+            return Err(LaneMixError(format!(
+                "{lanes} lanes need {width} gains and biases, not {} and {}",
+                gains.len(),
+                bias.len()
+            )));
+        }
+        if !logits.len().is_multiple_of(width) {
+            return Err(LaneMixError(format!(
+                "logits hold {} values, not a multiple of {width}",
+                logits.len()
+            )));
+        }
+        Ok(LaneMix {
+            lanes,
+            logits,
+            gains,
+            bias,
+        })
+    }
+
+    pub fn tokens(&self) -> usize {
+        self.logits.len() / self.width()
+    }
+
+    fn width(&self) -> usize {
+        2 * self.lanes + self.lanes * self.lanes
+    }
+
+    /// `a·l + b` of token `t`'s logits `range`.
+    fn mixed(&self, t: usize, range: std::ops::Range<usize>, out: &mut [f32]) {
+        let at = t * self.width();
+        for (((out, &l), &a), &b) in out
+            .iter_mut()
+            .zip(&self.logits[at + range.start..at + range.end])
+            .zip(&self.gains[range.clone()])
+            .zip(&self.bias[range])
+        {
+            *out = l * a + b;
+        }
+    }
+}
+
+/// The block's input `u` `[tokens, C]` from the stream `x` `[tokens, n, C]`.
+pub fn block_input(mix: &LaneMix, x: &[f32], u: &mut [f32], split: &dyn RowSplit) {
+    let (n, tokens) = (mix.lanes, mix.tokens());
+    let width = u.len() / tokens.max(1);
+    assert_eq!(u.len(), tokens * width, "u is [tokens, C]");
+    assert_eq!(x.len(), tokens * n * width, "x is [tokens, n, C]");
+    let stream = n * width;
+    token_blocks(split, u, width, BLOCK_TOKENS, &|first, block| {
+        for (t, u) in (first..).zip(block.chunks_exact_mut(width)) {
+            token_input(mix, t, &x[t * stream..(t + 1) * stream], u);
+        }
+    });
+}
+
+/// `u` of token `t` from its stream `x` `[n, C]`.
+fn token_input(mix: &LaneMix, t: usize, x: &[f32], u: &mut [f32]) {
+    let mut pre = vec![0.0f32; mix.lanes];
+    mix.mixed(t, 0..mix.lanes, &mut pre);
+    u.fill(0.0);
+    for (lane, &logit) in x.chunks_exact(u.len()).zip(&pre) {
+        let weight = sigmoid(logit);
+        u.iter_mut().zip(lane).for_each(|(u, &x)| *u += weight * x);
+    }
+}
+
+/// The next stream `[tokens, n, C]` from the stream `x`, the block's output `out` and
+/// input `u` (`[tokens, C]` each), the residual mix normalised by `iterations` Sinkhorn
+/// steps.
+pub fn stream_update(
+    mix: &LaneMix,
+    x: &[f32],
+    out: &[f32],
+    u: &[f32],
+    iterations: usize,
+    next: &mut [f32],
+    split: &dyn RowSplit,
+) {
+    let (n, tokens) = (mix.lanes, mix.tokens());
+    let width = u.len() / tokens.max(1);
+    assert_eq!(u.len(), tokens * width, "u is [tokens, C]");
+    assert_eq!(out.len(), u.len(), "out is [tokens, C]");
+    assert_eq!(x.len(), tokens * n * width, "x is [tokens, n, C]");
+    assert_eq!(next.len(), x.len(), "next is [tokens, n, C]");
+    let stream = n * width;
+    token_blocks(split, next, stream, BLOCK_TOKENS, &|first, block| {
+        for (t, next) in (first..).zip(block.chunks_exact_mut(stream)) {
+            let token = |v: &[f32]| -> std::ops::Range<usize> {
+                t * v.len() / tokens..(t + 1) * v.len() / tokens
+            };
+            let block_output = BlockOutput {
+                out: &out[token(out)],
+                u: &u[token(u)],
+            };
+            token_update(mix, t, &x[token(x)], block_output, iterations, next);
+        }
+    });
+}
+
+/// A token's block input `u` and output `out`, `[C]` each.
+struct BlockOutput<'a> {
+    out: &'a [f32],
+    u: &'a [f32],
+}
+
+/// The next stream `[n, C]` of token `t` from its stream `x`.
+fn token_update(
+    mix: &LaneMix,
+    t: usize,
+    x: &[f32],
+    block: BlockOutput,
+    iterations: usize,
+    next: &mut [f32],
+) {
+    let (n, width) = (mix.lanes, block.u.len());
+    let mut post = vec![0.0f32; n];
+    mix.mixed(t, n..2 * n, &mut post);
+    let mut res = vec![0.0f32; n * n];
+    mix.mixed(t, 2 * n..mix.width(), &mut res);
+    let mut h_res = vec![0.0f32; n * n];
+    sinkhorn(&res, n, iterations, &mut h_res);
+    for ((lane, h_row), &post) in next
+        .chunks_exact_mut(width)
+        .zip(h_res.chunks_exact(n))
+        .zip(&post)
+    {
+        lane.fill(0.0);
+        for (x_j, &h) in x.chunks_exact(width).zip(h_row) {
+            lane.iter_mut().zip(x_j).for_each(|(v, &x)| *v += h * x);
+        }
+        let h_post = 2.0 * sigmoid(post);
+        for ((v, &o), &u) in lane.iter_mut().zip(block.out).zip(block.u) {
+            *v += h_post * (o - u);
+        }
+    }
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + exp(-x))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::split::Serial;
+
+    const N: usize = 3;
+    const C: usize = 5;
+    const TOKENS: usize = 2;
+    const WIDTH: usize = 2 * N + N * N;
+
+    fn values(len: usize, scale: f32) -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i * 37 % 17) as f32 - 8.0) * scale)
+            .collect()
+    }
+
+    fn sigmoid64(x: f64) -> f64 {
+        1.0 / (1.0 + (-x).exp())
+    }
+
+    /// Both sides against the formulas in f64, with no Sinkhorn step (so `h_res = exp(res)`:
+    /// the Sinkhorn kernel has its own test against upstream's recurrence).
+    #[test]
+    fn both_sides_match_the_formulas() {
+        let (logits, gains, bias) = (
+            values(TOKENS * WIDTH, 0.1),
+            values(WIDTH, 0.07),
+            values(WIDTH, 0.05),
+        );
+        let mix = LaneMix::new(N, &logits, &gains, &bias).unwrap();
+        let (x, out) = (values(TOKENS * N * C, 0.3), values(TOKENS * C, 0.2));
+        let mut u = vec![f32::NAN; TOKENS * C];
+        block_input(&mix, &x, &mut u, &Serial);
+        let mut next = vec![f32::NAN; x.len()];
+        stream_update(&mix, &x, &out, &u, 0, &mut next, &Serial);
+        for t in 0..TOKENS {
+            let m = |i: usize| logits[t * WIDTH + i] as f64 * gains[i] as f64 + bias[i] as f64;
+            let x = |i: usize, c: usize| x[(t * N + i) * C + c] as f64;
+            for c in 0..C {
+                let want_u: f64 = (0..N).map(|i| sigmoid64(m(i)) * x(i, c)).sum();
+                assert!((u[t * C + c] as f64 - want_u).abs() < 1e-6, "u[{t}, {c}]");
+                for i in 0..N {
+                    let mixed: f64 = (0..N).map(|j| m(2 * N + i * N + j).exp() * x(j, c)).sum();
+                    let update = 2.0 * sigmoid64(m(N + i)) * (out[t * C + c] - u[t * C + c]) as f64;
+                    let got = next[(t * N + i) * C + c] as f64;
+                    assert!((got - (mixed + update)).abs() < 1e-5, "next[{t}, {i}, {c}]");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn mixes_of_the_wrong_width_are_refused() {
+        let logits = values(WIDTH, 0.1);
+        let error = LaneMix::new(N, &logits, &logits[1..], &logits).unwrap_err();
+        assert_eq!(error.0, "3 lanes need 15 gains and biases, not 14 and 15");
+        let error = LaneMix::new(N, &logits[1..], &logits, &logits).unwrap_err();
+        assert_eq!(error.0, "logits hold 14 values, not a multiple of 15");
+    }
+}
