@@ -392,6 +392,8 @@ pub mod needle_ops {
     pub const DOMAIN: &str = "needle";
     /// `Y = X · Wᵀ` for a CQ matrix kept as codes (`kernels/src/cq_matmul/mod.rs`).
     pub const CQ_MATMUL: &str = "CqMatMul";
+    /// Rows of a CQ matrix decoded as they are gathered (`kernels/src/cq_matmul/rows.rs`).
+    pub const CQ_GATHER: &str = "CqGather";
     /// The hyper-connections' Sinkhorn mix in one kernel (`kernels/src/sinkhorn.rs`): what
     /// packed graphs written before [`HYPER_CONNECTIONS_OUT`] took it over still run.
     pub const SINKHORN: &str = "Sinkhorn";

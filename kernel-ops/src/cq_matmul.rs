@@ -8,10 +8,37 @@ use graphs::contract::needle_ops;
 use kernels::{cq_matmul, CqMatrix, Isa};
 
 pub struct CqMatMul {
-    cols: usize,
+    layout: CqLayout,
+    isa: Isa,
+}
+
+/// The attributes of an op that reads a CQ matrix: its width, group and code bits.
+pub(crate) struct CqLayout {
+    pub cols: usize,
     group: usize,
     bits: usize,
-    isa: Isa,
+}
+
+impl CqLayout {
+    pub fn of<Op: NeedleOp>(attribute: &dyn Fn(&str) -> Option<i64>) -> Result<Self, OpError> {
+        Ok(CqLayout {
+            cols: size_attribute::<Op>(attribute, "cols")?,
+            group: size_attribute::<Op>(attribute, "group")?,
+            bits: size_attribute::<Op>(attribute, "bits")?,
+        })
+    }
+
+    /// The matrix of inputs 1, 2 and 3 (codes, norms, codebook) of `Op`.
+    pub fn matrix<'a, Op: NeedleOp>(&self, inputs: &[Input<'a>]) -> Result<CqMatrix<'a>, OpError> {
+        let (codes_shape, codes) = Input::get::<Op, u8>(inputs, 1)?;
+        let (_, norms) = Input::get::<Op, u16>(inputs, 2)?;
+        let (_, codebook) = Input::get::<Op, f32>(inputs, 3)?;
+        let rows = codes_shape.first().copied().unwrap_or(0) as usize;
+        CqMatrix::new(
+            rows, self.cols, self.group, self.bits, codes, norms, codebook,
+        )
+        .map_err(op_error::<Op>)
+    }
 }
 
 impl CqMatMul {
@@ -22,18 +49,11 @@ impl CqMatMul {
         inputs: &[Input<'a>],
     ) -> Result<(CqMatrix<'a>, &'a [i64], &'a [f32]), OpError> {
         let (x_shape, x) = Input::get::<Self, f32>(inputs, 0)?;
-        let (codes_shape, codes) = Input::get::<Self, u8>(inputs, 1)?;
-        let (_, norms) = Input::get::<Self, u16>(inputs, 2)?;
-        let (_, codebook) = Input::get::<Self, f32>(inputs, 3)?;
-        let rows = codes_shape.first().copied().unwrap_or(0) as usize;
-        let w = CqMatrix::new(
-            rows, self.cols, self.group, self.bits, codes, norms, codebook,
-        )
-        .map_err(op_error::<Self>)?;
-        if x_shape.last().copied() != Some(self.cols as i64) {
+        let w = self.layout.matrix::<Self>(inputs)?;
+        if x_shape.last().copied() != Some(self.layout.cols as i64) {
             return Err(op_error::<Self>(format!(
                 "X is {x_shape:?}, its last axis must be cols = {}",
-                self.cols
+                self.layout.cols
             )));
         }
         Ok((w, x_shape, x))
@@ -51,9 +71,7 @@ impl NeedleOp for CqMatMul {
 
     fn new(attribute: &dyn Fn(&str) -> Option<i64>) -> Result<Self, OpError> {
         Ok(CqMatMul {
-            cols: size_attribute::<Self>(attribute, "cols")?,
-            group: size_attribute::<Self>(attribute, "group")?,
-            bits: size_attribute::<Self>(attribute, "bits")?,
+            layout: CqLayout::of::<Self>(attribute)?,
             isa: Isa::best(),
         })
     }
@@ -72,7 +90,7 @@ impl NeedleOp for CqMatMul {
         split: &dyn RowSplit,
     ) -> Result<(), OpError> {
         let (w, _, x) = self.operands(inputs)?;
-        let tokens = x.len() / self.cols;
+        let tokens = x.len() / self.layout.cols;
         if output.len() != tokens * w.rows() {
             return Err(op_error::<Self>(format!(
                 "Y holds {} values, {tokens} tokens × {} rows need {}",

@@ -4,11 +4,13 @@
 //! `needle-run`'s in-process domain (`runner/src/needle_ops.rs`, through the `ort` crate)
 //! and the library any onnxruntime loads (`kernel-library/`, through the raw C API).
 
+mod cq_gather;
 mod cq_matmul;
 mod hyper_connections;
 mod monarch_mlp;
 mod sinkhorn;
 
+pub use cq_gather::CqGather;
 pub use cq_matmul::CqMatMul;
 pub use graphs::contract::needle_ops::DOMAIN;
 pub use hyper_connections::{HyperConnectionsIn, HyperConnectionsOut};
@@ -160,6 +162,7 @@ pub trait Registry {
 
 /// Hands every op of the domain to `registry`.
 pub fn register_all<R: Registry>(registry: &mut R) -> Result<(), R::Error> {
+    registry.add::<CqGather>()?;
     registry.add::<CqMatMul>()?;
     registry.add::<HyperConnectionsIn>()?;
     registry.add::<HyperConnectionsOut>()?;

@@ -153,7 +153,8 @@ pub fn gather_table(
 ) -> Value {
     let (rows, cols) = (table.shape[0], table.shape[1]);
     if let (true, Some(codes)) = (storage.keeps_codes(), &table.codes) {
-        return gather_cq_rows(b, name, codes, indices);
+        let needle_ops = storage == MatMulWeights::Packed;
+        return gather_cq_rows(b, name, codes, indices, needle_ops);
     }
     if storage.is_block_quantized() {
         let quantized = b.scope(name, |b| gather_nbits(b, &table.data, rows, cols, indices));

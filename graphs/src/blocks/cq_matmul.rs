@@ -21,9 +21,27 @@ pub fn cq_matmul(b: &mut GraphBuilder, x: &Value, w: &CqRows) -> Value {
 
 /// [`cq_matmul`] by codes and norms of `w` already in the graph ([`codes_and_norms`],
 /// which another node reads too: the tied embedding); initializer `<scope>.codebook`.
-pub fn cq_matmul_stored(
+pub fn cq_matmul_stored(b: &mut GraphBuilder, x: &Value, w: &CqRows, stored: &[Value; 2]) -> Value {
+    cq_node(b, needle_ops::CQ_MATMUL, x, w, stored)
+}
+
+/// Rows `indices` (int64, any shape) of `w` decoded as they are gathered
+/// (`needle.CqGather`), from codes and norms already in the graph; `[indices.., cols]`.
+pub fn cq_gather_stored(
     b: &mut GraphBuilder,
-    x: &Value,
+    indices: &Value,
+    w: &CqRows,
+    stored: &[Value; 2],
+) -> Value {
+    cq_node(b, needle_ops::CQ_GATHER, indices, w, stored)
+}
+
+/// A node of op `ty` reading `first` and the matrix `w` (codes, norms, codebook; `cols`,
+/// `group`, `bits`).
+fn cq_node(
+    b: &mut GraphBuilder,
+    ty: &str,
+    first: &Value,
     w: &CqRows,
     [codes, norms]: &[Value; 2],
 ) -> Value {
@@ -41,8 +59,8 @@ pub fn cq_matmul_stored(
     ];
     b.op_in(
         needle_ops::DOMAIN,
-        needle_ops::CQ_MATMUL,
-        &[x, codes, norms, &codebook],
+        ty,
+        &[first, codes, norms, &codebook],
         attrs,
         1,
     )

@@ -11,6 +11,7 @@
 //! 3-bit codes straddle bytes: each index is read from its two bytes, combined, shifted
 //! and masked in uint32, and looked up in the codebook.
 
+use crate::blocks::cq_matmul::cq_gather_stored;
 use crate::blocks::hadamard::walsh_hadamard;
 use crate::blocks::weights::CqRows;
 use crate::builder::{Attr, GraphBuilder, Value};
@@ -20,10 +21,20 @@ use crate::onnx::data_type;
 /// Rows `indices` (int64, any shape `[..]`) of `table`: `[.., cols]` in the graph's
 /// precision. Initializers are named `<scope>.<name>.codes` / `.norms` / `.byte_values`
 /// (or `.codebook`).
-pub fn gather_cq_rows(b: &mut GraphBuilder, name: &str, table: &CqRows, indices: &Value) -> Value {
+/// With `needle_ops`, one `needle.CqGather` node decodes them instead.
+pub fn gather_cq_rows(
+    b: &mut GraphBuilder,
+    name: &str,
+    table: &CqRows,
+    indices: &Value,
+    needle_ops: bool,
+) -> Value {
     b.scope(name, |b| {
         let stored = codes_and_norms(b, table);
-        gather_stored_rows(b, table, &stored, indices)
+        match needle_ops {
+            true => cq_gather_stored(b, indices, table, &stored),
+            false => gather_stored_rows(b, table, &stored, indices),
+        }
     })
 }
 

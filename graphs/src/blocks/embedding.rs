@@ -4,8 +4,9 @@
 use crate::blocks::block_quant::{gather_table, matmul_nbits};
 use crate::blocks::context::{BuildContext, OpForms};
 use crate::blocks::cq_kernel::{cq_kernel, CqKernel};
+use crate::blocks::cq_matmul::cq_gather_stored;
 use crate::blocks::cq_matmul::{cq_matmul, cq_matmul_stored};
-use crate::blocks::cq_rows::{codes_and_norms, gather_stored_rows};
+use crate::blocks::cq_rows::codes_and_norms;
 use crate::blocks::norms::zc_rms_norm;
 use crate::blocks::weights::Tensor;
 use crate::builder::{Dim, GraphBuilder, Value};
@@ -47,8 +48,9 @@ pub fn embed_tokens<C>(
     let x = match (&tied, &embedding.codes) {
         (TiedTable::Float(emb), _) => b.gather(emb, input_ids, 0),
         (TiedTable::Codes(stored), Some(codes)) => {
+            // Codes in the graph are packed storage's: the Needle ops decode the rows.
             let x = b.scope("embedding", |b| {
-                gather_stored_rows(b, codes, stored, input_ids)
+                cq_gather_stored(b, input_ids, codes, stored)
             });
             declare_rows(b, ctx, &x);
             x

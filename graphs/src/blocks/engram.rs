@@ -150,7 +150,7 @@ pub fn engram<C>(
 ) -> EngramKv {
     let fetched = match &w.tables {
         EngramTables::Dense(t) => gather_table(b, ctx.matmul_weights(), "embedding", t, rows),
-        EngramTables::Codes(t) => gather_cq_rows(b, "embedding", t, rows),
+        EngramTables::Codes(t) => gather_cq_rows(b, "embedding", t, rows, ctx.kernels.needle_ops),
     };
     engram_kv(b, ctx, &window.valid, &fetched, w)
 }

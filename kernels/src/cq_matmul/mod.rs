@@ -23,6 +23,7 @@ mod activations;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod rows;
 mod scalar;
 
 use crate::f16;

@@ -241,3 +241,33 @@ fn inconsistent_tensors_are_refused_with_what_disagrees() {
     .unwrap_err();
     assert!(error.0.contains("codebook holds 8"), "{error}");
 }
+
+#[test]
+fn gathered_rows_are_upstreams_decode_and_a_bad_index_is_refused() {
+    for bits in 1..=4 {
+        let case = Case::new(9, 200, 64, bits, 31 + bits as u64);
+        let indices = [3i64, 0, 8, 3];
+        let mut out = vec![f32::NAN; indices.len() * case.cols];
+        case.matrix()
+            .gather_rows(&indices, &mut out, &Serial)
+            .unwrap();
+        for (&r, row) in indices.iter().zip(out.chunks_exact(case.cols)) {
+            let want = case.dense_row(r as usize);
+            // f32 rounding of sums of `group` terms, against the row's largest value.
+            let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            for (c, (&got, want)) in row.iter().zip(want).enumerate() {
+                assert!(
+                    (got as f64 - want).abs() <= 1e-6 * scale,
+                    "{bits}-bit row {r} col {c}: {got} vs {want}"
+                );
+            }
+        }
+    }
+    let case = Case::new(4, 64, 64, 2, 1);
+    let mut out = vec![0.0; 64];
+    let error = case
+        .matrix()
+        .gather_rows(&[4], &mut out, &Serial)
+        .unwrap_err();
+    assert_eq!(error.0, "row 4 is outside the 4 rows");
+}

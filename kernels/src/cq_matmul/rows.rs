@@ -1,0 +1,58 @@
+//! Rows of a CQ matrix decoded as they are gathered (`needle.CqGather`: embedding and
+//! engram tables kept as their codes): row `r`, group `g` is `(codebook[idx] · norm) H`.
+
+use super::{scalar, CqMatrix, CqShapeError};
+use crate::f16;
+use crate::hadamard;
+use crate::split::{token_blocks, RowSplit};
+
+/// Rows a thread decodes at once.
+const BLOCK_ROWS: usize = 16;
+
+impl CqMatrix<'_> {
+    /// Rows `indices` into `out` (`[indices, cols]`), spread by `split`; an index outside
+    /// the matrix is an error naming it, found before anything is written.
+    pub fn gather_rows(
+        &self,
+        indices: &[i64],
+        out: &mut [f32],
+        split: &dyn RowSplit,
+    ) -> Result<(), CqShapeError> {
+        assert_eq!(
+            out.len(),
+            indices.len() * self.cols,
+            "out is [indices, cols]"
+        );
+        if let Some(bad) = indices
+            .iter()
+            .find(|&&r| !(0..self.rows as i64).contains(&r))
+        {
+            return Err(CqShapeError(format!(
+                "row {bad} is outside the {} rows",
+                self.rows
+            )));
+        }
+        token_blocks(split, out, self.cols, BLOCK_ROWS, &|first, block| {
+            let mut padded = vec![0.0f32; self.groups() * self.group];
+            for (&r, row) in indices[first..]
+                .iter()
+                .zip(block.chunks_exact_mut(self.cols))
+            {
+                self.decode_row_into(r as usize, &mut padded);
+                row.copy_from_slice(&padded[..self.cols]);
+            }
+        });
+        Ok(())
+    }
+
+    /// Row `r` over its padded width, as upstream decodes it.
+    fn decode_row_into(&self, r: usize, padded: &mut [f32]) {
+        scalar::decode(self.row_codes(r), self.bits, self.codebook, padded);
+        let norms = &self.norms[r * self.groups()..(r + 1) * self.groups()];
+        for (group, &norm) in padded.chunks_exact_mut(self.group).zip(norms) {
+            let norm = f16::to_f32(norm);
+            group.iter_mut().for_each(|v| *v *= norm);
+            hadamard::rotate(group);
+        }
+    }
+}
