@@ -394,6 +394,9 @@ pub mod needle_ops {
     pub const CQ_MATMUL: &str = "CqMatMul";
     /// Rows of a CQ matrix decoded as they are gathered (`kernels/src/cq_matmul/rows.rs`).
     pub const CQ_GATHER: &str = "CqGather";
+    /// An engram site's value: its projection and dilated conv, projecting only the rows
+    /// a tap reads (`kernels/src/engram_value.rs`).
+    pub const ENGRAM_VALUE: &str = "EngramValue";
     /// The hyper-connections' Sinkhorn mix in one kernel (`kernels/src/sinkhorn.rs`): what
     /// packed graphs written before [`HYPER_CONNECTIONS_OUT`] took it over still run.
     pub const SINKHORN: &str = "Sinkhorn";
@@ -404,6 +407,11 @@ pub mod needle_ops {
     pub const HYPER_CONNECTIONS_OUT: &str = "HyperConnectionsOut";
     /// Needle 3's Monarch MLP of one layer in one kernel (`kernels/src/monarch_mlp.rs`).
     pub const MONARCH_MLP: &str = "MonarchMlp";
+    /// Needle 3's query or key heads from a layer's projections: QKV conv, norm, RoPE and
+    /// padding to the core's head width (`kernels/src/attention_heads.rs`).
+    pub const QK_HEADS: &str = "QkHeads";
+    /// Needle 3's value heads from a layer's projections: QKV conv and padding.
+    pub const V_HEADS: &str = "VHeads";
 }
 
 /// How the weights of the large MatMuls (projections, logits) are stored.

@@ -19,7 +19,11 @@ impl CqGather {
         inputs: &[Input<'a>],
     ) -> Result<(CqMatrix<'a>, &'a [i64], &'a [i64]), OpError> {
         let (indices_shape, indices) = Input::get::<Self, i64>(inputs, 0)?;
-        Ok((self.layout.matrix::<Self>(inputs)?, indices_shape, indices))
+        Ok((
+            self.layout.matrix::<Self>(inputs, 1)?,
+            indices_shape,
+            indices,
+        ))
     }
 }
 

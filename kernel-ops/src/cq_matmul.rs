@@ -28,11 +28,16 @@ impl CqLayout {
         })
     }
 
-    /// The matrix of inputs 1, 2 and 3 (codes, norms, codebook) of `Op`.
-    pub fn matrix<'a, Op: NeedleOp>(&self, inputs: &[Input<'a>]) -> Result<CqMatrix<'a>, OpError> {
-        let (codes_shape, codes) = Input::get::<Op, u8>(inputs, 1)?;
-        let (_, norms) = Input::get::<Op, u16>(inputs, 2)?;
-        let (_, codebook) = Input::get::<Op, f32>(inputs, 3)?;
+    /// The matrix of inputs `first`, `first + 1` and `first + 2` (codes, norms, codebook)
+    /// of `Op`.
+    pub fn matrix<'a, Op: NeedleOp>(
+        &self,
+        inputs: &[Input<'a>],
+        first: usize,
+    ) -> Result<CqMatrix<'a>, OpError> {
+        let (codes_shape, codes) = Input::get::<Op, u8>(inputs, first)?;
+        let (_, norms) = Input::get::<Op, u16>(inputs, first + 1)?;
+        let (_, codebook) = Input::get::<Op, f32>(inputs, first + 2)?;
         let rows = codes_shape.first().copied().unwrap_or(0) as usize;
         CqMatrix::new(
             rows, self.cols, self.group, self.bits, codes, norms, codebook,
@@ -49,7 +54,7 @@ impl CqMatMul {
         inputs: &[Input<'a>],
     ) -> Result<(CqMatrix<'a>, &'a [i64], &'a [f32]), OpError> {
         let (x_shape, x) = Input::get::<Self, f32>(inputs, 0)?;
-        let w = self.layout.matrix::<Self>(inputs)?;
+        let w = self.layout.matrix::<Self>(inputs, 1)?;
         if x_shape.last().copied() != Some(self.layout.cols as i64) {
             return Err(op_error::<Self>(format!(
                 "X is {x_shape:?}, its last axis must be cols = {}",

@@ -4,14 +4,18 @@
 //! `needle-run`'s in-process domain (`runner/src/needle_ops.rs`, through the `ort` crate)
 //! and the library any onnxruntime loads (`kernel-library/`, through the raw C API).
 
+mod attention_heads;
 mod cq_gather;
 mod cq_matmul;
+mod engram_value;
 mod hyper_connections;
 mod monarch_mlp;
 mod sinkhorn;
 
+pub use attention_heads::{QkHeads, VHeads};
 pub use cq_gather::CqGather;
 pub use cq_matmul::CqMatMul;
+pub use engram_value::EngramValue;
 pub use graphs::contract::needle_ops::DOMAIN;
 pub use hyper_connections::{HyperConnectionsIn, HyperConnectionsOut};
 pub use kernels::RowSplit;
@@ -162,8 +166,11 @@ pub trait Registry {
 
 /// Hands every op of the domain to `registry`.
 pub fn register_all<R: Registry>(registry: &mut R) -> Result<(), R::Error> {
+    registry.add::<QkHeads>()?;
+    registry.add::<VHeads>()?;
     registry.add::<CqGather>()?;
     registry.add::<CqMatMul>()?;
+    registry.add::<EngramValue>()?;
     registry.add::<HyperConnectionsIn>()?;
     registry.add::<HyperConnectionsOut>()?;
     registry.add::<MonarchMlp>()?;

@@ -245,6 +245,26 @@ pub fn projection<C>(
     projections(b, ctx, x, name, &[w]).remove(0)
 }
 
+/// The one `needle.CqMatMul` of packed graphs over `ws` stacked (`[.., Σ out_i]`, the
+/// parts in order), where they share a layout; `None` otherwise.
+pub fn packed_projections<C>(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext<C>,
+    x: &Value,
+    name: &str,
+    ws: &[&Tensor],
+) -> Option<Value> {
+    if ctx.matmul_weights() != MatMulWeights::Packed {
+        return None;
+    }
+    let codes: Vec<&CqRows> = ws
+        .iter()
+        .map(|w| w.codes.as_deref())
+        .collect::<Option<_>>()?;
+    let stacked = CqRows::stacked(&codes)?;
+    Some(b.scope(name, |b| cq_matmul(b, x, &stacked)))
+}
+
 /// `x @ W_i^T` for several matrices with the same input: one MatMul over their
 /// concatenation (initializer `[in, Σ out_i]`), then a Split, so `x` is read once.
 /// With block-quantized MatMul weights, the concatenation is one `MatMulNBits`.
@@ -385,29 +405,77 @@ fn gqa_core(
     local_window: Option<usize>,
     shape: HeadShape,
 ) -> (Value, KvPair) {
+    let fused = shape.fused_dim();
+    let pad = |b: &mut GraphBuilder, x: &Value, heads, dim| match dim < fused {
+        true => pad_heads(b, x, heads, dim, fused),
+        false => x.clone(),
+    };
+    let q = pad(b, q, shape.heads, shape.qk_dim);
+    let k = pad(b, k, shape.kv_heads, shape.qk_dim);
+    let v = pad(b, v, shape.kv_heads, shape.v_dim);
+    gqa_node(
+        b,
+        [&q, &k, &v],
+        past,
+        seqlens_k,
+        total_len,
+        local_window,
+        shape,
+    )
+}
+
+/// The core over heads already padded to [`HeadShape::fused_dim`] (`[B, S, heads · fused]`
+/// each), or `None` where `inputs` are not `GroupQueryAttention`'s.
+pub fn padded_attention_core(
+    b: &mut GraphBuilder,
+    inputs: &CoreInputs,
+    qkv: [&Value; 3],
+    past: &KvPair,
+    shape: HeadShape,
+) -> Option<(Value, KvPair)> {
+    let (seqlens_k, total_len, local_window) = gqa_inputs(inputs)?;
+    Some(b.scope("gqa", |b| {
+        gqa_node(b, qkv, past, seqlens_k, total_len, local_window, shape)
+    }))
+}
+
+/// `GroupQueryAttention`'s `seqlens_k`, `total_len` and local window, where `inputs` are
+/// its.
+pub fn gqa_inputs(inputs: &CoreInputs) -> Option<(&Value, &Value, Option<usize>)> {
+    match inputs {
+        CoreInputs::Fused {
+            op: FusedOp::GroupQueryAttention,
+            seqlens_k,
+            total_len,
+            local_window,
+        } => Some((seqlens_k, total_len, *local_window)),
+        _ => None,
+    }
+}
+
+/// `GroupQueryAttention` over padded heads; its output cut back to `v_dim` a head.
+fn gqa_node(
+    b: &mut GraphBuilder,
+    [q, k, v]: [&Value; 3],
+    past: &KvPair,
+    seqlens_k: &Value,
+    total_len: &Value,
+    local_window: Option<usize>,
+    shape: HeadShape,
+) -> (Value, KvPair) {
     let (h, kv) = (shape.heads as i64, shape.kv_heads as i64);
     let fused = shape.fused_dim();
     let mut attrs = vec![("num_heads", Attr::Int(h)), ("kv_num_heads", Attr::Int(kv))];
     if let Some(w) = local_window {
         attrs.push(("local_window_size", Attr::Int(w as i64)));
     }
-    let (q, k) = if shape.qk_dim < fused {
+    if shape.qk_dim < fused {
         attrs.push(("scale", Attr::Float(1.0 / (shape.qk_dim as f32).sqrt())));
-        let q = pad_heads(b, q, shape.heads, shape.qk_dim, fused);
-        let k = pad_heads(b, k, shape.kv_heads, shape.qk_dim, fused);
-        (q, k)
-    } else {
-        (q.clone(), k.clone())
-    };
-    let v = if shape.v_dim < fused {
-        pad_heads(b, v, shape.kv_heads, shape.v_dim, fused)
-    } else {
-        v.clone()
-    };
+    }
     let mut outs = b.op_in(
         MS_DOMAIN,
         "GroupQueryAttention",
-        &[&q, &k, &v, &past.key, &past.value, seqlens_k, total_len],
+        &[q, k, v, &past.key, &past.value, seqlens_k, total_len],
         attrs,
         3,
     );

@@ -9,7 +9,7 @@
 
 use crate::blocks::cq_rows::codes_and_norms;
 use crate::blocks::weights::CqRows;
-use crate::builder::{Attr, GraphBuilder, Value};
+use crate::builder::{Attr, Attrs, GraphBuilder, Value};
 use crate::contract::needle_ops;
 use crate::onnx::data_type;
 
@@ -22,7 +22,7 @@ pub fn cq_matmul(b: &mut GraphBuilder, x: &Value, w: &CqRows) -> Value {
 /// [`cq_matmul`] by codes and norms of `w` already in the graph ([`codes_and_norms`],
 /// which another node reads too: the tied embedding); initializer `<scope>.codebook`.
 pub fn cq_matmul_stored(b: &mut GraphBuilder, x: &Value, w: &CqRows, stored: &[Value; 2]) -> Value {
-    cq_node(b, needle_ops::CQ_MATMUL, x, w, stored)
+    cq_node(b, needle_ops::CQ_MATMUL, &[x], w, stored, vec![])
 }
 
 /// Rows `indices` (int64, any shape) of `w` decoded as they are gathered
@@ -33,17 +33,30 @@ pub fn cq_gather_stored(
     w: &CqRows,
     stored: &[Value; 2],
 ) -> Value {
-    cq_node(b, needle_ops::CQ_GATHER, indices, w, stored)
+    cq_node(b, needle_ops::CQ_GATHER, &[indices], w, stored, vec![])
 }
 
-/// A node of op `ty` reading `first` and the matrix `w` (codes, norms, codebook; `cols`,
-/// `group`, `bits`).
+/// An engram site's value by `needle.EngramValue` from the window's `rows`, `valid` and
+/// the conv's `taps` (`attrs`: `dilation`, `history`), `value_proj` `w` as stored.
+pub fn engram_value(
+    b: &mut GraphBuilder,
+    inputs: [&Value; 3],
+    w: &CqRows,
+    stored: &[Value; 2],
+    attrs: Attrs,
+) -> Value {
+    cq_node(b, needle_ops::ENGRAM_VALUE, &inputs, w, stored, attrs)
+}
+
+/// A node of op `ty` reading `first` and then the matrix `w` (codes, norms, codebook;
+/// `cols`, `group`, `bits` besides `attrs`).
 fn cq_node(
     b: &mut GraphBuilder,
     ty: &str,
-    first: &Value,
+    first: &[&Value],
     w: &CqRows,
     [codes, norms]: &[Value; 2],
+    mut attrs: Attrs,
 ) -> Value {
     let codebook_raw = w.codebook.iter().flat_map(|v| v.to_le_bytes()).collect();
     let codebook = b.weight_bytes(
@@ -52,17 +65,15 @@ fn cq_node(
         &[w.codebook.len()],
         codebook_raw,
     );
-    let attrs = vec![
+    attrs.extend([
         ("cols", Attr::Int(w.cols as i64)),
         ("group", Attr::Int(w.group as i64)),
         ("bits", Attr::Int(w.index_bits as i64)),
-    ];
-    b.op_in(
-        needle_ops::DOMAIN,
-        ty,
-        &[first, codes, norms, &codebook],
-        attrs,
-        1,
-    )
-    .remove(0)
+    ]);
+    let inputs: Vec<&Value> = first
+        .iter()
+        .copied()
+        .chain([codes, norms, &codebook])
+        .collect();
+    b.op_in(needle_ops::DOMAIN, ty, &inputs, attrs, 1).remove(0)
 }

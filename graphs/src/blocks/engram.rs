@@ -22,10 +22,11 @@
 use crate::blocks::attention::projection;
 use crate::blocks::block_quant::gather_table;
 use crate::blocks::context::{BuildContext, OpForms};
-use crate::blocks::cq_rows::gather_cq_rows;
+use crate::blocks::cq_matmul::engram_value;
+use crate::blocks::cq_rows::{codes_and_norms, gather_cq_rows};
 use crate::blocks::norms::rms_unit;
 use crate::blocks::weights::{EngramTables, EngramWeights};
-use crate::builder::{Dim, GraphBuilder, Value};
+use crate::builder::{Attr, Dim, GraphBuilder, Value};
 use crate::contract::dims::{BATCH, ENGRAM_WINDOW, SEQUENCE};
 use crate::geometry::EngramGeometry;
 use crate::onnx::data_type;
@@ -203,8 +204,20 @@ pub fn engram_kv<C>(
     let key = projection(b, ctx, &e_new, "key_proj", &w.key_proj);
     let key_unit = rms_unit(b, ctx, &key, d_model);
 
-    let v = projection(b, ctx, &concatenated, "value_proj", &w.value_proj);
     let taps = b.weight("taps", &w.taps.shape, &w.taps.data);
+    if let (true, Some(codes)) = (ctx.kernels.needle_ops, &w.value_proj.codes) {
+        let value = b.scope("value_proj", |b| {
+            let stored = codes_and_norms(b, codes);
+            let attrs = vec![
+                ("dilation", Attr::Int(e.dilation as i64)),
+                ("history", Attr::Int(history)),
+            ];
+            engram_value(b, [&concatenated, valid, &taps], codes, &stored, attrs)
+        });
+        b.declare(&value, float, &new_dims);
+        return EngramKv { key_unit, value };
+    }
+    let v = projection(b, ctx, &concatenated, "value_proj", &w.value_proj);
     let mut conv: Option<Value> = None;
     for j in 0..e.conv_taps {
         let tap = b.scalar_i64(j as i64);

@@ -12,15 +12,16 @@
 //! ```
 
 use crate::blocks::attention::{
-    attention_core, projection, projections, rotate_half_rope, CoreInputs, KvPair, Rope,
+    attention_core, gqa_inputs, packed_projections, padded_attention_core, projection, projections,
+    rotate_half_rope, CoreInputs, KvPair, Rope,
 };
 use crate::blocks::context::BuildContext;
 use crate::blocks::norms::zc_rms_norm;
 use crate::builder::{Attr, Dim, GraphBuilder, Value};
 use crate::contract::dims::BATCH;
-use crate::contract::Precision;
+use crate::contract::{needle_ops, Precision};
 use crate::geometry::Geometry;
-use crate::needle3::{Config, LayerWeights};
+use crate::needle3::{Config, LayerWeights, QkvTaps};
 use crate::onnx::data_type;
 
 /// What every layer's attention reads besides its input, built once at the top.
@@ -54,6 +55,9 @@ pub fn attention(
     past: LayerPast<'_>,
 ) -> (Value, KvPair, Option<Value>) {
     let cfg = ctx.cfg;
+    if let Some(fused) = needle_ops_attention(b, ctx, attn, layer, x, w, &past) {
+        return fused;
+    }
     let shape = cfg.head_shape();
     let (h, kv) = (cfg.common.num_heads as i64, cfg.common.num_kv_heads as i64);
     let qk = cfg.qk_head_dim as i64;
@@ -117,7 +121,7 @@ fn qkv_conv(
     ctx: &BuildContext<Config>,
     layer: usize,
     [q, k, v]: [&Value; 3],
-    taps: &crate::needle3::QkvTaps,
+    taps: &QkvTaps,
     state: &Value,
     real_new: Option<&Value>,
 ) -> (Value, Value, Value, Value) {
@@ -125,12 +129,7 @@ fn qkv_conv(
     let n = cfg.qkv_conv_taps;
     let width = cfg.qkv_width();
     let (qd, kd) = (taps.q.shape[1], taps.k.shape[1]);
-    let mut weights = Vec::with_capacity(n * width);
-    for j in 0..n {
-        weights.extend_from_slice(&taps.q.data[j * qd..(j + 1) * qd]);
-        weights.extend_from_slice(&taps.k.data[j * kd..(j + 1) * kd]);
-        weights.extend_from_slice(&taps.v.data[j * (width - qd - kd)..(j + 1) * (width - qd - kd)]);
-    }
+    let weights = conv_taps(taps, n, width);
     // The state is float32 in every precision (the fp16 projections convert exactly).
     let float = b.precision().data_type();
     let state = match b.precision() {
@@ -164,6 +163,19 @@ fn qkv_conv(
     let Some(real_new) = real_new else {
         return (q, k, v, raw);
     };
+    let next = next_conv_state(b, &window, real_new, n, width);
+    (q, k, v, next)
+}
+
+/// Each row's last `taps − 1` real rows of the conv's `window` (`[batch, taps − 1 + sequence,
+/// width]`): they start at row `real_new` (right padding), as float32.
+fn next_conv_state(
+    b: &mut GraphBuilder,
+    window: &Value,
+    real_new: &Value,
+    n: usize,
+    width: usize,
+) -> Value {
     // A row's real new positions are its chunk's first columns (right padding), so its
     // last n − 1 real rows of the window start at row `real_new`.
     let rows = b.const_i64(&(0..(n - 1) as i64).collect::<Vec<_>>());
@@ -173,7 +185,7 @@ fn qkv_conv(
     let index = b.op1("Expand", &[&rows, &full], vec![]);
     let next = b.op1(
         "GatherElements",
-        &[&window, &index],
+        &[window, &index],
         vec![("axis", Attr::Int(1))],
     );
     let next = match b.precision() {
@@ -185,5 +197,106 @@ fn qkv_conv(
         data_type::FLOAT,
         &[Dim::Named(BATCH), Dim::Fixed(n - 1), Dim::Fixed(width)],
     );
-    (q, k, v, next)
+    next
+}
+
+/// The conv's taps `[taps, q + k + v]`, each tap's q, k and v columns side by side.
+fn conv_taps(taps: &QkvTaps, n: usize, width: usize) -> Vec<f32> {
+    let (qd, kd) = (taps.q.shape[1], taps.k.shape[1]);
+    let vd = width - qd - kd;
+    let mut weights = Vec::with_capacity(n * width);
+    for j in 0..n {
+        weights.extend_from_slice(&taps.q.data[j * qd..(j + 1) * qd]);
+        weights.extend_from_slice(&taps.k.data[j * kd..(j + 1) * kd]);
+        weights.extend_from_slice(&taps.v.data[j * vd..(j + 1) * vd]);
+    }
+    weights
+}
+
+/// The layer's attention with the Needle ops (packed graphs over `GroupQueryAttention`, a
+/// model with the QKV conv and RoPE tables): the one projection, then `needle.QkHeads` for
+/// the queries and the keys and `needle.VHeads` for the values in place of the Split,
+/// conv, norm, RoPE and padding nodes (~25 a layer). `None`, and no node built, where any
+/// of that does not hold.
+fn needle_ops_attention(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext<Config>,
+    attn: &AttentionCtx,
+    layer: usize,
+    x: &Value,
+    w: &LayerWeights,
+    past: &LayerPast<'_>,
+) -> Option<(Value, KvPair, Option<Value>)> {
+    let cfg = ctx.cfg;
+    let (taps, state, real_new) = (w.qkv_taps.as_ref()?, past.conv?, attn.real_new.as_ref()?);
+    let Rope::Kernel {
+        cos_cache,
+        sin_cache,
+        position_ids,
+        ..
+    } = &attn.rope
+    else {
+        return None;
+    };
+    let core = match (&attn.local, cfg.is_local(layer)) {
+        (Some(local), true) => local,
+        _ => &attn.global,
+    };
+    if !ctx.kernels.needle_ops || gqa_inputs(core).is_none() {
+        return None;
+    }
+    let parts = [&w.q_proj, &w.k_proj, &w.v_proj, &w.gate_proj];
+    let p = packed_projections(b, ctx, x, "qkv_gate_proj", &parts)?;
+    let shape = cfg.head_shape();
+    let (n, width, fused) = (cfg.qkv_conv_taps, cfg.qkv_width(), shape.fused_dim());
+    let (qd, kd) = (taps.q.shape[1], taps.k.shape[1]);
+    let visible = n.min(cfg.window_of(layer).unwrap_or(usize::MAX));
+    let [q, k, v] = b.scope("qkv_heads", |b| {
+        let taps = b.weight("taps", &[n, width], &conv_taps(taps, n, width));
+        let attrs = |offset: usize, heads: usize, head_dim: usize| {
+            [
+                ("offset", offset),
+                ("heads", heads),
+                ("head_dim", head_dim),
+                ("padded", fused),
+                ("visible_taps", visible),
+            ]
+            .map(|(name, v)| (name, Attr::Int(v as i64)))
+            .to_vec()
+        };
+        let heads = |b: &mut GraphBuilder, scope: &str, norm: &[f32], attrs| {
+            b.scope(scope, |b| {
+                let gain: Vec<f32> = norm.iter().map(|s| 1.0 + s).collect();
+                let gain = b.weight("gain", &[gain.len()], &gain);
+                let inputs = [&p, state, &taps, &gain, cos_cache, sin_cache, position_ids];
+                b.op_in(needle_ops::DOMAIN, needle_ops::QK_HEADS, &inputs, attrs, 1)
+                    .remove(0)
+            })
+        };
+        let (h, kv) = (cfg.common.num_heads, cfg.common.num_kv_heads);
+        let q = heads(b, "q", &w.q_norm.data, attrs(0, h, cfg.qk_head_dim));
+        let k = heads(b, "k", &w.k_norm.data, attrs(qd, kv, cfg.qk_head_dim));
+        let v_attrs = attrs(qd + kd, kv, cfg.v_head_dim);
+        let v = b
+            .op_in(
+                needle_ops::DOMAIN,
+                needle_ops::V_HEADS,
+                &[&p, state, &taps],
+                v_attrs,
+                1,
+            )
+            .remove(0);
+        [q, k, v]
+    });
+    let (out, present) = padded_attention_core(b, core, [&q, &k, &v], past.kv, shape)?;
+    let next = b.scope("qkv_conv", |b| {
+        let raw = b.slice(&p, 2, 0, width as i64);
+        let window = b.concat(&[state, &raw], 1);
+        next_conv_state(b, &window, real_new, n, width)
+    });
+    let gate = b.slice(&p, 2, width as i64, i64::MAX);
+    let gate = b.sigmoid(&gate);
+    let out = b.mul(&out, &gate);
+    let out = projection(b, ctx, &out, "out_proj", &w.out_proj);
+    Some((out, present, Some(next)))
 }

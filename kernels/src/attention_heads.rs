@@ -1,0 +1,386 @@
+//! `needle.AttentionHeads`: one of Needle 3's query, key or value inputs to attention,
+//! from the layer's raw projections in one kernel, where the stock graph runs ~8 nodes a
+//! part (`graphs/src/needle3/attention.rs` states the layer):
+//!
+//! ```text
+//! p [B, S, ≥ offset + heads·dim] ─ causal conv over the state's and p's rows ─┬─ (q, k) ZC-RMS norm per head ─ RoPE ─┬─ pad each head to `padded` ─ [B, S, heads·padded]
+//!                                                                              └─ (v) ────────────────────────────────┘
+//! conv: y_t = Σ_{j < visible} taps_j · window_{t + n − 1 − j},  window = [state (n − 1 rows); p (S rows)]
+//! norm: x / √(mean x² + 1e-6) · gain        RoPE (rotate half): (x₁ cos − x₂ sin, x₂ cos + x₁ sin)
+//! ```
+//! Each token's result depends on its row's window alone, in one order whatever the batch.
+
+use crate::split::{token_blocks, RowSplit};
+
+/// Tokens a thread takes at once.
+const BLOCK_TOKENS: usize = 16;
+const EPSILON: f32 = 1e-6;
+
+/// Which columns of the projections are this part, and how they become heads.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadsLayout {
+    /// The part's first column in the projections and the conv state.
+    pub offset: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    /// Each head's width in the output (zeros after `head_dim`).
+    pub padded: usize,
+    /// Taps the conv reads (a local layer's window may hide the older ones).
+    pub visible_taps: usize,
+}
+
+/// The conv's inputs: the projections, the state and the taps.
+#[derive(Clone, Copy, Debug)]
+pub struct ConvInputs<'a> {
+    /// `[batch, sequence, width of the projections]`.
+    pub projections: &'a [f32],
+    pub projections_width: usize,
+    /// `[batch, taps − 1, conv width]`.
+    pub state: &'a [f32],
+    /// `[taps, conv width]`.
+    pub taps: &'a [f32],
+    pub conv_width: usize,
+    pub batch: usize,
+    pub sequence: usize,
+}
+
+/// The norm gain (`1 + scale`, `[head_dim]`) and the rotary tables (`[positions, head_dim / 2]`
+/// each) with each token's position (`[batch, sequence]`) of the query and key parts.
+#[derive(Clone, Copy, Debug)]
+pub struct NormRope<'a> {
+    pub gain: &'a [f32],
+    pub cos: &'a [f32],
+    pub sin: &'a [f32],
+    pub positions: &'a [i64],
+}
+
+/// Why tensors do not fit together.
+#[derive(Debug, PartialEq)]
+pub struct HeadsError(pub String);
+
+impl std::fmt::Display for HeadsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl ConvInputs<'_> {
+    fn taps(&self) -> usize {
+        self.taps.len() / self.conv_width.max(1)
+    }
+
+    /// Every size checked against the others and `layout`.
+    pub fn check(
+        &self,
+        layout: &HeadsLayout,
+        norm_rope: Option<&NormRope>,
+    ) -> Result<(), HeadsError> {
+        let fail = |what: String| Err(HeadsError(what));
+        let (tokens, n) = (self.batch * self.sequence, self.taps());
+        let part = layout.heads * layout.head_dim;
+        if n == 0 || self.taps.len() != n * self.conv_width || layout.visible_taps > n {
+            return fail(format!(
+                "taps hold {} values, not [taps ≥ {}, {}]",
+                self.taps.len(),
+                layout.visible_taps,
+                self.conv_width
+            ));
+        }
+        if layout.offset + part > self.conv_width || self.conv_width > self.projections_width {
+            return fail(format!(
+                "columns {}..{} are not within the conv's {} and the projections' {}",
+                layout.offset,
+                layout.offset + part,
+                self.conv_width,
+                self.projections_width
+            ));
+        }
+        if self.projections.len() != tokens * self.projections_width {
+            return fail("the projections are not [batch, sequence, width]".into());
+        }
+        if self.state.len() != self.batch * (n - 1) * self.conv_width {
+            return fail(format!(
+                "the state holds {} values, not [{}, {}, {}]",
+                self.state.len(),
+                self.batch,
+                n - 1,
+                self.conv_width
+            ));
+        }
+        if layout.padded < layout.head_dim {
+            return fail(format!(
+                "heads of {} padded to {}",
+                layout.head_dim, layout.padded
+            ));
+        }
+        let Some(nr) = norm_rope else { return Ok(()) };
+        let half = layout.head_dim / 2;
+        if layout.head_dim % 2 != 0 || nr.gain.len() != layout.head_dim {
+            return fail(format!(
+                "a gain of {} for heads of {}",
+                nr.gain.len(),
+                layout.head_dim
+            ));
+        }
+        if nr.cos.len() != nr.sin.len() || !nr.cos.len().is_multiple_of(half.max(1)) {
+            return fail("the rotary tables are not [positions, head_dim / 2]".into());
+        }
+        let positions = (nr.cos.len() / half.max(1)) as i64;
+        if nr.positions.len() != tokens {
+            return fail("position_ids are not [batch, sequence]".into());
+        }
+        if let Some(p) = nr.positions.iter().find(|&&p| !(0..positions).contains(&p)) {
+            return fail(format!(
+                "position {p} is outside the rotary tables' {positions}"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `out` `[batch, sequence, heads · padded]` of the part `layout` names, normalised and
+/// rotated when `norm_rope` is given; token runs spread by `split`. `inputs` must have
+/// passed [`ConvInputs::check`].
+pub fn attention_heads(
+    inputs: &ConvInputs,
+    layout: &HeadsLayout,
+    norm_rope: Option<&NormRope>,
+    out: &mut [f32],
+    split: &dyn RowSplit,
+) {
+    let row = layout.heads * layout.padded;
+    assert_eq!(
+        out.len(),
+        inputs.batch * inputs.sequence * row,
+        "out is [batch, sequence, heads·padded]"
+    );
+    token_blocks(split, out, row, BLOCK_TOKENS, &|first, block| {
+        let mut head = vec![0.0f32; layout.head_dim];
+        for (token, out) in (first..).zip(block.chunks_exact_mut(row)) {
+            for (h, out) in out.chunks_exact_mut(layout.padded).enumerate() {
+                conv(
+                    inputs,
+                    layout,
+                    token,
+                    layout.offset + h * layout.head_dim,
+                    &mut head,
+                );
+                if let Some(nr) = norm_rope {
+                    normalize(&mut head, nr.gain);
+                    rotate(&mut head, nr, nr.positions[token] as usize);
+                }
+                out[..layout.head_dim].copy_from_slice(&head);
+                out[layout.head_dim..].fill(0.0);
+            }
+        }
+    });
+}
+
+/// The conv of `y.len()` columns from `column` at token `token`: tap by tap, as the stock
+/// graph sums them.
+fn conv(inputs: &ConvInputs, layout: &HeadsLayout, token: usize, column: usize, y: &mut [f32]) {
+    let (n, seq, width) = (inputs.taps(), inputs.sequence, y.len());
+    let (b, t) = (token / seq, token % seq);
+    let window_row = |r: usize| -> &[f32] {
+        let at = match r.checked_sub(n - 1) {
+            None => &inputs.state[(b * (n - 1) + r) * inputs.conv_width..][..inputs.conv_width],
+            Some(p) => {
+                &inputs.projections[(b * seq + p) * inputs.projections_width..][..inputs.conv_width]
+            }
+        };
+        &at[column..column + width]
+    };
+    for j in 0..layout.visible_taps {
+        let taps = &inputs.taps[j * inputs.conv_width + column..][..width];
+        let values = window_row(t + n - 1 - j);
+        for ((y, &tap), &v) in y.iter_mut().zip(taps).zip(values) {
+            *y = if j == 0 { tap * v } else { *y + tap * v };
+        }
+    }
+}
+
+/// ZC-RMS norm of one head: `x / √(mean x² + ε) · gain`.
+fn normalize(x: &mut [f32], gain: &[f32]) {
+    let mean = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let root = (mean + EPSILON).sqrt();
+    x.iter_mut()
+        .zip(gain)
+        .for_each(|(v, &g)| *v = *v / root * g);
+}
+
+/// Rotate-half RoPE of one head at `position`.
+fn rotate(x: &mut [f32], nr: &NormRope, position: usize) {
+    let half = x.len() / 2;
+    let (cos, sin) = (
+        &nr.cos[position * half..][..half],
+        &nr.sin[position * half..][..half],
+    );
+    let (x1, x2) = x.split_at_mut(half);
+    for (((a, b), &c), &s) in x1.iter_mut().zip(x2).zip(cos).zip(sin) {
+        let (first, second) = (*a, *b);
+        *a = first * c - second * s;
+        *b = second * c + first * s;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::split::Serial;
+
+    const B: usize = 2;
+    const S: usize = 3;
+    const TAPS: usize = 3;
+    const CONV: usize = 12;
+    const WIDTH: usize = 16;
+
+    fn values(len: usize, scale: f32) -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i * 29 % 31) as f32 - 15.0) * scale)
+            .collect()
+    }
+
+    /// Query-like heads (2 of 4, from column 4) and value-like (1 of 4, from column 8)
+    /// against the formulas in f64: the window's rows by hand, the norm, RoPE, padding.
+    #[test]
+    fn heads_match_the_formulas() {
+        let (p, state, taps) = (
+            values(B * S * WIDTH, 0.1),
+            values(B * (TAPS - 1) * CONV, 0.2),
+            values(TAPS * CONV, 0.3),
+        );
+        let (gain, cos, sin) = (values(4, 0.05), values(10 * 2, 0.04), values(10 * 2, 0.06));
+        let positions: Vec<i64> = vec![7, 8, 9, 2, 3, 0];
+        let inputs = ConvInputs {
+            projections: &p,
+            projections_width: WIDTH,
+            state: &state,
+            taps: &taps,
+            conv_width: CONV,
+            batch: B,
+            sequence: S,
+        };
+        let nr = NormRope {
+            gain: &gain,
+            cos: &cos,
+            sin: &sin,
+            positions: &positions,
+        };
+        for (layout, rope) in [
+            (
+                HeadsLayout {
+                    offset: 4,
+                    heads: 2,
+                    head_dim: 4,
+                    padded: 8,
+                    visible_taps: 3,
+                },
+                true,
+            ),
+            (
+                HeadsLayout {
+                    offset: 8,
+                    heads: 1,
+                    head_dim: 4,
+                    padded: 4,
+                    visible_taps: 2,
+                },
+                false,
+            ),
+        ] {
+            let norm_rope = rope.then_some(&nr);
+            inputs.check(&layout, norm_rope).unwrap();
+            let mut out = vec![f32::NAN; B * S * layout.heads * layout.padded];
+            attention_heads(&inputs, &layout, norm_rope, &mut out, &Serial);
+            for (b, t, h) in
+                (0..B).flat_map(|b| (0..S).flat_map(move |t| (0..2).map(move |h| (b, t, h))))
+            {
+                if h >= layout.heads {
+                    continue;
+                }
+                let column = layout.offset + h * 4;
+                let window = |r: usize, c: usize| -> f64 {
+                    if r < TAPS - 1 {
+                        state[(b * (TAPS - 1) + r) * CONV + c] as f64
+                    } else {
+                        p[(b * S + r - (TAPS - 1)) * WIDTH + c] as f64
+                    }
+                };
+                let mut y: Vec<f64> = (0..4)
+                    .map(|i| {
+                        (0..layout.visible_taps)
+                            .map(|j| {
+                                taps[j * CONV + column + i] as f64
+                                    * window(t + TAPS - 1 - j, column + i)
+                            })
+                            .sum()
+                    })
+                    .collect();
+                if rope {
+                    let root = (y.iter().map(|v| v * v).sum::<f64>() / 4.0 + 1e-6).sqrt();
+                    y.iter_mut()
+                        .zip(&gain)
+                        .for_each(|(v, &g)| *v = *v / root * g as f64);
+                    let pos = positions[b * S + t] as usize;
+                    let (c, s) = (
+                        [0, 1].map(|i| cos[pos * 2 + i] as f64),
+                        [0, 1].map(|i| sin[pos * 2 + i] as f64),
+                    );
+                    y = vec![
+                        y[0] * c[0] - y[2] * s[0],
+                        y[1] * c[1] - y[3] * s[1],
+                        y[2] * c[0] + y[0] * s[0],
+                        y[3] * c[1] + y[1] * s[1],
+                    ];
+                }
+                let at = ((b * S + t) * layout.heads + h) * layout.padded;
+                for (i, want) in y.iter().enumerate() {
+                    let got = out[at + i] as f64;
+                    assert!(
+                        (got - want).abs() < 1e-5 * want.abs().max(1.0),
+                        "({b}, {t}, head {h}, {i}): {got} vs {want}"
+                    );
+                }
+                assert!(
+                    out[at + 4..at + layout.padded].iter().all(|&v| v == 0.0),
+                    "padding of ({b}, {t}, {h})"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_position_outside_the_tables_is_refused() {
+        let (p, state, taps) = (
+            values(B * S * WIDTH, 0.1),
+            values(B * (TAPS - 1) * CONV, 0.2),
+            values(TAPS * CONV, 0.3),
+        );
+        let (gain, table) = (values(4, 0.05), values(10 * 2, 0.04));
+        let positions = vec![0, 1, 2, 3, 10, 5];
+        let inputs = ConvInputs {
+            projections: &p,
+            projections_width: WIDTH,
+            state: &state,
+            taps: &taps,
+            conv_width: CONV,
+            batch: B,
+            sequence: S,
+        };
+        let nr = NormRope {
+            gain: &gain,
+            cos: &table,
+            sin: &table,
+            positions: &positions,
+        };
+        let layout = HeadsLayout {
+            offset: 0,
+            heads: 1,
+            head_dim: 4,
+            padded: 4,
+            visible_taps: 3,
+        };
+        let error = inputs.check(&layout, Some(&nr)).unwrap_err();
+        assert_eq!(error.0, "position 10 is outside the rotary tables' 10");
+    }
+}
