@@ -407,6 +407,8 @@ pub mod needle_ops {
     pub const HYPER_CONNECTIONS_OUT: &str = "HyperConnectionsOut";
     /// Needle 3's Monarch MLP of one layer in one kernel (`kernels/src/monarch_mlp.rs`).
     pub const MONARCH_MLP: &str = "MonarchMlp";
+    /// Needle 2's Hadamard MLP of one layer in one kernel (`kernels/src/hadamard_mlp.rs`).
+    pub const HADAMARD_MLP: &str = "HadamardMlp";
     /// Needle 3's query or key heads from a layer's projections: QKV conv, norm, RoPE and
     /// padding to the core's head width (`kernels/src/attention_heads.rs`).
     pub const QK_HEADS: &str = "QkHeads";

@@ -10,6 +10,7 @@ pub mod cq_matmul;
 pub mod engram_value;
 pub mod f16;
 mod hadamard;
+pub mod hadamard_mlp;
 pub mod hyper_connections;
 pub mod isa;
 pub mod math;

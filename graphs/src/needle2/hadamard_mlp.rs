@@ -6,6 +6,8 @@
 //! `z` viewed as an `a×b` matrix: two small MatMuls with constants shared by all
 //! layers, `n·(a+b)` multiply-adds instead of `n²`.
 //!
+//! Graphs with the Needle ops run it as one `needle.HadamardMlp` node.
+//!
 //! ```text
 //! x ─Pad─ *d1 ─H─ *d2 ─silu─ H ─ *d3 ─Slice─▶      H: Reshape[a,b] ─ H_a·Z ─ Z·H_b ─ Reshape[n]
 //! ```
@@ -13,6 +15,7 @@
 use crate::blocks::context::BuildContext;
 use crate::blocks::hadamard::{pad_to_width, walsh_hadamard};
 use crate::builder::{GraphBuilder, Value};
+use crate::contract::needle_ops;
 use crate::needle2::{Config, LayerWeights};
 
 /// `x`: `[batch, sequence, d_model]` → `[batch, sequence, d_model]`.
@@ -27,6 +30,18 @@ pub fn hadamard_mlp(
     let d1 = b.weight("d1", &[n], &w.d1.data);
     let d2 = b.weight("d2", &[n], &w.d2.data);
     let d3 = b.weight("d3", &[n], &w.d3.data);
+    if ctx.kernels.needle_ops {
+        let inputs = [x, &d1, &d2, &d3];
+        return b
+            .op_in(
+                needle_ops::DOMAIN,
+                needle_ops::HADAMARD_MLP,
+                &inputs,
+                vec![],
+                1,
+            )
+            .remove(0);
+    }
     let z = pad_to_width(b, ctx.kernels.op_forms, x, d_model, n);
     let z = b.mul(&d1, &z);
     let z = walsh_hadamard_transform(b, &z, n);

@@ -1,0 +1,103 @@
+//! `needle.HadamardMlp`: Needle 2's MLP (`graphs/src/needle2/hadamard_mlp.rs` states it)
+//! for every token in one call, where the stock graph runs ~14 nodes a layer:
+//! `out = (d3 · H · silu(d2 · H · (d1 · x)))[:d_model]`, `x` zero-padded to `n` and `H` the
+//! orthonormal Walsh–Hadamard matrix of size `n`, applied as the fast transform.
+
+use crate::hadamard;
+use crate::math::silu;
+use crate::split::{token_blocks, RowSplit};
+
+/// Tokens a thread takes at once.
+const BLOCK_TOKENS: usize = 16;
+
+/// The three diagonals `d1`, `d2`, `d3`, each `[n]` (a power of two ≥ `d_model`).
+#[derive(Clone, Copy, Debug)]
+pub struct HadamardMlp<'a> {
+    pub diagonals: [&'a [f32]; 3],
+}
+
+impl HadamardMlp<'_> {
+    /// `None` unless the diagonals share a power-of-two width of at least `d_model`.
+    pub fn width(&self, d_model: usize) -> Option<usize> {
+        let n = self.diagonals[0].len();
+        let fits = n.is_power_of_two() && n >= d_model && d_model > 0;
+        (fits && self.diagonals.iter().all(|d| d.len() == n)).then_some(n)
+    }
+
+    /// `out` `[tokens, d_model]` from `x` `[tokens, d_model]`, runs of tokens spread by
+    /// `split`. The diagonals must fit `d_model` ([`HadamardMlp::width`]).
+    pub fn apply(&self, x: &[f32], d_model: usize, out: &mut [f32], split: &dyn RowSplit) {
+        let n = self
+            .width(d_model)
+            .expect("diagonals checked against d_model");
+        assert_eq!(x.len(), out.len(), "out is shaped like x");
+        let [d1, d2, d3] = self.diagonals;
+        token_blocks(split, out, d_model, BLOCK_TOKENS, &|first, block| {
+            let mut z = vec![0.0f32; n];
+            for (t, out) in (first..).zip(block.chunks_exact_mut(d_model)) {
+                z.fill(0.0);
+                let x = &x[t * d_model..(t + 1) * d_model];
+                z.iter_mut()
+                    .zip(x)
+                    .zip(d1)
+                    .for_each(|((z, &x), &d)| *z = d * x);
+                hadamard::rotate(&mut z);
+                z.iter_mut().zip(d2).for_each(|(z, &d)| *z = silu(d * *z));
+                hadamard::rotate(&mut z);
+                out.iter_mut()
+                    .zip(&z)
+                    .zip(d3)
+                    .for_each(|((o, &z), &d)| *o = d * z);
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::split::Serial;
+
+    /// Against the formula in f64 with the dense matrix: d_model 6 in n = 8, two tokens.
+    #[test]
+    fn matches_the_dense_formula() {
+        let (d, n) = (6, 8);
+        let diagonal = |k: usize| {
+            (0..n)
+                .map(|i| 0.5 + ((i * k) % 5) as f32 * 0.1)
+                .collect::<Vec<_>>()
+        };
+        let (d1, d2, d3) = (diagonal(1), diagonal(2), diagonal(3));
+        let mlp = HadamardMlp {
+            diagonals: [&d1, &d2, &d3],
+        };
+        let x: Vec<f32> = (0..2 * d).map(|i| (i as f32 * 0.7).sin()).collect();
+        let mut out = vec![f32::NAN; x.len()];
+        mlp.apply(&x, d, &mut out, &Serial);
+        let h = |i: usize, j: usize| if (i & j).count_ones() % 2 == 0 { 1.0 } else { -1.0 } / (n as f64).sqrt();
+        for t in 0..2 {
+            let z: Vec<f64> = (0..n)
+                .map(|i| {
+                    if i < d {
+                        d1[i] as f64 * x[t * d + i] as f64
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            let z: Vec<f64> = (0..n)
+                .map(|i| d2[i] as f64 * (0..n).map(|j| h(i, j) * z[j]).sum::<f64>())
+                .collect();
+            let z: Vec<f64> = z.iter().map(|v| v / (1.0 + (-v).exp())).collect();
+            for i in 0..d {
+                let want = d3[i] as f64 * (0..n).map(|j| h(i, j) * z[j]).sum::<f64>();
+                let got = out[t * d + i] as f64;
+                assert!(
+                    (got - want).abs() < 1e-6,
+                    "token {t} output {i}: {got} vs {want}"
+                );
+            }
+        }
+        assert_eq!(mlp.width(9), None);
+    }
+}
