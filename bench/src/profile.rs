@@ -1,11 +1,14 @@
 //! `needle-bench --profile`: onnxruntime's profiler on decode steps of each `--variants`
-//! graph (fp32), summarised by op type, by block and by node (layer numbers folded together).
+//! graph (fp32), summarised by op type, by block and by node (layer numbers folded together),
+//! with the kernel launches a step and, for each node that reads its weights whole, the
+//! rate it reads them at against this machine's single-thread copy bandwidth.
 
 use crate::measure::{step, tokens, CpuShare};
 use crate::Plan;
 use anyhow::{anyhow, Context, Result};
 use exporter::export::ExportOptions;
 use exporter::model::NeedleModel;
+use prost::Message;
 use runner::decode;
 use runner::provider::{session_builder, Provider};
 use runner::session::NeedleSession;
@@ -34,6 +37,11 @@ pub fn run(
     let onnx = parsed.export(&ExportOptions::in_memory(variant.graph()));
     let graph = variant.name();
     drop((parsed, bytes));
+    let weights = WeightBytes::of(&onnx)?;
+    let copy = copy_bandwidth();
+    println!(
+        "Copy bandwidth of this machine, one thread (the best of 5 copies of 256 MiB): {copy:.1} GB/s.\n"
+    );
     std::fs::create_dir_all(dir)?;
     let env = runner::ort_env::init()?;
     let mut prefill = String::new();
@@ -74,15 +82,28 @@ pub fn run(
             summarise(
                 &events,
                 &runs[runs.len().saturating_sub(PROFILED_STEPS)..],
-                &title,
-                "step"
+                &Labels {
+                    title: &title,
+                    unit: "step"
+                },
+                &weights,
+                copy
             )
         );
         let title = format!(
             "Prefill of {past} tokens: {graph} fp32 graph, {threads} thread(s), first run of the session \
              (other processes meanwhile: {others:.2} cores)"
         );
-        prefill = summarise(&events, &runs[..runs.len().min(1)], &title, "run");
+        prefill = summarise(
+            &events,
+            &runs[..runs.len().min(1)],
+            &Labels {
+                title: &title,
+                unit: "run",
+            },
+            &weights,
+            copy,
+        );
     }
     print!("{prefill}");
     Ok(())
@@ -123,14 +144,81 @@ fn newest_trace(dir: &Path, prefix: &Path) -> Result<PathBuf> {
         .ok_or_else(|| anyhow!("onnxruntime wrote no profile under {}", dir.display()))
 }
 
+/// The initializer bytes each weight product reads whole per call (other nodes read
+/// rows by index, tables by position, or a few values, and are left out).
+struct WeightBytes(HashMap<String, f64>);
+
+/// The ops whose initializers are matrices read whole every call.
+const WEIGHT_PRODUCTS: [&str; 6] = [
+    "CqMatMul",
+    "EngramValue",
+    "MonarchMlp",
+    "HadamardMlp",
+    "MatMul",
+    "MatMulNBits",
+];
+
+impl WeightBytes {
+    fn of(onnx: &[u8]) -> Result<WeightBytes> {
+        let model = graphs::onnx::ModelProto::decode(onnx).context("the exported graph")?;
+        let graph = model.graph.unwrap_or_default();
+        let sizes: HashMap<&str, usize> = graph
+            .initializer
+            .iter()
+            .map(|t| (t.name.as_str(), t.raw_data.len()))
+            .collect();
+        let by_node = graph
+            .node
+            .iter()
+            .filter(|n| WEIGHT_PRODUCTS.contains(&n.op_type.as_str()))
+            .map(|n| {
+                let bytes: usize = n.input.iter().filter_map(|i| sizes.get(i.as_str())).sum();
+                (n.name.clone(), bytes as f64)
+            })
+            .filter(|(_, bytes)| *bytes > 0.0)
+            .collect();
+        Ok(WeightBytes(by_node))
+    }
+}
+
+/// Bytes a second one thread copies (GB/s): the best of 5 copies of 256 MiB.
+fn copy_bandwidth() -> f64 {
+    let from = vec![1u8; 256 << 20];
+    let mut to = vec![0u8; 256 << 20];
+    let best = (0..5)
+        .map(|_| {
+            let start = std::time::Instant::now();
+            to.copy_from_slice(std::hint::black_box(&from));
+            std::hint::black_box(&to);
+            start.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min);
+    from.len() as f64 / best / 1e9
+}
+
 #[derive(Default, Clone, Copy)]
 struct Tally {
     micros: f64,
     count: usize,
+    /// Weight bytes read whole by the calls.
+    bytes: f64,
 }
 
-/// The markdown summary of the kernels that ran inside `runs`; `unit` names one run.
-fn summarise(events: &[Value], runs: &[(f64, f64)], title: &str, unit: &str) -> String {
+/// A summary's heading and what one run of it is.
+struct Labels<'a> {
+    title: &'a str,
+    unit: &'a str,
+}
+
+/// The markdown summary of the kernels that ran inside `runs`.
+fn summarise(
+    events: &[Value],
+    runs: &[(f64, f64)],
+    labels: &Labels,
+    weights: &WeightBytes,
+    copy: f64,
+) -> String {
+    let (title, unit) = (labels.title, labels.unit);
     let run_micros: f64 = runs.iter().map(|r| r.1).sum();
     let inside = |ts: f64| {
         runs.iter()
@@ -150,6 +238,7 @@ fn summarise(events: &[Value], runs: &[(f64, f64)], title: &str, unit: &str) -> 
             .unwrap_or("?")
             .to_string();
         let dur = number(e, "dur");
+        let bytes = weights.0.get(node).copied().unwrap_or(0.0);
         kernel_micros += dur;
         for (map, key) in [
             (&mut by_op, op.clone()),
@@ -159,6 +248,7 @@ fn summarise(events: &[Value], runs: &[(f64, f64)], title: &str, unit: &str) -> 
             let t: &mut Tally = map.entry(key).or_default();
             t.micros += dur;
             t.count += 1;
+            t.bytes += bytes;
         }
     }
 
@@ -167,59 +257,85 @@ fn summarise(events: &[Value], runs: &[(f64, f64)], title: &str, unit: &str) -> 
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "### {title}\n\nPer {unit}: {:.0} µs in `Run`, {:.0} µs inside kernels ({:.0}%), {calls:.0} kernel calls.\n",
+        "### {title}\n\nPer {unit}: {:.0} µs in `Run`, {:.0} µs inside kernels ({:.0}%), {calls:.0} kernel launches \
+         (one launch: onnxruntime running one node's kernel).\n",
         run_micros / n,
         kernel_micros / n,
         100.0 * kernel_micros / run_micros.max(1e-9),
     );
-    table(&mut s, "op type", unit, &by_op, kernel_micros, n, 12);
-    table(&mut s, "block", unit, &by_block, kernel_micros, n, 10);
-    table(
-        &mut s,
-        "node (all layers)",
-        unit,
-        &by_node,
-        kernel_micros,
-        n,
-        12,
-    );
+    let tables = [
+        ("op type", &by_op, 12),
+        ("block", &by_block, 10),
+        ("node (all layers)", &by_node, 12),
+    ];
+    for (what, map, top) in tables {
+        let rows = Rows {
+            what,
+            unit,
+            top,
+            runs: n,
+            total: kernel_micros,
+            copy,
+        };
+        table(&mut s, &rows, map);
+    }
     s
 }
 
-fn table(
-    s: &mut String,
-    what: &str,
-    unit: &str,
-    map: &HashMap<String, Tally>,
-    total: f64,
-    runs: f64,
+/// One table's heading, its run unit, how many rows it shows, and what its shares and
+/// rates are of.
+struct Rows<'a> {
+    what: &'a str,
+    unit: &'a str,
     top: usize,
-) {
+    runs: f64,
+    total: f64,
+    copy: f64,
+}
+
+fn table(s: &mut String, r: &Rows, map: &HashMap<String, Tally>) {
     let mut rows: Vec<(&String, &Tally)> = map.iter().collect();
     rows.sort_by(|a, b| b.1.micros.total_cmp(&a.1.micros));
+    let (unit, runs, total) = (r.unit, r.runs, r.total.max(1e-9));
     let _ = writeln!(
         s,
-        "| {what} | µs / {unit} | share | calls / {unit} |\n|---|---:|---:|---:|"
+        "| {} | µs / {unit} | share | calls / {unit} | weights read whole, MB / {unit} | GB/s | of copy bandwidth |\n|---|---:|---:|---:|---:|---:|---:|",
+        r.what
     );
-    for (key, t) in rows.iter().take(top) {
+    let rate = |t: &Tally| match t.bytes > 0.0 {
+        true => {
+            let gbs = t.bytes / t.micros.max(1e-9) / 1e3;
+            let of_copy = 100.0 * gbs / r.copy.max(1e-9);
+            format!("{:.2} | {gbs:.1} | {of_copy:.0}%", t.bytes / runs / 1e6)
+        }
+        false => "— | — | —".to_string(),
+    };
+    for (key, t) in rows.iter().take(r.top) {
         let _ = writeln!(
             s,
-            "| `{key}` | {:.0} | {:.1}% | {:.0} |",
+            "| `{key}` | {:.0} | {:.1}% | {:.0} | {} |",
             t.micros / runs,
-            100.0 * t.micros / total.max(1e-9),
-            t.count as f64 / runs
+            100.0 * t.micros / total,
+            t.count as f64 / runs,
+            rate(t)
         );
     }
-    if rows.len() > top {
-        let rest: f64 = rows[top..].iter().map(|r| r.1.micros).sum();
-        let calls: usize = rows[top..].iter().map(|r| r.1.count).sum();
+    if rows.len() > r.top {
+        let rest = rows[r.top..]
+            .iter()
+            .fold(Tally::default(), |a, (_, t)| Tally {
+                micros: a.micros + t.micros,
+                count: a.count + t.count,
+                bytes: a.bytes + t.bytes,
+            });
         let _ = writeln!(
             s,
-            "| {} others | {:.0} | {:.1}% | {:.0} |",
-            rows.len() - top,
-            rest / runs,
-            100.0 * rest / total.max(1e-9),
-            calls as f64 / runs
+            "| {} others | {:.0} | {:.1}% | {:.0} | {} |",
+            rows.len() - r.top,
+            rest.micros / runs,
+            100.0 * rest.micros / total,
+            rest.count as f64 / runs,
+            rate(&rest)
         );
     }
     s.push('\n');

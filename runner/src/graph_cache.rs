@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 /// exported for the same `.cact` and options change (interface, node order, numerics), so
 /// an upgraded needle-run exports anew instead of loading what an older one cached.
 /// 2: the accelerator graphs' ring for windowed models; the probe heads built last.
-const GRAPH_REVISION: u32 = 2;
+/// 3: packed graphs run their blocks as fused Needle ops (`graphs::contract::needle_ops`).
+const GRAPH_REVISION: u32 = 3;
 
 /// Where the cache lives: `$NEEDLE_ONNX_CACHE`, else `$XDG_CACHE_HOME/needle-onnx`, else
 /// `$HOME/.cache/needle-onnx`; `None` when none of them is set.
