@@ -7,11 +7,12 @@ use kernels::hadamard_mlp::HadamardMlp as Mlp;
 
 pub struct HadamardMlp;
 
+/// `x`'s shape, its elements, its width and the layer's MLP.
+type Operands<'a> = (&'a [i64], &'a [f32], usize, Mlp<'a>);
+
 impl HadamardMlp {
     /// `x` with its shape and width, and the layer's MLP, checked against each other.
-    fn operands<'a>(
-        inputs: &[Input<'a>],
-    ) -> Result<(&'a [i64], &'a [f32], usize, Mlp<'a>), OpError> {
+    fn operands<'a>(inputs: &[Input<'a>]) -> Result<Operands<'a>, OpError> {
         let (x_shape, x) = Input::get::<Self, f32>(inputs, 0)?;
         let diagonal = |i| Input::get::<Self, f32>(inputs, i).map(|(_, d)| d);
         let mlp = Mlp {

@@ -9,12 +9,20 @@ use crate::{op_error, size_attribute, ElementType, Input, NeedleOp, OpError, Row
 use graphs::contract::needle_ops;
 use kernels::hyper_connections::{block_input, stream_update, LaneMix};
 
-/// The stream with its shape, its lanes and width, and the layer's mixes, checked against
-/// each other; the stream at input 0, the logits, gains and bias at `mix_at..mix_at + 3`.
+/// The stream `x` with its shape and width, and the layer's mixes.
+struct StreamAndMix<'a> {
+    x_shape: &'a [i64],
+    x: &'a [f32],
+    width: usize,
+    mix: LaneMix<'a>,
+}
+
+/// The stream and the layer's mixes, checked against each other; the stream at input 0,
+/// the logits, gains and bias at `mix_at..mix_at + 3`.
 fn stream_and_mix<'a, Op: NeedleOp>(
     inputs: &[Input<'a>],
     mix_at: usize,
-) -> Result<(&'a [i64], &'a [f32], usize, LaneMix<'a>), OpError> {
+) -> Result<StreamAndMix<'a>, OpError> {
     let (x_shape, x) = Input::get::<Op, f32>(inputs, 0)?;
     let (logits_shape, logits) = Input::get::<Op, f32>(inputs, mix_at)?;
     let (_, gains) = Input::get::<Op, f32>(inputs, mix_at + 1)?;
@@ -28,7 +36,12 @@ fn stream_and_mix<'a, Op: NeedleOp>(
         )));
     }
     let mix = LaneMix::new(*lanes as usize, logits, gains, bias).map_err(op_error::<Op>)?;
-    Ok((x_shape, x, *width as usize, mix))
+    Ok(StreamAndMix {
+        x_shape,
+        x,
+        width: *width as usize,
+        mix,
+    })
 }
 
 /// The block's input `u` from the stream.
@@ -43,8 +56,7 @@ impl NeedleOp for HyperConnectionsIn {
     }
 
     fn output_shape(&self, inputs: &[Input]) -> Result<Vec<i64>, OpError> {
-        let (x_shape, ..) = stream_and_mix::<Self>(inputs, 1)?;
-        let mut shape = x_shape.to_vec();
+        let mut shape = stream_and_mix::<Self>(inputs, 1)?.x_shape.to_vec();
         shape.remove(shape.len() - 2);
         Ok(shape)
     }
@@ -55,11 +67,11 @@ impl NeedleOp for HyperConnectionsIn {
         output: &mut [f32],
         split: &dyn RowSplit,
     ) -> Result<(), OpError> {
-        let (_, x, width, mix) = stream_and_mix::<Self>(inputs, 1)?;
-        if output.len() != mix.tokens() * width {
+        let s = stream_and_mix::<Self>(inputs, 1)?;
+        if output.len() != s.mix.tokens() * s.width {
             return Err(op_error::<Self>("the output is not [.., C]"));
         }
-        block_input(&mix, x, output, split);
+        block_input(&s.mix, s.x, output, split);
         Ok(())
     }
 }
@@ -100,9 +112,9 @@ impl NeedleOp for HyperConnectionsOut {
     }
 
     fn output_shape(&self, inputs: &[Input]) -> Result<Vec<i64>, OpError> {
-        let (x_shape, _, width, mix) = stream_and_mix::<Self>(inputs, 3)?;
-        Self::block(inputs, mix.tokens(), width)?;
-        Ok(x_shape.to_vec())
+        let s = stream_and_mix::<Self>(inputs, 3)?;
+        Self::block(inputs, s.mix.tokens(), s.width)?;
+        Ok(s.x_shape.to_vec())
     }
 
     fn compute(
@@ -111,12 +123,12 @@ impl NeedleOp for HyperConnectionsOut {
         output: &mut [f32],
         split: &dyn RowSplit,
     ) -> Result<(), OpError> {
-        let (_, x, width, mix) = stream_and_mix::<Self>(inputs, 3)?;
-        let [out, u] = Self::block(inputs, mix.tokens(), width)?;
-        if output.len() != x.len() {
+        let s = stream_and_mix::<Self>(inputs, 3)?;
+        let [out, u] = Self::block(inputs, s.mix.tokens(), s.width)?;
+        if output.len() != s.x.len() {
             return Err(op_error::<Self>("the output is not shaped like x"));
         }
-        stream_update(&mix, x, out, u, self.iterations, output, split);
+        stream_update(&s.mix, s.x, out, u, self.iterations, output, split);
         Ok(())
     }
 }

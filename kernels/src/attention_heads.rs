@@ -11,6 +11,7 @@
 //! Each token's result depends on its row's window alone, in one order whatever the batch.
 
 use crate::split::{token_blocks, RowSplit};
+use crate::ShapeError;
 
 /// Tokens a thread takes at once.
 const BLOCK_TOKENS: usize = 16;
@@ -54,16 +55,6 @@ pub struct NormRope<'a> {
     pub positions: &'a [i64],
 }
 
-/// Why tensors do not fit together.
-#[derive(Debug, PartialEq)]
-pub struct HeadsError(pub String);
-
-impl std::fmt::Display for HeadsError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
 impl ConvInputs<'_> {
     fn taps(&self) -> usize {
         self.taps.len() / self.conv_width.max(1)
@@ -74,8 +65,8 @@ impl ConvInputs<'_> {
         &self,
         layout: &HeadsLayout,
         norm_rope: Option<&NormRope>,
-    ) -> Result<(), HeadsError> {
-        let fail = |what: String| Err(HeadsError(what));
+    ) -> Result<(), ShapeError> {
+        let fail = |what: String| Err(ShapeError(what));
         let (tokens, n) = (self.batch * self.sequence, self.taps());
         let part = layout.heads * layout.head_dim;
         if n == 0 || self.taps.len() != n * self.conv_width || layout.visible_taps > n {
@@ -115,7 +106,7 @@ impl ConvInputs<'_> {
         }
         let Some(nr) = norm_rope else { return Ok(()) };
         let half = layout.head_dim / 2;
-        if layout.head_dim % 2 != 0 || nr.gain.len() != layout.head_dim {
+        if !layout.head_dim.is_multiple_of(2) || nr.gain.len() != layout.head_dim {
             return fail(format!(
                 "a gain of {} for heads of {}",
                 nr.gain.len(),

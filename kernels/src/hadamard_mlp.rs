@@ -74,7 +74,14 @@ mod tests {
         let x: Vec<f32> = (0..2 * d).map(|i| (i as f32 * 0.7).sin()).collect();
         let mut out = vec![f32::NAN; x.len()];
         mlp.apply(&x, d, &mut out, &Serial);
-        let h = |i: usize, j: usize| if (i & j).count_ones() % 2 == 0 { 1.0 } else { -1.0 } / (n as f64).sqrt();
+        let h = |i: usize, j: usize| {
+            let sign = if (i & j).count_ones().is_multiple_of(2) {
+                1.0
+            } else {
+                -1.0
+            };
+            sign / (n as f64).sqrt()
+        };
         for t in 0..2 {
             let z: Vec<f64> = (0..n)
                 .map(|i| {

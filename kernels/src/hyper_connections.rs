@@ -13,6 +13,7 @@
 use crate::math::exp;
 use crate::sinkhorn::sinkhorn;
 use crate::split::{token_blocks, RowSplit};
+use crate::ShapeError;
 
 /// Tokens a thread takes at once.
 const BLOCK_TOKENS: usize = 64;
@@ -28,33 +29,23 @@ pub struct LaneMix<'a> {
     bias: &'a [f32],
 }
 
-/// Why tensors do not form a layer's mixes.
-#[derive(Debug, PartialEq)]
-pub struct LaneMixError(pub String);
-
-impl std::fmt::Display for LaneMixError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
 impl<'a> LaneMix<'a> {
     pub fn new(
         lanes: usize,
         logits: &'a [f32],
         gains: &'a [f32],
         bias: &'a [f32],
-    ) -> Result<Self, LaneMixError> {
+    ) -> Result<Self, ShapeError> {
         let width = 2 * lanes + lanes * lanes;
         if lanes == 0 || gains.len() != width || bias.len() != width {
-            return Err(LaneMixError(format!(
+            return Err(ShapeError(format!(
                 "{lanes} lanes need {width} gains and biases, not {} and {}",
                 gains.len(),
                 bias.len()
             )));
         }
         if !logits.len().is_multiple_of(width) {
-            return Err(LaneMixError(format!(
+            return Err(ShapeError(format!(
                 "logits hold {} values, not a multiple of {width}",
                 logits.len()
             )));

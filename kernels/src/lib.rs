@@ -19,7 +19,20 @@ pub mod sinkhorn;
 pub mod small_matmul;
 pub mod split;
 
-pub use cq_matmul::{cq_matmul, CqMatrix, CqShapeError};
+pub use cq_matmul::{cq_matmul, CqMatrix};
 pub use isa::Isa;
 pub use sinkhorn::sinkhorn;
 pub use split::{RowSplit, Serial};
+
+/// Why a kernel's tensors do not fit together (the op's inputs or attributes disagree): one
+/// line saying what, for the op's error.
+#[derive(Debug, PartialEq)]
+pub struct ShapeError(pub String);
+
+impl std::fmt::Display for ShapeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ShapeError {}

@@ -14,6 +14,7 @@ use crate::isa::Isa;
 use crate::math::{exp, silu};
 use crate::small_matmul::matmul;
 use crate::split::{token_blocks, RowSplit};
+use crate::ShapeError;
 
 /// Tokens a thread takes at once: enough rows for the `Z·B` products to run long.
 const BLOCK_TOKENS: usize = 16;
@@ -43,16 +44,6 @@ pub struct MonarchMlp<'a> {
     permutations: [&'a [i64]; 2],
 }
 
-/// Why tensors do not form a Monarch MLP.
-#[derive(Debug, PartialEq)]
-pub struct MonarchShapeError(pub String);
-
-impl std::fmt::Display for MonarchShapeError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
 impl<'a> MonarchMlp<'a> {
     /// `cond_v` `[d_model, rank]`, `cond_u` `[rank, n]`, the diagonals and `b2` `[n]`, each
     /// stage's `Aᵀ` `[a, a]` and `B` `[b, b]` with `a·b = n ≥ d_model`, the permutations
@@ -66,8 +57,8 @@ impl<'a> MonarchMlp<'a> {
         b2: &'a [f32],
         stages: [KronFactors<'a>; 3],
         permutations: [&'a [i64]; 2],
-    ) -> Result<Self, MonarchShapeError> {
-        let fail = |what: String| Err(MonarchShapeError(what));
+    ) -> Result<Self, ShapeError> {
+        let fail = |what: String| Err(ShapeError(what));
         let n = b2.len();
         let (a, b) = (isqrt(stages[0].a_t.len()), isqrt(stages[0].b.len()));
         if d_model == 0 || n < d_model || a * b != n {

@@ -25,7 +25,7 @@ pub fn token_blocks(
     block: usize,
     f: &(dyn Fn(usize, &mut [f32]) + Sync),
 ) {
-    let tokens = if row == 0 { 0 } else { out.len() / row };
+    let tokens = out.len().checked_div(row).unwrap_or(0);
     let base = SharedRows(out.as_mut_ptr());
     split.for_each(tokens.div_ceil(block), &|b| {
         let first = b * block;

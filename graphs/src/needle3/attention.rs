@@ -37,6 +37,16 @@ pub struct AttentionCtx {
     pub real_new: Option<Value>,
 }
 
+impl AttentionCtx {
+    /// The core inputs of layer `layer`: its window's where it is local.
+    fn core(&self, cfg: &Config, layer: usize) -> &CoreInputs {
+        match (&self.local, cfg.is_local(layer)) {
+            (Some(local), true) => local,
+            _ => &self.global,
+        }
+    }
+}
+
 /// One layer's state in: its KV cache and, when the model has the conv, its QKV-conv state.
 pub struct LayerPast<'a> {
     pub kv: &'a KvPair,
@@ -97,11 +107,7 @@ pub fn attention(
     let k = b.scope("k_rope", |b| {
         rotate_half_rope(b, &k, &attn.rope, cfg.common.num_kv_heads, cfg.qk_head_dim)
     });
-    let inputs = match (&attn.local, cfg.is_local(layer)) {
-        (Some(local), true) => local,
-        _ => &attn.global,
-    };
-    let (out, present) = attention_core(b, inputs, [&q, &k, &v], past.kv, shape);
+    let (out, present) = attention_core(b, attn.core(cfg, layer), [&q, &k, &v], past.kv, shape);
     let gate = b.sigmoid(&gate);
     let out = b.mul(&out, &gate);
     (
@@ -238,10 +244,7 @@ fn needle_ops_attention(
     else {
         return None;
     };
-    let core = match (&attn.local, cfg.is_local(layer)) {
-        (Some(local), true) => local,
-        _ => &attn.global,
-    };
+    let core = attn.core(cfg, layer);
     if !ctx.kernels.needle_ops || gqa_inputs(core).is_none() {
         return None;
     }

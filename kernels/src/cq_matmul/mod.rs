@@ -29,6 +29,7 @@ mod scalar;
 use crate::f16;
 use crate::isa::Isa;
 use crate::split::RowSplit;
+use crate::ShapeError;
 use activations::{prepare, Layout};
 
 /// Rows per block handed to a thread: a multiple of the 4 rows the SIMD paths sum at once.
@@ -46,18 +47,6 @@ pub struct CqMatrix<'a> {
     codebook: &'a [f32],
 }
 
-/// Why tensors do not form a CQ matrix (the op's inputs or attributes disagree).
-#[derive(Debug, PartialEq)]
-pub struct CqShapeError(pub String);
-
-impl std::fmt::Display for CqShapeError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for CqShapeError {}
-
 impl<'a> CqMatrix<'a> {
     /// `codes` `[rows, row bytes]`, `norms` `[rows, groups]`, `codebook` `[2^bits]`.
     pub fn new(
@@ -68,8 +57,8 @@ impl<'a> CqMatrix<'a> {
         codes: &'a [u8],
         norms: &'a [u16],
         codebook: &'a [f32],
-    ) -> Result<Self, CqShapeError> {
-        let fail = |what: String| Err(CqShapeError(what));
+    ) -> Result<Self, ShapeError> {
+        let fail = |what: String| Err(ShapeError(what));
         if !(1..=4).contains(&bits) {
             return fail(format!("bits {bits} is not 1, 2, 3 or 4"));
         }

@@ -1,10 +1,11 @@
 //! Rows of a CQ matrix decoded as they are gathered (`needle.CqGather`: embedding and
 //! engram tables kept as their codes): row `r`, group `g` is `(codebook[idx] · norm) H`.
 
-use super::{scalar, CqMatrix, CqShapeError};
+use super::{scalar, CqMatrix};
 use crate::f16;
 use crate::hadamard;
 use crate::split::{token_blocks, RowSplit};
+use crate::ShapeError;
 
 /// Rows a thread decodes at once.
 const BLOCK_ROWS: usize = 16;
@@ -17,7 +18,7 @@ impl CqMatrix<'_> {
         indices: &[i64],
         out: &mut [f32],
         split: &dyn RowSplit,
-    ) -> Result<(), CqShapeError> {
+    ) -> Result<(), ShapeError> {
         assert_eq!(
             out.len(),
             indices.len() * self.cols,
@@ -27,7 +28,7 @@ impl CqMatrix<'_> {
             .iter()
             .find(|&&r| !(0..self.rows as i64).contains(&r))
         {
-            return Err(CqShapeError(format!(
+            return Err(ShapeError(format!(
                 "row {bad} is outside the {} rows",
                 self.rows
             )));
