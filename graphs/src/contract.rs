@@ -397,6 +397,12 @@ pub mod needle_ops {
     /// An engram site's value: its projection and dilated conv, projecting only the rows
     /// a tap reads (`kernels/src/engram_value.rs`).
     pub const ENGRAM_VALUE: &str = "EngramValue";
+    /// An engram site's gated addition to the block input (`kernels/src/engram_gate.rs`).
+    pub const ENGRAM_GATE: &str = "EngramGate";
+    /// An engram site's n-gram rows of a token window: the hash, the CQ rows decoded and
+    /// the rows of n-grams that start before the first valid token zeroed
+    /// (`kernels/src/engram_rows.rs`).
+    pub const ENGRAM_ROWS: &str = "EngramRows";
     /// The hyper-connections' Sinkhorn mix in one kernel (`kernels/src/sinkhorn.rs`): what
     /// packed graphs written before [`HYPER_CONNECTIONS_OUT`] took it over still run.
     pub const SINKHORN: &str = "Sinkhorn";

@@ -7,6 +7,8 @@
 mod attention_heads;
 mod cq_gather;
 mod cq_matmul;
+mod engram_gate;
+mod engram_rows;
 mod engram_value;
 mod hadamard_mlp;
 mod hyper_connections;
@@ -16,6 +18,8 @@ mod sinkhorn;
 pub use attention_heads::{QkHeads, VHeads};
 pub use cq_gather::CqGather;
 pub use cq_matmul::CqMatMul;
+pub use engram_gate::EngramGate;
+pub use engram_rows::EngramRows;
 pub use engram_value::EngramValue;
 pub use graphs::contract::needle_ops::DOMAIN;
 pub use hadamard_mlp::HadamardMlp;
@@ -172,6 +176,8 @@ pub fn register_all<R: Registry>(registry: &mut R) -> Result<(), R::Error> {
     registry.add::<VHeads>()?;
     registry.add::<CqGather>()?;
     registry.add::<CqMatMul>()?;
+    registry.add::<EngramGate>()?;
+    registry.add::<EngramRows>()?;
     registry.add::<EngramValue>()?;
     registry.add::<HadamardMlp>()?;
     registry.add::<HyperConnectionsIn>()?;

@@ -7,6 +7,8 @@
 
 pub mod attention_heads;
 pub mod cq_matmul;
+pub mod engram_gate;
+pub mod engram_rows;
 pub mod engram_value;
 pub mod f16;
 mod hadamard;

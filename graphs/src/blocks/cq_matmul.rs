@@ -48,6 +48,18 @@ pub fn engram_value(
     cq_node(b, needle_ops::ENGRAM_VALUE, &inputs, w, stored, attrs)
 }
 
+/// An engram site's masked rows by `needle.EngramRows` from the window's ids and validity
+/// and the tables' seeds and orders (`attrs`: `slots`), the site's table `w` as stored.
+pub fn engram_rows_node(
+    b: &mut GraphBuilder,
+    inputs: [&Value; 4],
+    w: &CqRows,
+    stored: &[Value; 2],
+    attrs: Attrs,
+) -> Value {
+    cq_node(b, needle_ops::ENGRAM_ROWS, &inputs, w, stored, attrs)
+}
+
 /// A node of op `ty` reading `first` and then the matrix `w` (codes, norms, codebook;
 /// `cols`, `group`, `bits` besides `attrs`).
 fn cq_node(

@@ -22,12 +22,13 @@
 use crate::blocks::attention::projection;
 use crate::blocks::block_quant::gather_table;
 use crate::blocks::context::{BuildContext, OpForms};
-use crate::blocks::cq_matmul::engram_value;
+use crate::blocks::cq_matmul::{engram_rows_node, engram_value};
 use crate::blocks::cq_rows::{codes_and_norms, gather_cq_rows};
 use crate::blocks::norms::rms_unit;
-use crate::blocks::weights::{EngramTables, EngramWeights};
+use crate::blocks::weights::{CqRows, EngramTables, EngramWeights};
 use crate::builder::{Attr, Dim, GraphBuilder, Value};
 use crate::contract::dims::{BATCH, ENGRAM_WINDOW, SEQUENCE};
+use crate::contract::needle_ops;
 use crate::geometry::EngramGeometry;
 use crate::onnx::data_type;
 
@@ -129,6 +130,27 @@ pub fn site_kvs<C>(
     if sites.is_empty() {
         return Vec::new();
     }
+    // With the Needle ops, each site hashes, gathers and masks its rows in one node.
+    let codes: Option<Vec<&CqRows>> = sites
+        .iter()
+        .map(|s| match &s.tables {
+            EngramTables::Codes(t) => Some(t),
+            EngramTables::Dense(_) => None,
+        })
+        .collect();
+    if let (true, Some(codes)) = (ctx.kernels.needle_ops, codes) {
+        return sites
+            .iter()
+            .zip(codes)
+            .enumerate()
+            .map(|(s, (ew, table))| {
+                b.scope(format!("engrams.{s}"), |b| {
+                    let rows = b.scope("embedding", |b| engram_rows(b, ctx, window, table));
+                    site_projections(b, ctx, &window.valid, &rows, ew)
+                })
+            })
+            .collect();
+    }
     let rows = hashed_rows(b, &window.ids, &ctx.common.engram);
     sites
         .iter()
@@ -139,6 +161,27 @@ pub fn site_kvs<C>(
             })
         })
         .collect()
+}
+
+/// A site's masked rows `[batch, W + sequence, num_tables · sub_dim]` by one
+/// `needle.EngramRows` node: the hash of every table, its CQ rows decoded, the n-grams that
+/// start before the row's first token zeroed.
+fn engram_rows<C>(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext<C>,
+    window: &EngramWindow,
+    table: &CqRows,
+) -> Value {
+    let e = &ctx.common.engram;
+    let seeds: Vec<i64> = (0..e.num_tables).map(|t| table_seed(e, t)).collect();
+    let orders: Vec<i64> = (0..e.num_tables)
+        .map(|t| e.orders[t / e.heads()] as i64)
+        .collect();
+    let (seeds, orders) = (b.const_i64(&seeds), b.const_i64(&orders));
+    let stored = codes_and_norms(b, table);
+    let attrs = vec![("slots", Attr::Int(e.slots as i64))];
+    let inputs = [&window.ids, &window.valid, &seeds, &orders];
+    engram_rows_node(b, inputs, table, &stored, attrs)
 }
 
 /// Keys and values of one engram site. `rows`: from [`hashed_rows`].
@@ -169,13 +212,8 @@ pub fn engram_kv<C>(
 ) -> EngramKv {
     let e = &ctx.common.engram;
     let forms = ctx.kernels.op_forms;
-    let d_model = ctx.common.d_model;
     let (nt, sub) = (e.num_tables, e.sub_dim);
-    let history = e.history() as i64;
     let float = b.precision().data_type();
-    let [batch, window_len] = WINDOW_DIMS;
-    let v_dims = [batch.clone(), window_len, Dim::Fixed(d_model)];
-    let new_dims = [batch, Dim::Named(SEQUENCE), Dim::Fixed(d_model)];
     let per_table: Vec<Value> = (0..nt)
         .map(|t| {
             let order = e.orders[t / e.heads()];
@@ -190,8 +228,30 @@ pub fn engram_kv<C>(
     let ngram_ok = b.concat(&refs, 2);
     let fetched = b.mul(fetched, &ngram_ok);
     let concatenated = b.reshape(&fetched, &[0, 0, (nt * sub) as i64]);
+    site_projections(b, ctx, valid, &concatenated, w)
+}
 
-    let e_new = b.slice(&concatenated, 1, history, i64::MAX);
+/// Keys and values of one engram site from its masked rows `concatenated`
+/// `[batch, W + sequence, num_tables · sub_dim]`: the key and value projections and the
+/// value's causal taps.
+fn site_projections<C>(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext<C>,
+    valid: &Value,
+    concatenated: &Value,
+    w: &EngramWeights,
+) -> EngramKv {
+    let e = &ctx.common.engram;
+    let forms = ctx.kernels.op_forms;
+    let d_model = ctx.common.d_model;
+    let (nt, sub) = (e.num_tables, e.sub_dim);
+    let history = e.history() as i64;
+    let float = b.precision().data_type();
+    let [batch, window_len] = WINDOW_DIMS;
+    let v_dims = [batch.clone(), window_len, Dim::Fixed(d_model)];
+    let new_dims = [batch, Dim::Named(SEQUENCE), Dim::Fixed(d_model)];
+
+    let e_new = b.slice(concatenated, 1, history, i64::MAX);
     b.declare(
         &e_new,
         float,
@@ -212,12 +272,12 @@ pub fn engram_kv<C>(
                 ("dilation", Attr::Int(e.dilation as i64)),
                 ("history", Attr::Int(history)),
             ];
-            engram_value(b, [&concatenated, valid, &taps], codes, &stored, attrs)
+            engram_value(b, [concatenated, valid, &taps], codes, &stored, attrs)
         });
         b.declare(&value, float, &new_dims);
         return EngramKv { key_unit, value };
     }
-    let v = projection(b, ctx, &concatenated, "value_proj", &w.value_proj);
+    let v = projection(b, ctx, concatenated, "value_proj", &w.value_proj);
     let mut conv: Option<Value> = None;
     for j in 0..e.conv_taps {
         let tap = b.scalar_i64(j as i64);
@@ -242,6 +302,18 @@ pub fn engram_kv<C>(
 pub fn inject<C>(b: &mut GraphBuilder, ctx: &BuildContext<C>, x: &Value, kv: &EngramKv) -> Value {
     let d_model = ctx.common.d_model;
     b.scope("engram_gate", |b| {
+        if ctx.kernels.needle_ops {
+            let inputs = [x, &kv.key_unit, &kv.value];
+            return b
+                .op_in(
+                    needle_ops::DOMAIN,
+                    needle_ops::ENGRAM_GATE,
+                    &inputs,
+                    vec![],
+                    1,
+                )
+                .remove(0);
+        }
         let xu = rms_unit(b, ctx, x, d_model);
         let products = b.mul(&xu, &kv.key_unit);
         let root_d = (d_model as f64).sqrt() as f32;

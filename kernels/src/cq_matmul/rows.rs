@@ -19,10 +19,25 @@ impl CqMatrix<'_> {
         out: &mut [f32],
         split: &dyn RowSplit,
     ) -> Result<(), ShapeError> {
+        self.gather_scaled_rows(indices, None, out, split)
+    }
+
+    /// [`CqMatrix::gather_rows`], row `i` multiplied by `scales[i]` where given.
+    pub fn gather_scaled_rows(
+        &self,
+        indices: &[i64],
+        scales: Option<&[f32]>,
+        out: &mut [f32],
+        split: &dyn RowSplit,
+    ) -> Result<(), ShapeError> {
         assert_eq!(
             out.len(),
             indices.len() * self.cols,
             "out is [indices, cols]"
+        );
+        assert!(
+            scales.is_none_or(|s| s.len() == indices.len()),
+            "a scale a row"
         );
         if let Some(bad) = indices
             .iter()
@@ -35,12 +50,12 @@ impl CqMatrix<'_> {
         }
         token_blocks(split, out, self.cols, BLOCK_ROWS, &|first, block| {
             let mut padded = vec![0.0f32; self.groups() * self.group];
-            for (&r, row) in indices[first..]
-                .iter()
-                .zip(block.chunks_exact_mut(self.cols))
-            {
-                self.decode_row_into(r as usize, &mut padded);
+            for (i, row) in (first..).zip(block.chunks_exact_mut(self.cols)) {
+                self.decode_row_into(indices[i] as usize, &mut padded);
                 row.copy_from_slice(&padded[..self.cols]);
+                if let Some(scales) = scales {
+                    row.iter_mut().for_each(|v| *v *= scales[i]);
+                }
             }
         });
         Ok(())
