@@ -415,6 +415,8 @@ pub mod needle_ops {
     pub const MONARCH_MLP: &str = "MonarchMlp";
     /// Needle 2's Hadamard MLP of one layer in one kernel (`kernels/src/hadamard_mlp.rs`).
     pub const HADAMARD_MLP: &str = "HadamardMlp";
+    /// A sandwich norm's gated residual add, `x + scale · norm(h)` (`kernels/src/residual_norm.rs`).
+    pub const RESIDUAL_NORM: &str = "ResidualNorm";
     /// Needle 3's query or key heads from a layer's projections: QKV conv, norm, RoPE and
     /// padding to the core's head width (`kernels/src/attention_heads.rs`).
     pub const QK_HEADS: &str = "QkHeads";

@@ -25,6 +25,7 @@ use crate::blocks::weights::{EngramWeights, MhcWeights, Tensor};
 use crate::builder::{Dim, GraphBuilder, Value};
 use crate::contract::dims::{BATCH, PAST_SEQUENCE, SEQUENCE, TOTAL_SEQUENCE};
 use crate::contract::names::{self, layer_cache};
+use crate::contract::needle_ops;
 use crate::contract::{AttentionKind, HeadShape};
 use crate::description::ExportDescription;
 use crate::geometry::Geometry;
@@ -241,11 +242,29 @@ pub(crate) fn block<A: Architecture>(
     let (h, kv, state) = b.scope("self_attn", |b| {
         A::attention(b, ctx, attention, layer, &h, w, past.kv, past.state)
     });
-    let h = zc_rms_norm(b, ctx, &h, "post_attn_norm", &norms.post_norm.data);
     let gate = sigmoid(norms.attn_gate.data[0]);
-    let gate = b.weight("attn_gate_sigmoid", &[1], &[gate]);
-    let h = b.mul(&gate, &h);
-    let x = b.add(x, &h);
+    let x = match ctx.kernels.needle_ops {
+        true => b.scope("post_attn_norm", |b| {
+            let gain: Vec<f32> = norms.post_norm.data.iter().map(|s| 1.0 + s).collect();
+            let gain = b.weight("gain", &[gain.len()], &gain);
+            let gate = b.weight("attn_gate_sigmoid", &[1], &[gate]);
+            let inputs = [x, &h, &gain, &gate];
+            b.op_in(
+                needle_ops::DOMAIN,
+                needle_ops::RESIDUAL_NORM,
+                &inputs,
+                vec![],
+                1,
+            )
+            .remove(0)
+        }),
+        false => {
+            let h = zc_rms_norm(b, ctx, &h, "post_attn_norm", &norms.post_norm.data);
+            let gate = b.weight("attn_gate_sigmoid", &[1], &[gate]);
+            let h = b.mul(&gate, &h);
+            b.add(x, &h)
+        }
+    };
     let h = zc_rms_norm(b, ctx, &x, "pre_hada_norm", &norms.pre_hada.data);
     let h = b.scope("hadamard_mlp", |b| A::mlp(b, ctx, constants, &h, w));
     (b.add(&x, &h), kv, state)

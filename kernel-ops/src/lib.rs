@@ -13,6 +13,7 @@ mod engram_value;
 mod hadamard_mlp;
 mod hyper_connections;
 mod monarch_mlp;
+mod residual_norm;
 mod sinkhorn;
 
 pub use attention_heads::{QkHeads, VHeads};
@@ -26,6 +27,7 @@ pub use hadamard_mlp::HadamardMlp;
 pub use hyper_connections::{HyperConnectionsIn, HyperConnectionsOut};
 pub use kernels::RowSplit;
 pub use monarch_mlp::MonarchMlp;
+pub use residual_norm::ResidualNorm;
 pub use sinkhorn::Sinkhorn;
 
 /// The element type of a tensor an op reads or writes.
@@ -183,6 +185,7 @@ pub fn register_all<R: Registry>(registry: &mut R) -> Result<(), R::Error> {
     registry.add::<HyperConnectionsIn>()?;
     registry.add::<HyperConnectionsOut>()?;
     registry.add::<MonarchMlp>()?;
+    registry.add::<ResidualNorm>()?;
     registry.add::<Sinkhorn>()
 }
 

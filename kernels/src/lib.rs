@@ -17,6 +17,7 @@ pub mod hyper_connections;
 pub mod isa;
 pub mod math;
 pub mod monarch_mlp;
+pub mod residual_norm;
 pub mod sinkhorn;
 pub mod small_matmul;
 pub mod split;
