@@ -8,9 +8,12 @@ use kernels::residual_norm::residual_norm;
 
 pub struct ResidualNorm;
 
+/// `x`'s shape; `x`, `h` and `gain`; the scale.
+type Operands<'a> = (&'a [i64], [&'a [f32]; 3], f32);
+
 impl ResidualNorm {
     /// `x`'s shape, `x`, `h`, `gain` and the scale, checked against each other.
-    fn operands<'a>(inputs: &[Input<'a>]) -> Result<(&'a [i64], [&'a [f32]; 3], f32), OpError> {
+    fn operands<'a>(inputs: &[Input<'a>]) -> Result<Operands<'a>, OpError> {
         let (x_shape, x) = Input::get::<Self, f32>(inputs, 0)?;
         let (h_shape, h) = Input::get::<Self, f32>(inputs, 1)?;
         let (_, gain) = Input::get::<Self, f32>(inputs, 2)?;
