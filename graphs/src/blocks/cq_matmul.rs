@@ -7,11 +7,11 @@
 //!                                codebook [2^bits] f32; cols, group, bits) ─ [.., rows]
 //! ```
 
+use crate::blocks::cq_node::cq_node;
 use crate::blocks::cq_rows::codes_and_norms;
 use crate::blocks::weights::CqRows;
-use crate::builder::{Attr, Attrs, GraphBuilder, Value};
+use crate::builder::{Attrs, GraphBuilder, Value};
 use crate::contract::needle_ops;
-use crate::onnx::data_type;
 
 /// `x · Wᵀ` for the CQ matrix `w`; initializers `<scope>.codes`, `.norms`, `.codebook`.
 pub fn cq_matmul(b: &mut GraphBuilder, x: &Value, w: &CqRows) -> Value {
@@ -23,17 +23,6 @@ pub fn cq_matmul(b: &mut GraphBuilder, x: &Value, w: &CqRows) -> Value {
 /// which another node reads too: the tied embedding); initializer `<scope>.codebook`.
 pub fn cq_matmul_stored(b: &mut GraphBuilder, x: &Value, w: &CqRows, stored: &[Value; 2]) -> Value {
     cq_node(b, needle_ops::CQ_MATMUL, &[x], w, stored, vec![])
-}
-
-/// Rows `indices` (int64, any shape) of `w` decoded as they are gathered
-/// (`needle.CqGather`), from codes and norms already in the graph; `[indices.., cols]`.
-pub fn cq_gather_stored(
-    b: &mut GraphBuilder,
-    indices: &Value,
-    w: &CqRows,
-    stored: &[Value; 2],
-) -> Value {
-    cq_node(b, needle_ops::CQ_GATHER, &[indices], w, stored, vec![])
 }
 
 /// An engram site's value by `needle.EngramValue` from the window's `rows`, `valid` and
@@ -58,34 +47,4 @@ pub fn engram_rows_node(
     attrs: Attrs,
 ) -> Value {
     cq_node(b, needle_ops::ENGRAM_ROWS, &inputs, w, stored, attrs)
-}
-
-/// A node of op `ty` reading `first` and then the matrix `w` (codes, norms, codebook;
-/// `cols`, `group`, `bits` besides `attrs`).
-fn cq_node(
-    b: &mut GraphBuilder,
-    ty: &str,
-    first: &[&Value],
-    w: &CqRows,
-    [codes, norms]: &[Value; 2],
-    mut attrs: Attrs,
-) -> Value {
-    let codebook_raw = w.codebook.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let codebook = b.weight_bytes(
-        "codebook",
-        data_type::FLOAT,
-        &[w.codebook.len()],
-        codebook_raw,
-    );
-    attrs.extend([
-        ("cols", Attr::Int(w.cols as i64)),
-        ("group", Attr::Int(w.group as i64)),
-        ("bits", Attr::Int(w.index_bits as i64)),
-    ]);
-    let inputs: Vec<&Value> = first
-        .iter()
-        .copied()
-        .chain([codes, norms, &codebook])
-        .collect();
-    b.op_in(needle_ops::DOMAIN, ty, &inputs, attrs, 1).remove(0)
 }

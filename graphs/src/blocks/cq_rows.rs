@@ -11,11 +11,11 @@
 //! 3-bit codes straddle bytes: each index is read from its two bytes, combined, shifted
 //! and masked in uint32, and looked up in the codebook.
 
-use crate::blocks::cq_matmul::cq_gather_stored;
+use crate::blocks::cq_node::cq_node;
 use crate::blocks::hadamard::walsh_hadamard;
 use crate::blocks::weights::CqRows;
 use crate::builder::{Attr, GraphBuilder, Value};
-use crate::contract::Precision;
+use crate::contract::{needle_ops, Precision};
 use crate::onnx::data_type;
 
 /// Rows `indices` (int64, any shape `[..]`) of `table`: `[.., cols]` in the graph's
@@ -36,6 +36,17 @@ pub fn gather_cq_rows(
             false => gather_stored_rows(b, table, &stored, indices),
         }
     })
+}
+
+/// Rows `indices` (int64, any shape) of `w` decoded as they are gathered
+/// (`needle.CqGather`), from codes and norms already in the graph; `[indices.., cols]`.
+pub fn cq_gather_stored(
+    b: &mut GraphBuilder,
+    indices: &Value,
+    w: &CqRows,
+    stored: &[Value; 2],
+) -> Value {
+    cq_node(b, needle_ops::CQ_GATHER, &[indices], w, stored, vec![])
 }
 
 /// [`gather_cq_rows`] from codes and norms already in the graph ([`codes_and_norms`], which

@@ -4,9 +4,8 @@
 use crate::blocks::block_quant::{gather_table, matmul_nbits};
 use crate::blocks::context::{BuildContext, OpForms};
 use crate::blocks::cq_kernel::{cq_kernel, CqKernel};
-use crate::blocks::cq_matmul::cq_gather_stored;
 use crate::blocks::cq_matmul::{cq_matmul, cq_matmul_stored};
-use crate::blocks::cq_rows::codes_and_norms;
+use crate::blocks::cq_rows::{codes_and_norms, cq_gather_stored};
 use crate::blocks::norms::zc_rms_norm;
 use crate::blocks::weights::Tensor;
 use crate::builder::{Dim, GraphBuilder, Value};

@@ -7,6 +7,7 @@ pub mod block_quant;
 pub mod context;
 pub mod cq_kernel;
 pub mod cq_matmul;
+pub mod cq_node;
 pub mod cq_rows;
 pub mod embedding;
 pub mod engram;

@@ -2,9 +2,7 @@
 //! rotated by `H` group by group, and laid out in the order a SIMD path reads codes
 //! ([`Order`]), so the path's looked-up codebook values meet their inputs lane by lane.
 
-#[cfg(target_arch = "x86_64")]
-use super::avx2;
-use super::CqMatrix;
+use super::{CqMatrix, NIBBLE_CHUNK};
 use crate::hadamard;
 use crate::isa::Isa;
 
@@ -41,7 +39,7 @@ impl Layout {
                 },
             ),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 | Isa::Avx2 if bits == 4 && group.is_multiple_of(avx2::NIBBLE_CHUNK) => {
+            Isa::Avx512 | Isa::Avx2 if bits == 4 && group.is_multiple_of(NIBBLE_CHUNK) => {
                 (Isa::Avx2, Order::NibblePairs)
             }
             Isa::Avx512 | Isa::Avx2 if bits < 3 && fits(8) => {

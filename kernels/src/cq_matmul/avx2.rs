@@ -10,11 +10,8 @@
 //!   then holds, in element `e`, the code of input `8v + 2(e mod 4) + e / 4`
 //!   ([`super::activations::Layout`] arranges the activations to match).
 
-use super::Table;
+use super::{Table, NIBBLE_CHUNK};
 use std::arch::x86_64::*;
-
-/// Codes of one 4-bit chunk: 16 bytes.
-pub(super) const NIBBLE_CHUNK: usize = 32;
 
 /// [`super::scalar::dots`] for 1-, 2- and 4-bit codes, `xt` in this path's layout.
 ///

@@ -32,6 +32,9 @@ use crate::split::RowSplit;
 use crate::ShapeError;
 use activations::{prepare, Layout};
 
+/// Codes of one chunk of the AVX2 4-bit lookup (16 bytes), which a group must hold whole.
+const NIBBLE_CHUNK: usize = 32;
+
 /// Rows per block handed to a thread: a multiple of the 4 rows the SIMD paths sum at once.
 const BLOCK_ROWS: usize = 32;
 
