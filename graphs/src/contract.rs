@@ -422,6 +422,12 @@ pub mod needle_ops {
     pub const QK_HEADS: &str = "QkHeads";
     /// Needle 3's value heads from a layer's projections: QKV conv and padding.
     pub const V_HEADS: &str = "VHeads";
+    /// Needle 3's next QKV-conv state: each row's last real positions of the conv's window
+    /// (`kernels/src/conv_state.rs`).
+    pub const CONV_STATE: &str = "ConvState";
+    /// Attention's output heads unpadded and gated by the sigmoid of the layer's gate
+    /// projection (`kernels/src/attention_gate.rs`).
+    pub const ATTENTION_GATE: &str = "AttentionGate";
 }
 
 /// How the weights of the large MatMuls (projections, logits) are stored.

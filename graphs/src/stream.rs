@@ -99,11 +99,21 @@ pub(crate) trait Architecture: Geometry + Sized {
         past: &KvPair,
         state: Option<&Value>,
     ) -> (Value, KvPair, Option<Value>);
+    /// The layer's MLP of its normed input `x`, in stock nodes.
     fn mlp(
         b: &mut GraphBuilder,
         ctx: &BuildContext<Self>,
         constants: &Self::MlpConstants,
         x: &Value,
+        w: &Self::LayerWeights,
+    ) -> Value;
+    /// The layer's MLP half `x + mlp(norm(x))` as one Needle node (graphs with the Needle
+    /// ops), `gain` the pre-MLP norm's.
+    fn mlp_op(
+        b: &mut GraphBuilder,
+        constants: &Self::MlpConstants,
+        x: &Value,
+        gain: &Value,
         w: &Self::LayerWeights,
     ) -> Value;
 
@@ -265,6 +275,14 @@ pub(crate) fn block<A: Architecture>(
             b.add(x, &h)
         }
     };
+    if ctx.kernels.needle_ops {
+        let x = b.scope("hadamard_mlp", |b| {
+            let gain: Vec<f32> = norms.pre_hada.data.iter().map(|s| 1.0 + s).collect();
+            let gain = b.weight("pre_norm_gain", &[gain.len()], &gain);
+            A::mlp_op(b, constants, &x, &gain, w)
+        });
+        return (x, kv, state);
+    }
     let h = zc_rms_norm(b, ctx, &x, "pre_hada_norm", &norms.pre_hada.data);
     let h = b.scope("hadamard_mlp", |b| A::mlp(b, ctx, constants, &h, w));
     (b.add(&x, &h), kv, state)

@@ -180,7 +180,9 @@ unsafe extern "system" fn compute<Op: NeedleOp>(
         let shape = kernel.op.output_shape(&inputs)?;
         let output = unsafe { api.output(ctx, &shape) }.map_err(op_error::<Op>)?;
         let threads = SessionThreads { api, ctx };
-        Ok(kernel.op.compute(&inputs, output, &threads)?)
+        Ok(kernel_ops::compute(
+            &kernel.op, &inputs, &shape, output, &threads,
+        )?)
     })
 }
 

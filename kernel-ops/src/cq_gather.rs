@@ -56,9 +56,6 @@ impl NeedleOp for CqGather {
         split: &dyn RowSplit,
     ) -> Result<(), OpError> {
         let (w, _, indices) = self.operands(inputs)?;
-        if output.len() != indices.len() * w.cols() {
-            return Err(op_error::<Self>("the output is not [indices.., cols]"));
-        }
         w.gather_rows(indices, output, split)
             .map_err(op_error::<Self>)
     }

@@ -80,11 +80,6 @@ impl NeedleOp for EngramRows {
     ) -> Result<(), OpError> {
         let (_, window, tables) = self.operands(inputs)?;
         let table = self.table.matrix::<Self>(inputs, 4)?;
-        if output.len() != window.ids.len() * tables.seeds.len() * self.table.cols {
-            return Err(op_error::<Self>(
-                "the output is not [batch, len, tables · cols]",
-            ));
-        }
         engram_rows(&window, &tables, &table, output, split).map_err(op_error::<Self>)
     }
 }

@@ -4,7 +4,9 @@
 //! `needle-run`'s in-process domain (`runner/src/needle_ops.rs`, through the `ort` crate)
 //! and the library any onnxruntime loads (`kernel-library/`, through the raw C API).
 
+mod attention_gate;
 mod attention_heads;
+mod conv_state;
 mod cq_gather;
 mod cq_matmul;
 mod engram_gate;
@@ -16,7 +18,9 @@ mod monarch_mlp;
 mod residual_norm;
 mod sinkhorn;
 
+pub use attention_gate::AttentionGate;
 pub use attention_heads::{QkHeads, VHeads};
+pub use conv_state::ConvState;
 pub use cq_gather::CqGather;
 pub use cq_matmul::CqMatMul;
 pub use engram_gate::EngramGate;
@@ -156,14 +160,37 @@ pub trait NeedleOp: Sized + Send + Sync + 'static {
     /// The output's shape for `inputs` (typed as [`NeedleOp::INPUTS`]), every shape checked.
     fn output_shape(&self, inputs: &[Input]) -> Result<Vec<i64>, OpError>;
 
-    /// Fills `output` (shaped as [`NeedleOp::output_shape`] says) from `inputs`, its
-    /// independent blocks spread by `split`.
+    /// Fills `output` from `inputs`, its independent blocks spread by `split`. `output`
+    /// holds exactly the values [`NeedleOp::output_shape`] names for these inputs: hosts
+    /// call this through [`compute`], which checks that once for every op.
     fn compute(
         &self,
         inputs: &[Input],
         output: &mut [f32],
         split: &dyn RowSplit,
     ) -> Result<(), OpError>;
+}
+
+/// Runs `op` over `inputs` into `output`, which the host allocated as `shape` (what
+/// [`NeedleOp::output_shape`] gave for the same inputs): the one check that the two agree,
+/// so that no op's kernel writes past or short of its output.
+pub fn compute<Op: NeedleOp>(
+    op: &Op,
+    inputs: &[Input],
+    shape: &[i64],
+    output: &mut [f32],
+    split: &dyn RowSplit,
+) -> Result<(), OpError> {
+    let values = shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?));
+    if values != Some(output.len()) {
+        return Err(op_error::<Op>(format!(
+            "the output holds {} values, not the {shape:?} its shape names",
+            output.len()
+        )));
+    }
+    op.compute(inputs, output, split)
 }
 
 /// What takes the domain's ops one by one: a host's domain being built.
@@ -174,8 +201,10 @@ pub trait Registry {
 
 /// Hands every op of the domain to `registry`.
 pub fn register_all<R: Registry>(registry: &mut R) -> Result<(), R::Error> {
+    registry.add::<AttentionGate>()?;
     registry.add::<QkHeads>()?;
     registry.add::<VHeads>()?;
+    registry.add::<ConvState>()?;
     registry.add::<CqGather>()?;
     registry.add::<CqMatMul>()?;
     registry.add::<EngramGate>()?;

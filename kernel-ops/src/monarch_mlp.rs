@@ -1,20 +1,24 @@
 //! `needle.MonarchMlp` (`kernels/src/monarch_mlp.rs` states its formula): inputs `x`
 //! float32 `[…, d_model]`, `cond_v` `[d_model, rank]`, `cond_u` `[rank, n]`, `d1`, `d2`,
 //! `b2`, `d3`, `d4` `[n]`, then `Aᵀ` `[a, a]` and `B` `[b, b]` of stages 1, 2 and 3, then
-//! `p1`, `p2` int64 `[n]`; output float32 shaped like `x`.
+//! `p1`, `p2` int64 `[n]`, then the pre-MLP norm's `gain` `[d_model]`; output float32 shaped
+//! like `x`: the layer's MLP half, `x + mlp(norm(x))`.
 
 use crate::{op_error, ElementType, Input, NeedleOp, OpError, RowSplit};
 use graphs::contract::needle_ops;
 use kernels::monarch_mlp::{KronFactors, MonarchMlp as Mlp};
 use kernels::Isa;
 
+/// The layer's MLP, `x`'s shape and elements, the norm's gain.
+type Operands<'a> = (Mlp<'a>, &'a [i64], &'a [f32], &'a [f32]);
+
 pub struct MonarchMlp {
     isa: Isa,
 }
 
 impl MonarchMlp {
-    /// The layer's MLP and `x` with its shape, checked against each other.
-    fn operands<'a>(inputs: &[Input<'a>]) -> Result<(Mlp<'a>, &'a [i64], &'a [f32]), OpError> {
+    /// The layer's MLP, `x` with its shape and the norm's gain, checked against each other.
+    fn operands<'a>(inputs: &[Input<'a>]) -> Result<Operands<'a>, OpError> {
         let float = |i| Input::get::<Self, f32>(inputs, i).map(|(_, data)| data);
         let (x_shape, x) = Input::get::<Self, f32>(inputs, 0)?;
         let (cond_v_shape, cond_v) = Input::get::<Self, f32>(inputs, 1)?;
@@ -43,12 +47,14 @@ impl MonarchMlp {
             [permutation(14)?, permutation(15)?],
         )
         .map_err(op_error::<Self>)?;
-        if x_shape.last().copied() != Some(d_model as i64) {
+        let gain = float(16)?;
+        if x_shape.last().copied() != Some(d_model as i64) || gain.len() != d_model {
             return Err(op_error::<Self>(format!(
-                "x is {x_shape:?}, its last axis must be d_model = {d_model}"
+                "x is {x_shape:?} and the gain holds {}: both must be d_model = {d_model} wide",
+                gain.len()
             )));
         }
-        Ok((mlp, x_shape, x))
+        Ok((mlp, x_shape, x, gain))
     }
 }
 
@@ -71,6 +77,7 @@ impl NeedleOp for MonarchMlp {
         ElementType::Float32, // stage 3 B
         ElementType::Int64,   // p1
         ElementType::Int64,   // p2
+        ElementType::Float32, // gain
     ];
 
     fn new(_attribute: &dyn Fn(&str) -> Option<i64>) -> Result<Self, OpError> {
@@ -78,7 +85,7 @@ impl NeedleOp for MonarchMlp {
     }
 
     fn output_shape(&self, inputs: &[Input]) -> Result<Vec<i64>, OpError> {
-        Self::operands(inputs).map(|(_, x_shape, _)| x_shape.to_vec())
+        Self::operands(inputs).map(|(_, x_shape, ..)| x_shape.to_vec())
     }
 
     fn compute(
@@ -87,15 +94,8 @@ impl NeedleOp for MonarchMlp {
         output: &mut [f32],
         split: &dyn RowSplit,
     ) -> Result<(), OpError> {
-        let (mlp, _, x) = Self::operands(inputs)?;
-        if output.len() != x.len() {
-            return Err(op_error::<Self>(format!(
-                "the output holds {} values, x {}",
-                output.len(),
-                x.len()
-            )));
-        }
-        mlp.apply(x, x.len() / mlp.d_model(), output, self.isa, split);
+        let (mlp, _, x, gain) = Self::operands(inputs)?;
+        mlp.apply(x, gain, output, self.isa, split);
         Ok(())
     }
 }

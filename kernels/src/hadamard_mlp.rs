@@ -1,11 +1,12 @@
 //! `needle.HadamardMlp`: Needle 2's MLP (`graphs/src/needle2/hadamard_mlp.rs` states it)
-//! for every token in one call, where the stock graph runs ~14 nodes a layer:
-//! `out = (d3 · H · silu(d2 · H · (d1 · x)))[:d_model]`, `x` zero-padded to `n` and `H` the
+//! for every token in one call, with its pre-norm and residual add, where the stock graph
+//! runs ~16 nodes a layer: `mlp(x) = (d3 · H · silu(d2 · H · (d1 · x)))[:d_model]`, `x` zero-padded to `n` and `H` the
 //! orthonormal Walsh–Hadamard matrix of size `n`, applied as the fast transform.
 
 use crate::hadamard;
 use crate::math::silu;
-use crate::split::{token_blocks, RowSplit};
+use crate::residual_norm::pre_norm_residual;
+use crate::split::RowSplit;
 
 /// Tokens a thread takes at once.
 const BLOCK_TOKENS: usize = 16;
@@ -24,39 +25,44 @@ impl HadamardMlp<'_> {
         (fits && self.diagonals.iter().all(|d| d.len() == n)).then_some(n)
     }
 
-    /// `out` `[tokens, d_model]` from `x` `[tokens, d_model]`, runs of tokens spread by
-    /// `split`. The diagonals must fit `d_model` ([`HadamardMlp::width`]).
-    pub fn apply(&self, x: &[f32], d_model: usize, out: &mut [f32], split: &dyn RowSplit) {
+    /// The layer's MLP half: `out = x + mlp(norm(x))` `[tokens, d_model]` from `x`
+    /// `[tokens, d_model]` and the pre-MLP norm's `gain` `[d_model]` (`norm` as
+    /// [`pre_norm_residual`] has it), runs of tokens spread by `split`. The diagonals must fit
+    /// `d_model` ([`HadamardMlp::width`]).
+    pub fn apply(&self, x: &[f32], gain: &[f32], out: &mut [f32], split: &dyn RowSplit) {
+        pre_norm_residual(x, gain, out, BLOCK_TOKENS, split, &|normed, _, out| {
+            self.tokens(normed, gain.len(), out)
+        });
+    }
+
+    /// `out` `[tokens, d_model]` = the MLP of `x` `[tokens, d_model]`, on the calling thread.
+    pub fn tokens(&self, x: &[f32], d_model: usize, out: &mut [f32]) {
         let n = self
             .width(d_model)
             .expect("diagonals checked against d_model");
         assert_eq!(x.len(), out.len(), "out is shaped like x");
         let [d1, d2, d3] = self.diagonals;
-        token_blocks(split, out, d_model, BLOCK_TOKENS, &|first, block| {
-            let mut z = vec![0.0f32; n];
-            for (t, out) in (first..).zip(block.chunks_exact_mut(d_model)) {
-                z.fill(0.0);
-                let x = &x[t * d_model..(t + 1) * d_model];
-                z.iter_mut()
-                    .zip(x)
-                    .zip(d1)
-                    .for_each(|((z, &x), &d)| *z = d * x);
-                hadamard::rotate(&mut z);
-                z.iter_mut().zip(d2).for_each(|(z, &d)| *z = silu(d * *z));
-                hadamard::rotate(&mut z);
-                out.iter_mut()
-                    .zip(&z)
-                    .zip(d3)
-                    .for_each(|((o, &z), &d)| *o = d * z);
-            }
-        });
+        let mut z = vec![0.0f32; n];
+        for (x, out) in x.chunks_exact(d_model).zip(out.chunks_exact_mut(d_model)) {
+            z.fill(0.0);
+            z.iter_mut()
+                .zip(x)
+                .zip(d1)
+                .for_each(|((z, &x), &d)| *z = d * x);
+            hadamard::rotate(&mut z);
+            z.iter_mut().zip(d2).for_each(|(z, &d)| *z = silu(d * *z));
+            hadamard::rotate(&mut z);
+            out.iter_mut()
+                .zip(&z)
+                .zip(d3)
+                .for_each(|((o, &z), &d)| *o = d * z);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::split::Serial;
 
     /// Against the formula in f64 with the dense matrix: d_model 6 in n = 8, two tokens.
     #[test]
@@ -73,7 +79,7 @@ mod tests {
         };
         let x: Vec<f32> = (0..2 * d).map(|i| (i as f32 * 0.7).sin()).collect();
         let mut out = vec![f32::NAN; x.len()];
-        mlp.apply(&x, d, &mut out, &Serial);
+        mlp.tokens(&x, d, &mut out);
         let h = |i: usize, j: usize| {
             let sign = if (i & j).count_ones().is_multiple_of(2) {
                 1.0

@@ -7,13 +7,17 @@
 //! z = K₁(d1·x)[p1];  z = silu((d2·z)·cond + b2);  z = K₂(z)[p2];  z = K₃(d3·z);  out = (d4·z)[:d_model]
 //! ```
 //!
+//! The op runs it as the layer's MLP half, `out = x + mlp(norm(x))` with the pre-MLP
+//! ZC-RMS norm ([`MonarchMlp::apply`]).
+//!
 //! Each token's output depends on that token alone and is computed in the same order
 //! whatever the batch, so a row of a batch gets the bits it gets alone.
 
 use crate::isa::Isa;
 use crate::math::{exp, silu};
+use crate::residual_norm::pre_norm_residual;
 use crate::small_matmul::matmul;
-use crate::split::{token_blocks, RowSplit};
+use crate::split::RowSplit;
 use crate::ShapeError;
 
 /// Tokens a thread takes at once: enough rows for the `Z·B` products to run long.
@@ -116,20 +120,21 @@ impl<'a> MonarchMlp<'a> {
         self.d_model
     }
 
-    /// `out` `[tokens, d_model]` from `x` `[tokens, d_model]` on `isa`, blocks of tokens
-    /// spread by `split`.
-    pub fn apply(&self, x: &[f32], tokens: usize, out: &mut [f32], isa: Isa, split: &dyn RowSplit) {
-        let d = self.d_model;
-        assert_eq!(x.len(), tokens * d, "x is [tokens, d_model]");
-        assert_eq!(out.len(), tokens * d, "out is [tokens, d_model]");
-        token_blocks(split, out, d, BLOCK_TOKENS, &|first, y| {
-            let count = y.len() / d;
-            self.block(&x[first * d..(first + count) * d], count, y, isa);
+    /// The layer's MLP half: `out = x + mlp(norm(x))` `[tokens, d_model]` from `x`
+    /// `[tokens, d_model]` and the pre-MLP norm's `gain` `[d_model]` (`norm` as
+    /// [`pre_norm_residual`] has it), on `isa`, blocks of tokens spread by `split`.
+    pub fn apply(&self, x: &[f32], gain: &[f32], out: &mut [f32], isa: Isa, split: &dyn RowSplit) {
+        assert_eq!(gain.len(), self.d_model, "the gain is [d_model]");
+        pre_norm_residual(x, gain, out, BLOCK_TOKENS, split, &|normed, tokens, out| {
+            self.tokens(normed, tokens, out, isa)
         });
     }
 
-    fn block(&self, x: &[f32], tokens: usize, out: &mut [f32], isa: Isa) {
+    /// `out` `[tokens, d_model]` = the MLP of `x` `[tokens, d_model]`, on the calling thread.
+    pub fn tokens(&self, x: &[f32], tokens: usize, out: &mut [f32], isa: Isa) {
         let (d, n) = (self.d_model, self.n);
+        assert_eq!(x.len(), tokens * d, "x is [tokens, d_model]");
+        assert_eq!(out.len(), tokens * d, "out is [tokens, d_model]");
         let [d1, d2, d3, d4] = self.diagonals;
         let [p1, p2] = self.permutations;
         let mut mix = vec![0.0f32; tokens * self.rank];
@@ -330,7 +335,7 @@ mod tests {
         let x: Vec<f32> = (0..tokens * D).map(|i| (i as f32 * 0.731).sin()).collect();
         for isa in Isa::available() {
             let mut out = vec![f32::NAN; tokens * D];
-            mlp.apply(&x, tokens, &mut out, isa, &Serial);
+            mlp.tokens(&x, tokens, &mut out, isa);
             for t in 0..tokens {
                 let token = &x[t * D..(t + 1) * D];
                 for (j, want) in case.dense(token).into_iter().enumerate() {
@@ -340,9 +345,15 @@ mod tests {
                         "{isa:?} token {t} output {j}: {got} vs {want}"
                     );
                 }
+            }
+            // The residual form, a batch against each token alone, bit for bit.
+            let gain: Vec<f32> = (0..D).map(|j| 0.9 + j as f32 * 0.01).collect();
+            let mut batch = vec![f32::NAN; tokens * D];
+            mlp.apply(&x, &gain, &mut batch, isa, &Serial);
+            for t in 0..tokens {
                 let mut alone = vec![0.0; D];
-                mlp.apply(token, 1, &mut alone, isa, &Serial);
-                assert_eq!(alone, out[t * D..(t + 1) * D], "{isa:?} token {t} alone");
+                mlp.apply(&x[t * D..(t + 1) * D], &gain, &mut alone, isa, &Serial);
+                assert_eq!(alone, batch[t * D..(t + 1) * D], "{isa:?} token {t} alone");
             }
         }
     }

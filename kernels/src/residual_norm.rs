@@ -1,6 +1,8 @@
-//! `needle.ResidualNorm`: a sandwich norm's residual add, `out = x + scale · (h / √(mean h² + ε)
-//! · gain)` per token (`graphs/src/stream.rs`, `block`: the attention output's
-//! `post_attn_norm`, its sigmoid gate and the add), three stock nodes a layer in one.
+//! The block's two residual adds around a ZC-RMS norm (`graphs/src/stream.rs`, `block`):
+//! `needle.ResidualNorm`'s `out = x + scale · norm(h)` after attention (the attention
+//! output's `post_attn_norm`, its sigmoid gate and the add, three stock nodes a layer in
+//! one), and the MLP ops' `out = x + mlp(norm(x))` before it ([`pre_norm_residual`]), with
+//! `norm(v) = v / √(mean v² + ε) · gain` per token.
 
 use crate::split::{token_blocks, RowSplit};
 
@@ -26,13 +28,53 @@ pub fn residual_norm(
     token_blocks(split, out, d, BLOCK_TOKENS, &|first, block| {
         for (t, out) in (first..).zip(block.chunks_exact_mut(d)) {
             let (x, h) = (&x[t * d..(t + 1) * d], &h[t * d..(t + 1) * d]);
-            let mean = h.iter().map(|v| v * v).sum::<f32>() / d as f32;
-            let root = (mean + EPSILON).sqrt();
+            let root = root_mean_square(h);
             for (((o, &x), &h), &g) in out.iter_mut().zip(x).zip(h).zip(gain) {
                 *o = x + scale * (h / root * g);
             }
         }
     });
+}
+
+/// An MLP over a run of tokens: `mlp(normed, tokens, out)`, `[tokens, d]` each.
+pub type TokensMlp<'a> = dyn Fn(&[f32], usize, &mut [f32]) + Sync + 'a;
+
+/// `out` `[tokens, d]` = `x + mlp(norm(x))` from `x` `[tokens, d]` and `gain` `[d]`, where
+/// `mlp(normed, tokens, out)` writes a run of tokens' MLP output (`[tokens, d]` each); runs of
+/// up to `block` tokens spread by `split`.
+pub fn pre_norm_residual(
+    x: &[f32],
+    gain: &[f32],
+    out: &mut [f32],
+    block: usize,
+    split: &dyn RowSplit,
+    mlp: &TokensMlp,
+) {
+    let d = gain.len();
+    assert!(d > 0, "the norm has a width");
+    assert!(
+        x.len() == out.len() && x.len().is_multiple_of(d),
+        "x and out are [tokens, d]"
+    );
+    token_blocks(split, out, d, block, &|first, out| {
+        let tokens = out.len() / d;
+        let x = &x[first * d..(first + tokens) * d];
+        let mut normed = vec![0.0f32; x.len()];
+        for (normed, x) in normed.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
+            let root = root_mean_square(x);
+            for ((n, &x), &g) in normed.iter_mut().zip(x).zip(gain) {
+                *n = x / root * g;
+            }
+        }
+        mlp(&normed, tokens, out);
+        out.iter_mut().zip(x).for_each(|(o, &x)| *o += x);
+    });
+}
+
+/// `√(mean v² + ε)`.
+fn root_mean_square(v: &[f32]) -> f32 {
+    let mean = v.iter().map(|v| v * v).sum::<f32>() / v.len() as f32;
+    (mean + EPSILON).sqrt()
 }
 
 #[cfg(test)]
@@ -54,6 +96,35 @@ mod tests {
                 (h.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / d as f64 + 1e-6).sqrt();
             for j in 0..d {
                 let want = x[t * d + j] as f64 + 0.75 * h[j] as f64 / rms * gain[j] as f64;
+                assert!((out[t * d + j] as f64 - want).abs() < 1e-6, "({t}, {j})");
+            }
+        }
+    }
+
+    #[test]
+    fn pre_norm_residual_adds_the_mlp_of_the_normed_rows() {
+        let d = 4;
+        let x: Vec<f32> = (0..5 * d).map(|i| (i as f32 * 0.45).cos() * 2.0).collect();
+        let gain: Vec<f32> = (0..d).map(|i| 0.8 + i as f32 * 0.15).collect();
+        // An "MLP" that reverses each token's row and doubles it: position-dependent, so a
+        // token or a row read out of place shows.
+        let mlp = |normed: &[f32], tokens: usize, out: &mut [f32]| {
+            assert_eq!(normed.len(), tokens * d);
+            for (out, normed) in out.chunks_exact_mut(d).zip(normed.chunks_exact(d)) {
+                for (o, &n) in out.iter_mut().zip(normed.iter().rev()) {
+                    *o = 2.0 * n;
+                }
+            }
+        };
+        let mut out = vec![f32::NAN; x.len()];
+        pre_norm_residual(&x, &gain, &mut out, 2, &Serial, &mlp);
+        for t in 0..5 {
+            let x = &x[t * d..(t + 1) * d];
+            let rms =
+                (x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / d as f64 + 1e-6).sqrt();
+            for j in 0..d {
+                let normed = x[d - 1 - j] as f64 / rms * gain[d - 1 - j] as f64;
+                let want = x[j] as f64 + 2.0 * normed;
                 assert!((out[t * d + j] as f64 - want).abs() < 1e-6, "({t}, {j})");
             }
         }

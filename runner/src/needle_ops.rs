@@ -105,11 +105,10 @@ impl<Op: NeedleOp> Kernel for OrtKernel<Op> {
             .collect::<ort::Result<Vec<_>>>()?;
         let shape = self.0.output_shape(&inputs).map_err(ort::Error::new)?;
         let mut y = ctx
-            .output(0, shape)?
+            .output(0, shape.clone())?
             .ok_or_else(|| ort::Error::new(op_error::<Op>("no output")))?;
         let (_, y) = y.try_extract_tensor_mut::<f32>()?;
-        self.0
-            .compute(&inputs, y, &SessionThreads(ctx))
+        kernel_ops::compute(&self.0, &inputs, &shape, y, &SessionThreads(ctx))
             .map_err(ort::Error::new)
     }
 }

@@ -413,7 +413,7 @@ fn gqa_core(
     let q = pad(b, q, shape.heads, shape.qk_dim);
     let k = pad(b, k, shape.kv_heads, shape.qk_dim);
     let v = pad(b, v, shape.kv_heads, shape.v_dim);
-    gqa_node(
+    let (out, present) = gqa_node(
         b,
         [&q, &k, &v],
         past,
@@ -421,11 +421,13 @@ fn gqa_core(
         total_len,
         local_window,
         shape,
-    )
+    );
+    (unpad_heads(b, &out, shape), present)
 }
 
 /// The core over heads already padded to [`HeadShape::fused_dim`] (`[B, S, heads · fused]`
-/// each), or `None` where `inputs` are not `GroupQueryAttention`'s.
+/// each), its output left padded (`[B, S, heads · fused]`), or `None` where `inputs` are
+/// not `GroupQueryAttention`'s.
 pub fn padded_attention_core(
     b: &mut GraphBuilder,
     inputs: &CoreInputs,
@@ -453,7 +455,7 @@ pub fn gqa_inputs(inputs: &CoreInputs) -> Option<(&Value, &Value, Option<usize>)
     }
 }
 
-/// `GroupQueryAttention` over padded heads; its output cut back to `v_dim` a head.
+/// `GroupQueryAttention` over padded heads; its output `[B, S, heads · fused]`.
 fn gqa_node(
     b: &mut GraphBuilder,
     [q, k, v]: [&Value; 3],
@@ -492,17 +494,21 @@ fn gqa_node(
             Dim::Fixed(shape.heads * fused),
         ],
     );
-    let out = if shape.v_dim < fused {
-        let out = b.reshape(&out, &[0, 0, h, fused as i64]);
-        let out = b.slice(&out, 3, 0, shape.v_dim as i64);
-        b.reshape(&out, &[0, 0, h * shape.v_dim as i64])
-    } else {
-        out
-    };
     let pair = KvPair { key, value };
     let dim = |_| fused;
     declare_present(b, &pair, shape.kv_heads, [dim(0), dim(1)]);
     (out, pair)
+}
+
+/// The core's output `[B, S, heads · fused]` cut back to `v_dim` a head.
+fn unpad_heads(b: &mut GraphBuilder, out: &Value, shape: HeadShape) -> Value {
+    let (h, fused) = (shape.heads as i64, shape.fused_dim());
+    if shape.v_dim == fused {
+        return out.clone();
+    }
+    let out = b.reshape(out, &[0, 0, h, fused as i64]);
+    let out = b.slice(&out, 3, 0, shape.v_dim as i64);
+    b.reshape(&out, &[0, 0, h * shape.v_dim as i64])
 }
 
 /// `[B,S,n·from]` heads zero-padded to `[B,S,n·to]`.

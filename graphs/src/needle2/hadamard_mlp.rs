@@ -6,7 +6,8 @@
 //! `z` viewed as an `a×b` matrix: two small MatMuls with constants shared by all
 //! layers, `n·(a+b)` multiply-adds instead of `n²`.
 //!
-//! Graphs with the Needle ops run it as one `needle.HadamardMlp` node.
+//! Graphs with the Needle ops run it, with its pre-norm and residual add, as one
+//! `needle.HadamardMlp` node ([`hadamard_mlp_op`]).
 //!
 //! ```text
 //! x ─Pad─ *d1 ─H─ *d2 ─silu─ H ─ *d3 ─Slice─▶      H: Reshape[a,b] ─ H_a·Z ─ Z·H_b ─ Reshape[n]
@@ -27,21 +28,7 @@ pub fn hadamard_mlp(
 ) -> Value {
     let d_model = ctx.common.d_model;
     let n = w.d1.data.len();
-    let d1 = b.weight("d1", &[n], &w.d1.data);
-    let d2 = b.weight("d2", &[n], &w.d2.data);
-    let d3 = b.weight("d3", &[n], &w.d3.data);
-    if ctx.kernels.needle_ops {
-        let inputs = [x, &d1, &d2, &d3];
-        return b
-            .op_in(
-                needle_ops::DOMAIN,
-                needle_ops::HADAMARD_MLP,
-                &inputs,
-                vec![],
-                1,
-            )
-            .remove(0);
-    }
+    let [d1, d2, d3] = diagonals(b, w);
     let z = pad_to_width(b, ctx.kernels.op_forms, x, d_model, n);
     let z = b.mul(&d1, &z);
     let z = walsh_hadamard_transform(b, &z, n);
@@ -55,6 +42,26 @@ pub fn hadamard_mlp(
     } else {
         z
     }
+}
+
+/// The layer's MLP half `x + mlp(norm(x))` as one `needle.HadamardMlp` node (graphs with
+/// the Needle ops), `gain` the pre-MLP norm's.
+pub fn hadamard_mlp_op(b: &mut GraphBuilder, x: &Value, gain: &Value, w: &LayerWeights) -> Value {
+    let [d1, d2, d3] = diagonals(b, w);
+    b.op_in(
+        needle_ops::DOMAIN,
+        needle_ops::HADAMARD_MLP,
+        &[x, &d1, &d2, &d3, gain],
+        vec![],
+        1,
+    )
+    .remove(0)
+}
+
+/// The MLP's diagonals `d1`, `d2`, `d3` as initializers.
+fn diagonals(b: &mut GraphBuilder, w: &LayerWeights) -> [Value; 3] {
+    let n = w.d1.data.len();
+    [("d1", &w.d1), ("d2", &w.d2), ("d3", &w.d3)].map(|(name, t)| b.weight(name, &[n], &t.data))
 }
 
 /// `z · H_n` over the last axis of `[batch, sequence, n]`, as `H_a · Z · H_b`.

@@ -5,7 +5,7 @@ use crate::blocks::attention::{CoreInputs, KvPair};
 use crate::blocks::context::BuildContext;
 use crate::builder::{GraphBuilder, Value};
 use crate::needle2::attention::{attention, attention_ctx, AttentionCtx};
-use crate::needle2::hadamard_mlp::hadamard_mlp;
+use crate::needle2::hadamard_mlp::{hadamard_mlp, hadamard_mlp_op};
 use crate::needle2::heads::{confidence_logit, contrastive_embedding};
 use crate::needle2::{Config, LayerWeights, Weights};
 use crate::stream::{Architecture, BlockNorms, Heads, Inputs, SplitMask, StreamWeights};
@@ -83,6 +83,16 @@ impl Architecture for Config {
         w: &LayerWeights,
     ) -> Value {
         hadamard_mlp(b, ctx, x, w)
+    }
+
+    fn mlp_op(
+        b: &mut GraphBuilder,
+        _constants: &(),
+        x: &Value,
+        gain: &Value,
+        w: &LayerWeights,
+    ) -> Value {
+        hadamard_mlp_op(b, x, gain, w)
     }
 
     fn has_heads(w: &Weights) -> bool {

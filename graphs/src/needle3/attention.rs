@@ -198,12 +198,14 @@ fn next_conv_state(
         Precision::Fp32 => next,
         Precision::Fp16 => b.cast(&next, data_type::FLOAT),
     };
-    b.declare(
-        &next,
-        data_type::FLOAT,
-        &[Dim::Named(BATCH), Dim::Fixed(n - 1), Dim::Fixed(width)],
-    );
+    declare_conv_state(b, &next, n, width);
     next
+}
+
+/// Declares `next` the conv state it is: float32 `[batch, taps − 1, width]`.
+fn declare_conv_state(b: &mut GraphBuilder, next: &Value, n: usize, width: usize) {
+    let dims = [Dim::Named(BATCH), Dim::Fixed(n - 1), Dim::Fixed(width)];
+    b.declare(next, data_type::FLOAT, &dims);
 }
 
 /// The conv's taps `[taps, q + k + v]`, each tap's q, k and v columns side by side.
@@ -222,7 +224,8 @@ fn conv_taps(taps: &QkvTaps, n: usize, width: usize) -> Vec<f32> {
 /// The layer's attention with the Needle ops (packed graphs over `GroupQueryAttention`, a
 /// model with the QKV conv and RoPE tables): the one projection, then `needle.QkHeads` for
 /// the queries and the keys and `needle.VHeads` for the values in place of the Split,
-/// conv, norm, RoPE and padding nodes (~25 a layer). `None`, and no node built, where any
+/// conv, norm, RoPE and padding nodes (~25 a layer), `needle.ConvState` for the next conv
+/// state and `needle.AttentionGate` in place of the unpadding and the gate's six. `None`, and no node built, where any
 /// of that does not hold.
 fn needle_ops_attention(
     b: &mut GraphBuilder,
@@ -293,13 +296,35 @@ fn needle_ops_attention(
     });
     let (out, present) = padded_attention_core(b, core, [&q, &k, &v], past.kv, shape)?;
     let next = b.scope("qkv_conv", |b| {
-        let raw = b.slice(&p, 2, 0, width as i64);
-        let window = b.concat(&[state, &raw], 1);
-        next_conv_state(b, &window, real_new, n, width)
+        let next = b
+            .op_in(
+                needle_ops::DOMAIN,
+                needle_ops::CONV_STATE,
+                &[&p, state, real_new],
+                vec![],
+                1,
+            )
+            .remove(0);
+        declare_conv_state(b, &next, n, width);
+        next
     });
-    let gate = b.slice(&p, 2, width as i64, i64::MAX);
-    let gate = b.sigmoid(&gate);
-    let out = b.mul(&out, &gate);
+    let gate_attrs = [
+        ("heads", cfg.common.num_heads),
+        ("head_dim", cfg.v_head_dim),
+        ("padded", fused),
+        ("offset", width),
+    ]
+    .map(|(name, v)| (name, Attr::Int(v as i64)))
+    .to_vec();
+    let out = b
+        .op_in(
+            needle_ops::DOMAIN,
+            needle_ops::ATTENTION_GATE,
+            &[&out, &p],
+            gate_attrs,
+            1,
+        )
+        .remove(0);
     let out = projection(b, ctx, &out, "out_proj", &w.out_proj);
     Some((out, present, Some(next)))
 }

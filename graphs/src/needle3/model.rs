@@ -118,9 +118,6 @@ impl Architecture for Config {
         x: &Value,
         w: &LayerWeights,
     ) -> Value {
-        if ctx.kernels.needle_ops {
-            return monarch_mlp_op(b, x, &w.mlp, [p1, p2]);
-        }
         monarch_mlp(
             b,
             ctx.kernels.op_forms,
@@ -129,6 +126,16 @@ impl Architecture for Config {
             [p1, p2],
             ctx.common.d_model,
         )
+    }
+
+    fn mlp_op(
+        b: &mut GraphBuilder,
+        [p1, p2]: &[Value; 2],
+        x: &Value,
+        gain: &Value,
+        w: &LayerWeights,
+    ) -> Value {
+        monarch_mlp_op(b, x, gain, &w.mlp, [p1, p2])
     }
 
     fn has_heads(w: &Weights) -> bool {

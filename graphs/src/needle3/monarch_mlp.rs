@@ -66,12 +66,14 @@ pub fn monarch_mlp(
     }
 }
 
-/// [`monarch_mlp`] as one `needle.MonarchMlp` node (packed graphs, which onnxruntime runs
-/// with the Needle kernels loaded): the ~27 nodes of a layer's MLP in one launch. `p1`,
-/// `p2` as [`permutations`] wrote them for [`OpForms::Onnx`].
+/// The layer's MLP half `x + monarch_mlp(norm(x))` as one `needle.MonarchMlp` node (packed
+/// graphs, which onnxruntime runs with the Needle kernels loaded): the ~27 nodes of the MLP,
+/// its pre-norm (`gain`) and the residual add in one launch. `p1`, `p2` as [`permutations`]
+/// wrote them for [`OpForms::Onnx`].
 pub fn monarch_mlp_op(
     b: &mut GraphBuilder,
     x: &Value,
+    gain: &Value,
     w: &MonarchWeights,
     [p1, p2]: [&Value; 2],
 ) -> Value {
@@ -100,7 +102,7 @@ pub fn monarch_mlp_op(
     });
     let [[a1, b1], [a2, b2s], [a3, b3]] = &stages;
     let inputs = [
-        x, &cond_v, &cond_u, &d1, &d2, &b2, &d3, &d4, a1, b1, a2, b2s, a3, b3, p1, p2,
+        x, &cond_v, &cond_u, &d1, &d2, &b2, &d3, &d4, a1, b1, a2, b2s, a3, b3, p1, p2, gain,
     ];
     b.op_in(
         needle_ops::DOMAIN,
