@@ -205,13 +205,18 @@ fn rows_block(
         first: rows.start,
         out,
     };
+    // Where a prompt chunk's rows are decoded: one buffer for the block, not one a row.
+    let mut decoded = match tokens >= DECODE_FROM_TOKENS {
+        true => vec![0.0f32; 4 * groups * w.group],
+        false => Vec::new(),
+    };
     let mut r = rows.start;
     while r < rows.end {
         if rows.end - r >= 4 {
-            block.rows::<4>(r);
+            block.rows::<4>(r, &mut decoded);
             r += 4;
         } else {
-            block.rows::<1>(r);
+            block.rows::<1>(r, &mut decoded);
             r += 1;
         }
     }
@@ -232,8 +237,9 @@ struct RowBlock<'a> {
 }
 
 impl RowBlock<'_> {
-    /// Rows `r..r + R` for every token.
-    fn rows<const R: usize>(&self, r: usize) {
+    /// Rows `r..r + R` for every token; `decoded` holds `R` decoded rows when the block
+    /// decodes them (a prompt chunk).
+    fn rows<const R: usize>(&self, r: usize, decoded: &mut [f32]) {
         let (w, groups) = (self.w, self.w.groups());
         let in_pad = groups * w.group;
         let codes: [&[u8]; R] = std::array::from_fn(|j| w.row_codes(r + j));
@@ -257,8 +263,11 @@ impl RowBlock<'_> {
             }
             return;
         }
-        let decoded: [Vec<f32>; R] = std::array::from_fn(|j| self.decode_row(codes[j]));
-        let values: [&[f32]; R] = std::array::from_fn(|j| decoded[j].as_slice());
+        let decoded = &mut decoded[..R * in_pad];
+        for (row, values) in decoded.chunks_exact_mut(in_pad).enumerate() {
+            self.decode_row(codes[row], values);
+        }
+        let values: [&[f32]; R] = std::array::from_fn(|j| &decoded[j * in_pad..(j + 1) * in_pad]);
         // Tokens in tiles as wide as the path's registers hold (R · T sums and partial sums).
         let tile = match self.layout.isa {
             Isa::Avx512 => 3,
@@ -294,25 +303,21 @@ impl RowBlock<'_> {
         }
     }
 
-    /// One row's codebook values, `codebook[code k]` for every padded input, in the
-    /// layout's order (the order its activations are in).
-    fn decode_row(&self, codes: &[u8]) -> Vec<f32> {
+    /// One row's codebook values into `values`, `codebook[code k]` for every padded input,
+    /// in the layout's order (the order its activations are in).
+    fn decode_row(&self, codes: &[u8], values: &mut [f32]) {
         let w = self.w;
-        let mut values = vec![0.0f32; w.groups() * w.group];
         match self.layout.isa {
-            Isa::Scalar => scalar::decode(codes, w.bits, w.codebook, &mut values),
+            Isa::Scalar => scalar::decode(codes, w.bits, w.codebook, values),
             #[cfg(target_arch = "x86_64")]
             // Sound: a layout picks an x86 path only where `Isa::available` detected it, and
             // only for widths whose chunks fit a group.
-            Isa::Avx2 => unsafe { avx2::decode(codes, w.bits, self.table, &mut values) },
+            Isa::Avx2 => unsafe { avx2::decode(codes, w.bits, self.table, values) },
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => unsafe {
-                avx512::decode(codes, w.bits, &self.table.values, &mut values)
-            },
+            Isa::Avx512 => unsafe { avx512::decode(codes, w.bits, &self.table.values, values) },
             #[cfg(not(target_arch = "x86_64"))]
             _ => unreachable!("no x86 path off x86-64"),
         }
-        values
     }
 }
 
