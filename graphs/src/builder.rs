@@ -44,6 +44,11 @@ pub const MS_DOMAIN: &str = "com.microsoft";
 pub struct Value(Rc<str>);
 
 impl Value {
+    /// An optional input left out: ONNX's empty name.
+    pub fn absent() -> Value {
+        Value(Rc::from(""))
+    }
+
     /// The tensor's name in the graph.
     pub fn name(&self) -> &str {
         &self.0

@@ -417,11 +417,10 @@ pub mod needle_ops {
     pub const HADAMARD_MLP: &str = "HadamardMlp";
     /// A sandwich norm's gated residual add, `x + scale · norm(h)` (`kernels/src/residual_norm.rs`).
     pub const RESIDUAL_NORM: &str = "ResidualNorm";
-    /// Needle 3's query or key heads from a layer's projections: QKV conv, norm, RoPE and
-    /// padding to the core's head width (`kernels/src/attention_heads.rs`).
-    pub const QK_HEADS: &str = "QkHeads";
-    /// Needle 3's value heads from a layer's projections: QKV conv and padding.
-    pub const V_HEADS: &str = "VHeads";
+    /// Needle 3's query, key and value heads from a layer's projections, packed side by side
+    /// for `GroupQueryAttention`: QKV conv, query and key norm and RoPE, padding to the
+    /// core's head width (`kernels/src/attention_heads.rs`).
+    pub const QKV_HEADS: &str = "QkvHeads";
     /// Needle 3's next QKV-conv state: each row's last real positions of the conv's window
     /// (`kernels/src/conv_state.rs`).
     pub const CONV_STATE: &str = "ConvState";

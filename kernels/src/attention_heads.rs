@@ -1,6 +1,7 @@
-//! `needle.AttentionHeads`: one of Needle 3's query, key or value inputs to attention,
-//! from the layer's raw projections in one kernel, where the stock graph runs ~8 nodes a
-//! part (`graphs/src/needle3/attention.rs` states the layer):
+//! `needle.QkvHeads`: Needle 3's query, key and value inputs to attention, packed side by
+//! side as `GroupQueryAttention` reads them, from the layer's raw projections in one
+//! kernel, where the stock graph runs ~8 nodes a part (`graphs/src/needle3/attention.rs`
+//! states the layer):
 //!
 //! ```text
 //! p [B, S, ≥ offset + heads·dim] ─ causal conv over the state's and p's rows ─┬─ (q, k) ZC-RMS norm per head ─ RoPE ─┬─ pad each head to `padded` ─ [B, S, heads·padded]
@@ -129,39 +130,60 @@ impl ConvInputs<'_> {
     }
 }
 
-/// `out` `[batch, sequence, heads · padded]` of the part `layout` names, normalised and
-/// rotated when `norm_rope` is given; token runs spread by `split`. `inputs` must have
-/// passed [`ConvInputs::check`].
+/// One part of the heads a layer's attention reads: where it is and, for the queries and
+/// the keys, its norm and RoPE.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadsPart<'a> {
+    pub layout: HeadsLayout,
+    pub norm_rope: Option<NormRope<'a>>,
+}
+
+impl HeadsPart<'_> {
+    /// One token's values of this part, `heads · padded`.
+    pub fn width(&self) -> usize {
+        self.layout.heads * self.layout.padded
+    }
+}
+
+/// `out` `[batch, sequence, Σ heads · padded]`: every token's `parts` side by side, in
+/// order (`GroupQueryAttention`'s packed query, key and value), each normalised and
+/// rotated where it has a [`NormRope`]; token runs spread by `split`. `inputs` must have
+/// passed [`ConvInputs::check`] for every part.
 pub fn attention_heads(
     inputs: &ConvInputs,
-    layout: &HeadsLayout,
-    norm_rope: Option<&NormRope>,
+    parts: &[HeadsPart],
     out: &mut [f32],
     split: &dyn RowSplit,
 ) {
-    let row = layout.heads * layout.padded;
+    let row: usize = parts.iter().map(HeadsPart::width).sum();
     assert_eq!(
         out.len(),
         inputs.batch * inputs.sequence * row,
-        "out is [batch, sequence, heads·padded]"
+        "out is [batch, sequence, Σ heads·padded]"
     );
     token_blocks(split, out, row, BLOCK_TOKENS, &|first, block| {
-        let mut head = vec![0.0f32; layout.head_dim];
-        for (token, out) in (first..).zip(block.chunks_exact_mut(row)) {
-            for (h, out) in out.chunks_exact_mut(layout.padded).enumerate() {
-                conv(
-                    inputs,
-                    layout,
-                    token,
-                    layout.offset + h * layout.head_dim,
-                    &mut head,
-                );
-                if let Some(nr) = norm_rope {
-                    normalize(&mut head, nr.gain);
-                    rotate(&mut head, nr, nr.positions[token] as usize);
+        let mut head = Vec::new();
+        for (token, mut out) in (first..).zip(block.chunks_exact_mut(row)) {
+            for part in parts {
+                let (layout, part_out) = (&part.layout, out);
+                let (part_out, rest) = part_out.split_at_mut(part.width());
+                out = rest;
+                head.resize(layout.head_dim, 0.0);
+                for (h, out) in part_out.chunks_exact_mut(layout.padded).enumerate() {
+                    conv(
+                        inputs,
+                        layout,
+                        token,
+                        layout.offset + h * layout.head_dim,
+                        &mut head,
+                    );
+                    if let Some(nr) = &part.norm_rope {
+                        normalize(&mut head, nr.gain);
+                        rotate(&mut head, nr, nr.positions[token] as usize);
+                    }
+                    out[..layout.head_dim].copy_from_slice(&head);
+                    out[layout.head_dim..].fill(0.0);
                 }
-                out[..layout.head_dim].copy_from_slice(&head);
-                out[layout.head_dim..].fill(0.0);
             }
         }
     });
@@ -257,32 +279,35 @@ mod tests {
             sin: &sin,
             positions: &positions,
         };
-        for (layout, rope) in [
-            (
-                HeadsLayout {
+        let parts = [
+            HeadsPart {
+                layout: HeadsLayout {
                     offset: 4,
                     heads: 2,
                     head_dim: 4,
                     padded: 8,
                     visible_taps: 3,
                 },
-                true,
-            ),
-            (
-                HeadsLayout {
+                norm_rope: Some(nr),
+            },
+            HeadsPart {
+                layout: HeadsLayout {
                     offset: 8,
                     heads: 1,
                     head_dim: 4,
                     padded: 4,
                     visible_taps: 2,
                 },
-                false,
-            ),
-        ] {
-            let norm_rope = rope.then_some(&nr);
-            inputs.check(&layout, norm_rope).unwrap();
-            let mut out = vec![f32::NAN; B * S * layout.heads * layout.padded];
-            attention_heads(&inputs, &layout, norm_rope, &mut out, &Serial);
+                norm_rope: None,
+            },
+        ];
+        let mut singles = Vec::new();
+        for part in parts {
+            let (layout, rope) = (part.layout, part.norm_rope.is_some());
+            inputs.check(&layout, part.norm_rope.as_ref()).unwrap();
+            let mut out = vec![f32::NAN; B * S * part.width()];
+            attention_heads(&inputs, &[part], &mut out, &Serial);
+            singles.push(out.clone());
             for (b, t, h) in
                 (0..B).flat_map(|b| (0..S).flat_map(move |t| (0..2).map(move |h| (b, t, h))))
             {
@@ -338,6 +363,15 @@ mod tests {
                 );
             }
         }
+        // Both parts packed: each token's rows of the two, side by side.
+        let mut packed = vec![f32::NAN; B * S * (16 + 4)];
+        attention_heads(&inputs, &parts, &mut packed, &Serial);
+        let side_by_side: Vec<f32> = singles[0]
+            .chunks_exact(16)
+            .zip(singles[1].chunks_exact(4))
+            .flat_map(|(q, v)| q.iter().chain(v).copied())
+            .collect();
+        assert_eq!(packed, side_by_side);
     }
 
     #[test]

@@ -425,19 +425,29 @@ fn gqa_core(
     (unpad_heads(b, &out, shape), present)
 }
 
-/// The core over heads already padded to [`HeadShape::fused_dim`] (`[B, S, heads · fused]`
-/// each), its output left padded (`[B, S, heads · fused]`), or `None` where `inputs` are
-/// not `GroupQueryAttention`'s.
-pub fn padded_attention_core(
+/// The core over packed query, key and value heads already padded to
+/// [`HeadShape::fused_dim`] (`[B, S, (heads + 2 · kv_heads) · fused]`), its output left
+/// padded (`[B, S, heads · fused]`), or `None` where `inputs` are not
+/// `GroupQueryAttention`'s.
+pub fn packed_attention_core(
     b: &mut GraphBuilder,
     inputs: &CoreInputs,
-    qkv: [&Value; 3],
+    qkv: &Value,
     past: &KvPair,
     shape: HeadShape,
 ) -> Option<(Value, KvPair)> {
     let (seqlens_k, total_len, local_window) = gqa_inputs(inputs)?;
+    let none = Value::absent();
     Some(b.scope("gqa", |b| {
-        gqa_node(b, qkv, past, seqlens_k, total_len, local_window, shape)
+        gqa_node(
+            b,
+            [qkv, &none, &none],
+            past,
+            seqlens_k,
+            total_len,
+            local_window,
+            shape,
+        )
     }))
 }
 
@@ -455,7 +465,8 @@ pub fn gqa_inputs(inputs: &CoreInputs) -> Option<(&Value, &Value, Option<usize>)
     }
 }
 
-/// `GroupQueryAttention` over padded heads; its output `[B, S, heads · fused]`.
+/// `GroupQueryAttention` over padded heads (separate, or packed in the query with the key
+/// and value absent); its output `[B, S, heads · fused]`.
 fn gqa_node(
     b: &mut GraphBuilder,
     [q, k, v]: [&Value; 3],

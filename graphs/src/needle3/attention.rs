@@ -12,7 +12,7 @@
 //! ```
 
 use crate::blocks::attention::{
-    attention_core, gqa_inputs, packed_projections, padded_attention_core, projection, projections,
+    attention_core, gqa_inputs, packed_attention_core, packed_projections, projection, projections,
     rotate_half_rope, CoreInputs, KvPair, Rope,
 };
 use crate::blocks::context::BuildContext;
@@ -222,9 +222,9 @@ fn conv_taps(taps: &QkvTaps, n: usize, width: usize) -> Vec<f32> {
 }
 
 /// The layer's attention with the Needle ops (packed graphs over `GroupQueryAttention`, a
-/// model with the QKV conv and RoPE tables): the one projection, then `needle.QkHeads` for
-/// the queries and the keys and `needle.VHeads` for the values in place of the Split,
-/// conv, norm, RoPE and padding nodes (~25 a layer), `needle.ConvState` for the next conv
+/// model with the QKV conv and RoPE tables): the one projection, then `needle.QkvHeads`
+/// for the packed queries, keys and values in place of the Split, conv, norm, RoPE and
+/// padding nodes (~25 a layer), `needle.ConvState` for the next conv
 /// state and `needle.AttentionGate` in place of the unpadding and the gate's six. `None`, and no node built, where any
 /// of that does not hold.
 fn needle_ops_attention(
@@ -255,46 +255,39 @@ fn needle_ops_attention(
     let p = packed_projections(b, ctx, x, "qkv_gate_proj", &parts)?;
     let shape = cfg.head_shape();
     let (n, width, fused) = (cfg.qkv_conv_taps, cfg.qkv_width(), shape.fused_dim());
-    let (qd, kd) = (taps.q.shape[1], taps.k.shape[1]);
     let visible = n.min(cfg.window_of(layer).unwrap_or(usize::MAX));
-    let [q, k, v] = b.scope("qkv_heads", |b| {
+    let qkv = b.scope("qkv_heads", |b| {
         let taps = b.weight("taps", &[n, width], &conv_taps(taps, n, width));
-        let attrs = |offset: usize, heads: usize, head_dim: usize| {
-            [
-                ("offset", offset),
-                ("heads", heads),
-                ("head_dim", head_dim),
-                ("padded", fused),
-                ("visible_taps", visible),
-            ]
-            .map(|(name, v)| (name, Attr::Int(v as i64)))
-            .to_vec()
+        let gain = |b: &mut GraphBuilder, name: &str, norm: &[f32]| {
+            let gain: Vec<f32> = norm.iter().map(|s| 1.0 + s).collect();
+            b.weight(name, &[gain.len()], &gain)
         };
-        let heads = |b: &mut GraphBuilder, scope: &str, norm: &[f32], attrs| {
-            b.scope(scope, |b| {
-                let gain: Vec<f32> = norm.iter().map(|s| 1.0 + s).collect();
-                let gain = b.weight("gain", &[gain.len()], &gain);
-                let inputs = [&p, state, &taps, &gain, cos_cache, sin_cache, position_ids];
-                b.op_in(needle_ops::DOMAIN, needle_ops::QK_HEADS, &inputs, attrs, 1)
-                    .remove(0)
-            })
-        };
-        let (h, kv) = (cfg.common.num_heads, cfg.common.num_kv_heads);
-        let q = heads(b, "q", &w.q_norm.data, attrs(0, h, cfg.qk_head_dim));
-        let k = heads(b, "k", &w.k_norm.data, attrs(qd, kv, cfg.qk_head_dim));
-        let v_attrs = attrs(qd + kd, kv, cfg.v_head_dim);
-        let v = b
-            .op_in(
-                needle_ops::DOMAIN,
-                needle_ops::V_HEADS,
-                &[&p, state, &taps],
-                v_attrs,
-                1,
-            )
-            .remove(0);
-        [q, k, v]
+        let q_gain = gain(b, "q_gain", &w.q_norm.data);
+        let k_gain = gain(b, "k_gain", &w.k_norm.data);
+        let attrs = [
+            ("heads", cfg.common.num_heads),
+            ("kv_heads", cfg.common.num_kv_heads),
+            ("qk_head_dim", cfg.qk_head_dim),
+            ("v_head_dim", cfg.v_head_dim),
+            ("padded", fused),
+            ("visible_taps", visible),
+        ]
+        .map(|(name, v)| (name, Attr::Int(v as i64)))
+        .to_vec();
+        let inputs = [
+            &p,
+            state,
+            &taps,
+            &q_gain,
+            &k_gain,
+            cos_cache,
+            sin_cache,
+            position_ids,
+        ];
+        b.op_in(needle_ops::DOMAIN, needle_ops::QKV_HEADS, &inputs, attrs, 1)
+            .remove(0)
     });
-    let (out, present) = padded_attention_core(b, core, [&q, &k, &v], past.kv, shape)?;
+    let (out, present) = packed_attention_core(b, core, &qkv, past.kv, shape)?;
     let next = b.scope("qkv_conv", |b| {
         let next = b
             .op_in(
