@@ -1,14 +1,20 @@
 //! `needle.CqMatMul` (`kernels/src/cq_matmul/mod.rs` states its contract): inputs `X`
 //! float32 `[…, cols]`, `codes` uint8 `[rows, row bytes]`, `norms` float16
 //! `[rows, groups]`, `codebook` float32 `[2^bits]`; attributes `cols`, `group`, `bits`;
-//! output float32 `[…, rows]`.
+//! output float32 `[…, rows]`. Optional attributes: `row_axes` (default 1), how many of
+//! `X`'s last axes make one row of `cols` (the hyper-connections read all lanes at once,
+//! `[…, lanes, d]`), and `unit_rows` (default 0), 1 to divide each row by its root mean
+//! square first (upstream `_rms_unit`).
 
 use crate::{op_error, size_attribute, ElementType, Input, NeedleOp, OpError, RowSplit};
 use graphs::contract::needle_ops;
+use kernels::math::rms_unit_rows;
 use kernels::{cq_matmul, CqMatrix, Isa};
 
 pub struct CqMatMul {
     layout: CqLayout,
+    row_axes: usize,
+    unit_rows: bool,
     isa: Isa,
 }
 
@@ -55,9 +61,17 @@ impl CqMatMul {
     ) -> Result<(CqMatrix<'a>, &'a [i64], &'a [f32]), OpError> {
         let (x_shape, x) = Input::get::<Self, f32>(inputs, 0)?;
         let w = self.layout.matrix::<Self>(inputs, 1)?;
-        if x_shape.last().copied() != Some(self.layout.cols as i64) {
+        let row = x_shape
+            .len()
+            .checked_sub(self.row_axes)
+            .map(|at| &x_shape[at..]);
+        if row.map(|axes| axes.iter().product::<i64>()) != Some(self.layout.cols as i64) {
+            let row = match self.row_axes {
+                1 => "its last axis must be".to_string(),
+                n => format!("its last {n} axes must hold"),
+            };
             return Err(op_error::<Self>(format!(
-                "X is {x_shape:?}, its last axis must be cols = {}",
+                "X is {x_shape:?}, {row} cols = {}",
                 self.layout.cols
             )));
         }
@@ -75,16 +89,25 @@ impl NeedleOp for CqMatMul {
     ];
 
     fn new(attribute: &dyn Fn(&str) -> Option<i64>) -> Result<Self, OpError> {
+        let row_axes = attribute("row_axes").unwrap_or(1);
+        let unit_rows = attribute("unit_rows").unwrap_or(0);
+        if row_axes < 1 || !(0..=1).contains(&unit_rows) {
+            return Err(op_error::<Self>(format!(
+                "row_axes {row_axes} and unit_rows {unit_rows} are not ≥ 1 and 0 or 1"
+            )));
+        }
         Ok(CqMatMul {
             layout: CqLayout::of::<Self>(attribute)?,
+            row_axes: row_axes as usize,
+            unit_rows: unit_rows == 1,
             isa: Isa::best(),
         })
     }
 
     fn output_shape(&self, inputs: &[Input]) -> Result<Vec<i64>, OpError> {
         let (w, x_shape, _) = self.operands(inputs)?;
-        let mut y_shape = x_shape.to_vec();
-        *y_shape.last_mut().expect("operands checked the last axis") = w.rows() as i64;
+        let mut y_shape = x_shape[..x_shape.len() - self.row_axes].to_vec();
+        y_shape.push(w.rows() as i64);
         Ok(y_shape)
     }
 
@@ -96,6 +119,14 @@ impl NeedleOp for CqMatMul {
     ) -> Result<(), OpError> {
         let (w, _, x) = self.operands(inputs)?;
         let tokens = x.len() / self.layout.cols;
+        let unit;
+        let x = match self.unit_rows {
+            true => {
+                unit = rms_unit_rows(x, self.layout.cols);
+                &unit
+            }
+            false => x,
+        };
         cq_matmul(&w, x, tokens, output, self.isa, split);
         Ok(())
     }
@@ -155,6 +186,46 @@ mod tests {
             Err(OpError(
                 "needle.CqMatMul: X is [1, 8], its last axis must be cols = 16".into()
             ))
+        );
+    }
+
+    /// `row_axes` 2 and `unit_rows` 1 on `[1, 2, 8]` give the product of the row flattened
+    /// and divided by its root mean square (computed here in f64).
+    #[test]
+    fn unit_rows_over_two_axes_are_the_normalised_flat_row() {
+        const MIXED: [u8; 16] = [
+            0x1b, 0xe4, 0x4e, 0xb1, 0x27, 0x8d, 0x72, 0xd8, 0x1b, 0xe4, 0x4e, 0xb1, 0x27, 0x8d,
+            0x72, 0xd8,
+        ];
+        let with_codes = |x_shape, x| {
+            let mut inputs = inputs(x_shape, x);
+            inputs[1].data = InputData::Uint8(&MIXED);
+            inputs
+        };
+        let x: Vec<f32> = (0..16).map(|i| (i as f32 * 0.7).sin() * 3.0).collect();
+        let root = (x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / 16.0 + 1e-6).sqrt();
+        let normed: Vec<f32> = x.iter().map(|&v| (v as f64 / root) as f32).collect();
+        let plain = CqMatMul::new(&attribute).unwrap();
+        let mut want = [0.0; 4];
+        plain
+            .compute(&with_codes(&[1, 16], &normed), &mut want, &kernels::Serial)
+            .unwrap();
+        let fused_attribute = |name: &str| match name {
+            "row_axes" => Some(2),
+            "unit_rows" => Some(1),
+            _ => attribute(name),
+        };
+        let op = CqMatMul::new(&fused_attribute).unwrap();
+        let shaped = with_codes(&[1, 2, 8], &x);
+        assert_eq!(op.output_shape(&shaped), Ok(vec![1, 4]));
+        let mut got = [f32::NAN; 4];
+        op.compute(&shaped, &mut got, &kernels::Serial).unwrap();
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() <= 1e-6 * w.abs().max(1.0), "{g} vs {w}");
+        }
+        assert!(
+            want.iter().any(|&w| w.abs() > 0.1),
+            "a product that can tell: {want:?}"
         );
     }
 

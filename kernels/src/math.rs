@@ -1,6 +1,6 @@
 //! Elementwise functions written branch-free so that the compiler vectorizes the loops
 //! that call them (`f32::exp` is a libm call per element, too slow for a prompt's worth of
-//! activations).
+//! activations), and the row normalisation several ops apply to their input.
 
 /// `eˣ` within 2 ulp over the float range (Cephes' `expf`: `x = k·ln 2 + r`, a degree-6
 /// polynomial in `r`, times `2ᵏ` built in the exponent bits); the value at −87.3 below it,
@@ -32,6 +32,18 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + exp(-x))
 }
 
+/// Each `width`-wide row of `x` divided by its root mean square, `x / √(mean x² + 1e-6)`
+/// (upstream `_rms_unit`).
+pub fn rms_unit_rows(x: &[f32], width: usize) -> Vec<f32> {
+    let mut out = x.to_vec();
+    for row in out.chunks_exact_mut(width) {
+        let mean = row.iter().map(|v| v * v).sum::<f32>() / width as f32;
+        let root = (mean + 1e-6).sqrt();
+        row.iter_mut().for_each(|v| *v /= root);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -54,5 +66,23 @@ mod tests {
         assert_eq!(silu(-1e30), 0.0);
         assert_eq!(silu(1e30), 1e30);
         assert!((silu(1.0) - 1.0 / (1.0 + (-1.0f32).exp())).abs() < 1e-7);
+    }
+
+    #[test]
+    fn rms_unit_rows_divides_each_row_by_its_root_mean_square() {
+        let x = [3.0, 4.0, 0.0, 0.0, 1.0, 1.0];
+        let got = rms_unit_rows(&x, 2);
+        let root = |a: f64, b: f64| ((a * a + b * b) / 2.0 + 1e-6).sqrt();
+        let want = [
+            3.0 / root(3.0, 4.0),
+            4.0 / root(3.0, 4.0),
+            0.0,
+            0.0,
+            1.0 / root(1.0, 1.0),
+            1.0 / root(1.0, 1.0),
+        ];
+        for (g, w) in got.iter().zip(want) {
+            assert!((*g as f64 - w).abs() < 1e-6, "{g} vs {w}");
+        }
     }
 }

@@ -10,7 +10,7 @@
 use crate::blocks::cq_node::cq_node;
 use crate::blocks::cq_rows::codes_and_norms;
 use crate::blocks::weights::CqRows;
-use crate::builder::{Attrs, GraphBuilder, Value};
+use crate::builder::{Attr, Attrs, GraphBuilder, Value};
 use crate::contract::needle_ops;
 
 /// `x · Wᵀ` for the CQ matrix `w`; initializers `<scope>.codes`, `.norms`, `.codebook`.
@@ -23,6 +23,22 @@ pub fn cq_matmul(b: &mut GraphBuilder, x: &Value, w: &CqRows) -> Value {
 /// which another node reads too: the tied embedding); initializer `<scope>.codebook`.
 pub fn cq_matmul_stored(b: &mut GraphBuilder, x: &Value, w: &CqRows, stored: &[Value; 2]) -> Value {
     cq_node(b, needle_ops::CQ_MATMUL, &[x], w, stored, vec![])
+}
+
+/// [`cq_matmul`] of the rows over `x`'s last `row_axes` axes, each divided by its root
+/// mean square first (upstream `_rms_unit`): the Reshape and the norm in the one node.
+pub fn cq_matmul_of_unit_rows(
+    b: &mut GraphBuilder,
+    x: &Value,
+    w: &CqRows,
+    row_axes: usize,
+) -> Value {
+    let stored = codes_and_norms(b, w);
+    let attrs = vec![
+        ("row_axes", Attr::Int(row_axes as i64)),
+        ("unit_rows", Attr::Int(1)),
+    ];
+    cq_node(b, needle_ops::CQ_MATMUL, &[x], w, &stored, attrs)
 }
 
 /// An engram site's value by `needle.EngramValue` from the window's `rows`, `valid` and

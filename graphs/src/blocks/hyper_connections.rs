@@ -6,12 +6,13 @@
 //! `h_res = Sinkhorn₂₀(a_res·nx·φ_res + b_res)` (log domain, rows then columns);
 //! `x' = h_res·x + h_post ⊗ (block(u) − u)`.
 //! The three projections are one MatMul whose weight has the `a_*` gains folded in (packed
-//! graphs: one `needle.CqMatMul` of the layer's codes, the gains applied to its logits).
+//! graphs: one `needle.CqMatMul` of the layer's codes over the lanes, `rms_unit` included,
+//! the gains applied to its logits).
 //! Graphs with the Needle ops run each side as one node (`needle.HyperConnectionsIn`,
 //! `needle.HyperConnectionsOut`).
 
 use crate::blocks::context::{BuildContext, OpForms};
-use crate::blocks::cq_matmul::cq_matmul;
+use crate::blocks::cq_matmul::cq_matmul_of_unit_rows;
 use crate::blocks::norms::rms_unit;
 use crate::blocks::weights::{CqRows, MhcWeights, Tensor};
 use crate::builder::{Attr, GraphBuilder, Value};
@@ -42,8 +43,6 @@ pub fn hc_pre<C>(
     layer: usize,
 ) -> (Value, LaneMix) {
     let (n, c) = (ctx.common.mhc_lanes, ctx.common.d_model);
-    let flat = b.reshape(x, &[0, 0, (n * c) as i64]);
-    let nx = rms_unit(b, ctx, &flat, n * c);
     // Only packed graphs read the codes (gathering a layer's rows copies them).
     let codes = match ctx.matmul_weights() {
         MatMulWeights::Packed => layer_codes(w, layer, n),
@@ -51,11 +50,14 @@ pub fn hc_pre<C>(
     };
     // The projection's logits and the gains still to apply to them (none: folded in).
     let (logits, gains) = match codes {
+        // `needle.CqMatMul` reads the lanes as one row and normalises it itself.
         Some(codes) => b.scope("mhc_phi", |b| {
-            let logits = cq_matmul(b, &nx, &codes);
+            let logits = cq_matmul_of_unit_rows(b, x, &codes, 2);
             (logits, Some(gains(w, layer, n)))
         }),
         None => {
+            let flat = b.reshape(x, &[0, 0, (n * c) as i64]);
+            let nx = rms_unit(b, ctx, &flat, n * c);
             let phi = folded_projection(w, layer, n, c);
             let phi = b.weight("mhc_phi", &[n * c, 2 * n + n * n], &phi);
             (b.matmul(&nx, &phi), None)
