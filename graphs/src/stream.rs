@@ -190,8 +190,15 @@ pub(crate) fn build<A: Architecture>(
         });
         x = next;
         if has_heads {
-            let mean = b.reduce_mean(&x, &[2]);
-            cells.push(b.squeeze(&mean, &[2]));
+            // Packed graphs take the lane mean in one node (the stock graphs' two stay as
+            // they are).
+            cells.push(match ctx.kernels.needle_ops {
+                true => b.reduce_mean_dropping(&x, &[2]),
+                false => {
+                    let mean = b.reduce_mean(&x, &[2]);
+                    b.squeeze(&mean, &[2])
+                }
+            });
         }
         presents.push(present);
         next_states.extend(state);

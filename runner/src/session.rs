@@ -307,9 +307,9 @@ impl NeedleSession {
     }
 
     /// The confidence head's logit over `ids` fed whole with an empty cache, fetching that
-    /// output alone: onnxruntime then runs only the nodes it reads, so neither the
-    /// `[sequence, vocab]` logits (the largest product of a long forward, and its largest
-    /// buffer) nor the presents' concatenations are computed. `None` without the head.
+    /// output alone (the other outputs are computed all the same: onnxruntime's inference
+    /// builds run every node whatever is fetched, but none is copied out). `None` without
+    /// the head.
     pub fn confidence_logit(&mut self, ids: &[i64]) -> Result<Option<f32>> {
         if !self.has_confidence_head() {
             return Ok(None);

@@ -13,9 +13,10 @@ pub struct StepInputs {
     pub attention_mask: Vec<i64>,
     pub position_ids: Vec<i64>,
     pub batch: usize,
-    /// Whether the call computes the probe heads' outputs. They pool over the call's
-    /// tokens, so only a sequence fed whole reads them; a call that does not fetch them
-    /// skips them (onnxruntime runs only what the fetched outputs need).
+    /// Whether the call fetches the probe heads' outputs. They pool over the call's
+    /// tokens, so only a sequence fed whole reads them. (onnxruntime still computes them:
+    /// its inference builds run every node whatever is fetched, as the decode profile of
+    /// `needle-bench --profile` shows.)
     pub heads: bool,
 }
 

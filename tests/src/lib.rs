@@ -216,10 +216,19 @@ pub fn accelerator_session_of(cact: &[u8]) -> NeedleSession {
 
 /// Exports fixture `model` (fp32, dense weights) and loads it on the CPU with one thread.
 pub fn session(model: &str, attention: AttentionKind) -> NeedleSession {
+    session_with(model, attention, MatMulWeights::Float)
+}
+
+/// [`session`] with the large MatMuls' weights stored as `weights`.
+pub fn session_with(
+    model: &str,
+    attention: AttentionKind,
+    weights: MatMulWeights,
+) -> NeedleSession {
     let bytes = std::fs::read(fixture(&format!("{model}.cact"))).unwrap();
     session_of(
         &bytes,
-        &options(attention, Precision::Fp32, MatMulWeights::Float),
+        &options(attention, Precision::Fp32, weights),
         Provider::Cpu,
     )
 }

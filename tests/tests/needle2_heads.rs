@@ -6,7 +6,7 @@
 
 use graphs::contract::AttentionKind::{self, Reference};
 use graphs::contract::{MatMulWeights, Precision};
-use needle_tests::{f32_values, fixture, i64_values, options, session, session_of};
+use needle_tests::{f32_values, fixture, i64_values, options, session, session_of, session_with};
 use runner::answer::Runner;
 use runner::load::{LoadOptions, ModelSource};
 use runner::provider::Provider;
@@ -63,8 +63,12 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 #[test]
 fn the_heads_match_upstream_on_a_padded_batch() {
     let (ids, lengths, want_embedding, want_confidence) = case_h();
-    for kind in [FUSED, Reference] {
-        let mut s = session("m48h", kind);
+    let weights = [MatMulWeights::Float, MatMulWeights::Packed];
+    for (kind, weights) in [FUSED, Reference]
+        .into_iter()
+        .flat_map(|k| weights.map(|w| (k, w)))
+    {
+        let mut s = session_with("m48h", kind, weights);
         assert!(s.has_contrastive_head() && s.has_confidence_head());
         let (embedding, confidence) = heads_of(&mut s, &ids, &lengths);
         let (e, c) = (
@@ -72,9 +76,9 @@ fn the_heads_match_upstream_on_a_padded_batch() {
             max_abs_diff(&confidence, &want_confidence),
         );
         println!(
-            "m48h {kind:?}, rows of {lengths:?} tokens: max |Δ embedding| {e:.1e}, max |Δ confidence logit| {c:.1e}"
+            "m48h {kind:?} {weights}, rows of {lengths:?} tokens: max |Δ embedding| {e:.1e}, max |Δ confidence logit| {c:.1e}"
         );
-        assert!(e <= 1e-5 && c <= 1e-5, "{kind:?}: {e} {c}");
+        assert!(e <= 1e-5 && c <= 1e-5, "{kind:?} {weights}: {e} {c}");
     }
     // fp16 is the CUDA path's precision; on the CPU it only has to run and stay close.
     let bytes = std::fs::read(fixture("m48h.cact")).unwrap();

@@ -3,7 +3,8 @@
 //! generation's prompt + completion, both variants; and `needle-run`'s `confidence`.
 
 use graphs::contract::AttentionKind::{self, Reference};
-use needle_tests::{f32_values, fixture, i64_values, session};
+use graphs::contract::MatMulWeights;
+use needle_tests::{f32_values, fixture, i64_values, session, session_with};
 use runner::session::StepInputs;
 use safetensors::SafeTensors;
 
@@ -47,8 +48,12 @@ fn the_confidence_head_matches_upstream_on_padded_batches_and_generations() {
             std::fs::read_to_string(fixture(&format!("{model}.generate.json")))
                 .map(|text| serde_json::from_str(&text).unwrap())
                 .unwrap_or_default();
-        for kind in [FUSED, Reference] {
-            let mut s = session(model, kind);
+        let weights = [MatMulWeights::Float, MatMulWeights::Packed];
+        for (kind, weights) in [FUSED, Reference]
+            .into_iter()
+            .flat_map(|k| weights.map(|w| (k, w)))
+        {
+            let mut s = session_with(model, kind, weights);
             // Right padding: each row's real tokens first, mask 0 after.
             let mask: Vec<i64> = lengths
                 .iter()
@@ -67,9 +72,12 @@ fn the_confidence_head_matches_upstream_on_padded_batches_and_generations() {
             for (row, (&g, &w)) in got.iter().zip(&want).enumerate() {
                 let err = (sigmoid(g) - sigmoid(w)).abs();
                 report.push(format!(
-                    "{model} {kind:?} H[{row}]: |Δ confidence| {err:.1e}"
+                    "{model} {kind:?} {weights} H[{row}]: |Δ confidence| {err:.1e}"
                 ));
-                assert!(err <= 1e-5, "{model} {kind:?} H row {row}: {g} vs {w}");
+                assert!(
+                    err <= 1e-5,
+                    "{model} {kind:?} {weights} H row {row}: {g} vs {w}"
+                );
             }
             for r in &generations {
                 let all: Vec<i64> = ["prompt_ids", "generated_ids"]
@@ -83,7 +91,10 @@ fn the_confidence_head_matches_upstream_on_padded_batches_and_generations() {
                 let got = s.confidence_logit(&all).unwrap().unwrap();
                 // The reference is written with 6 decimals.
                 let err = (sigmoid(got) - sigmoid(want as f32)).abs();
-                assert!(err <= 1e-5, "{model} {kind:?} generation: {got} vs {want}");
+                assert!(
+                    err <= 1e-5,
+                    "{model} {kind:?} {weights} generation: {got} vs {want}"
+                );
             }
         }
     }
