@@ -421,6 +421,8 @@ pub mod needle_ops {
     /// for `GroupQueryAttention`: QKV conv, query and key norm and RoPE, padding to the
     /// core's head width (`kernels/src/attention_heads.rs`).
     pub const QKV_HEADS: &str = "QkvHeads";
+    /// A probe head's pooling over the hidden cells of one call (`kernels/src/probe_pool.rs`).
+    pub const PROBE_POOL: &str = "ProbePool";
     /// Needle 3's next QKV-conv state: each row's last real positions of the conv's window
     /// (`kernels/src/conv_state.rs`).
     pub const CONV_STATE: &str = "ConvState";

@@ -15,6 +15,7 @@ mod engram_value;
 mod hadamard_mlp;
 mod hyper_connections;
 mod monarch_mlp;
+mod probe_pool;
 mod residual_norm;
 mod sinkhorn;
 
@@ -31,6 +32,7 @@ pub use hadamard_mlp::HadamardMlp;
 pub use hyper_connections::{HyperConnectionsIn, HyperConnectionsOut};
 pub use kernels::RowSplit;
 pub use monarch_mlp::MonarchMlp;
+pub use probe_pool::ProbePool;
 pub use residual_norm::ResidualNorm;
 pub use sinkhorn::Sinkhorn;
 
@@ -213,6 +215,7 @@ pub fn register_all<R: Registry>(registry: &mut R) -> Result<(), R::Error> {
     registry.add::<HyperConnectionsIn>()?;
     registry.add::<HyperConnectionsOut>()?;
     registry.add::<MonarchMlp>()?;
+    registry.add::<ProbePool>()?;
     registry.add::<ResidualNorm>()?;
     registry.add::<Sinkhorn>()
 }

@@ -19,6 +19,7 @@ pub mod hyper_connections;
 pub mod isa;
 pub mod math;
 pub mod monarch_mlp;
+pub mod probe_pool;
 pub mod residual_norm;
 pub mod sinkhorn;
 pub mod small_matmul;

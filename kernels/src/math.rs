@@ -2,6 +2,8 @@
 //! that call them (`f32::exp` is a libm call per element, too slow for a prompt's worth of
 //! activations), and the row normalisation several ops apply to their input.
 
+use crate::isa::Isa;
+
 /// `eˣ` within 2 ulp over the float range (Cephes' `expf`: `x = k·ln 2 + r`, a degree-6
 /// polynomial in `r`, times `2ᵏ` built in the exponent bits); the value at −87.3 below it,
 /// and ∞ from about 88.4 on (where `2ᵏ` overflows), which `σ` and SiLU read correctly.
@@ -30,6 +32,50 @@ pub fn exp(x: f32) -> f32 {
 #[inline(always)]
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + exp(-x))
+}
+
+/// `Σ a·b` on `isa`, in sixteen interleaved partial sums (two AVX registers' worth), which
+/// the compiler vectorizes where one running sum would wait on each add; the SIMD paths
+/// fuse each multiply-add.
+pub fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "a dot product of equal lengths");
+    match isa {
+        Isa::Scalar => lanes::<false>(a, b),
+        #[cfg(target_arch = "x86_64")]
+        // Sound: `Isa::available` offers the x86 paths only where AVX2 and FMA were detected.
+        Isa::Avx2 | Isa::Avx512 => unsafe { fused_lanes(a, b) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("no x86 path off x86-64"),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fused_lanes(a: &[f32], b: &[f32]) -> f32 {
+    lanes::<true>(a, b)
+}
+
+#[inline(always)]
+fn lanes<const FUSED: bool>(a: &[f32], b: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let mut sums = [0.0f32; LANES];
+    let (a16, b16) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = a16
+        .remainder()
+        .iter()
+        .zip(b16.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (a, b) in a16.zip(b16) {
+        for ((sum, &x), &y) in sums.iter_mut().zip(a).zip(b) {
+            *sum = if FUSED {
+                x.mul_add(y, *sum)
+            } else {
+                x * y + *sum
+            };
+        }
+    }
+    sums.iter().sum::<f32>() + tail
 }
 
 /// Each `width`-wide row of `x` divided by its root mean square, `x / √(mean x² + 1e-6)`
@@ -66,6 +112,17 @@ mod tests {
         assert_eq!(silu(-1e30), 0.0);
         assert_eq!(silu(1e30), 1e30);
         assert!((silu(1.0) - 1.0 / (1.0 + (-1.0f32).exp())).abs() < 1e-7);
+    }
+
+    #[test]
+    fn dot_sums_every_product() {
+        let a: Vec<f32> = (0..37).map(|i| i as f32 * 0.5 - 3.0).collect();
+        let b: Vec<f32> = (0..37).map(|i| (i as f32 * 0.3).cos()).collect();
+        let want: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
+        for isa in Isa::available() {
+            let got = dot(isa, &a, &b) as f64;
+            assert!((got - want).abs() < 1e-5, "{isa:?}: {got} vs {want}");
+        }
     }
 
     #[test]

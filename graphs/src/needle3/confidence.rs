@@ -8,19 +8,66 @@
 //! u[q,(l,k)] = r[l,k]·query[q] / √d + row_bias[q,l,k]            w = softmax_(l,k)(u)
 //! logit = proj · concat_q(Σ_(l,k) w·r) + bias
 //! ```
+//! Graphs with the Needle ops pool in one `needle.ProbePool` node over the cells stacked
+//! `[batch, sequence, L+1, d]`.
+//!
 //! It pools over the positions of one call, so it is the head's logit for a sequence
 //! when that sequence is fed whole with an empty cache (as `needle-run` does once the
 //! answer is complete).
 
 use crate::blocks::context::BuildContext;
 use crate::blocks::norms::rms_unit;
-use crate::blocks::probe_pool::{probe_attention, stack_cells, to_float32, transpose_last};
+use crate::blocks::probe_pool::{probe_attention, stack_cells, to_float32, transpose_last, Cells};
 use crate::builder::{GraphBuilder, Value};
+use crate::contract::needle_ops;
 use crate::needle3::{Config, ProbeHead};
 
-/// `[batch]` float32 logit. `cells`: `L+1` values `[batch, sequence, d]`; `keep`:
-/// `[batch, sequence]` int64, 1 for the row's real tokens.
+/// `[batch]` float32 logit. `cells`: the `L+1` cells; `keep`: `[batch, sequence]` int64, 1
+/// for the row's real tokens.
 pub fn confidence_logit(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext<Config>,
+    cells: &Cells,
+    keep: &Value,
+    head: &ProbeHead,
+) -> Value {
+    let d = ctx.common.d_model;
+    let q = head.query.shape[0];
+    let mixed = match cells {
+        Cells::Squeezed(cells) => pooled_mix(b, ctx, cells, keep, head),
+        Cells::Kept(_) => {
+            let cells = cells.stacked(b); // [B, S, rows, d]
+            let weights = [
+                ("probes", &head.probes),
+                ("gain", &head.gain),
+                ("query", &head.query),
+                ("row_bias", &head.row_bias),
+            ]
+            .map(|(name, t)| b.weight(name, &t.shape, &t.data));
+            let [probes, gain, query, row_bias] = &weights;
+            let inputs = [&cells, keep, probes, gain, query, row_bias];
+            b.op_in(
+                needle_ops::DOMAIN,
+                needle_ops::PROBE_POOL,
+                &inputs,
+                vec![],
+                1,
+            )
+            .remove(0)
+        }
+    };
+    // The confidence head has one output: its projection row is a vector.
+    let proj = b.weight("proj", &[q * d, 1], &head.proj.data[..q * d]);
+    let logit = b.matmul(&mixed, &proj);
+    let bias = b.weight("bias", &[1], &head.bias.data[..1]);
+    let logit = b.add(&logit, &bias);
+    let logit = b.squeeze(&logit, &[1]);
+    to_float32(b, logit)
+}
+
+/// Upstream `probe_pool` in stock nodes: `[batch, q · d]` from the cells `[batch, sequence,
+/// d]` each.
+fn pooled_mix(
     b: &mut GraphBuilder,
     ctx: &BuildContext<Config>,
     cells: &[Value],
@@ -52,12 +99,5 @@ pub fn confidence_logit(
     let w = b.softmax(&u, -1);
     let flat = b.reshape(&pooled, &[0, (rows * k) as i64, d as i64]);
     let mixed = b.matmul(&w, &flat); // [B, q, d]
-    let mixed = b.reshape(&mixed, &[0, (q * d) as i64]);
-    // The confidence head has one output: its projection row is a vector.
-    let proj = b.weight("proj", &[q * d, 1], &head.proj.data[..q * d]);
-    let logit = b.matmul(&mixed, &proj);
-    let bias = b.weight("bias", &[1], &head.bias.data[..1]);
-    let logit = b.add(&logit, &bias);
-    let logit = b.squeeze(&logit, &[1]);
-    to_float32(b, logit)
+    b.reshape(&mixed, &[0, (q * d) as i64])
 }

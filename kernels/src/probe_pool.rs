@@ -1,0 +1,252 @@
+//! `needle.ProbePool`: a probe head's pooling (upstream `probe_pool`, what
+//! `graphs/src/needle3/confidence.rs` states) over the hidden cells of one call, in one
+//! kernel where the stock graph runs ~35 nodes and stacks the cells with one more a layer.
+//! Per batch row, `cells[t, l]` the cell of layer `l` (the embedding's first) at token `t`:
+//!
+//! ```text
+//! a[l,k,·] = softmax_t(cells[t,l]·probes[l,k] / √d)   (tokens not kept: −∞)
+//! r[l,k] = rms_unit(Σ_t a[l,k,t]·cells[t,l]) · gain[l,k]
+//! w[q,·] = softmax_(l,k)(r[l,k]·query[q] / √d + row_bias[q,l,k])      out[q] = Σ_(l,k) w[q,l,k]·r[l,k]
+//! ```
+
+use crate::isa::Isa;
+use crate::math::{dot, exp};
+use crate::split::RowSplit;
+use crate::ShapeError;
+
+const EPSILON: f32 = 1e-6;
+
+/// One call's cells and which tokens are real.
+#[derive(Clone, Copy, Debug)]
+pub struct Cells<'a> {
+    /// `[batch, sequence, layers, d]`.
+    pub cells: &'a [f32],
+    /// `[batch, sequence]`, non-zero for a kept token.
+    pub keep: &'a [i64],
+    pub batch: usize,
+    pub sequence: usize,
+}
+
+/// A head's pooling weights.
+#[derive(Clone, Copy, Debug)]
+pub struct ProbeWeights<'a> {
+    /// `[layers, k, d]`.
+    pub probes: &'a [f32],
+    /// `[layers, k]`.
+    pub gain: &'a [f32],
+    /// `[q, d]`.
+    pub query: &'a [f32],
+    /// `[q, layers, k]`.
+    pub row_bias: &'a [f32],
+    pub layers: usize,
+    pub k: usize,
+    pub d: usize,
+}
+
+impl ProbeWeights<'_> {
+    /// The head's query count `q`, every size checked against `cells`.
+    pub fn queries(&self, cells: &Cells) -> Result<usize, ShapeError> {
+        let (l, k, d) = (self.layers, self.k, self.d);
+        let q = self.query.len().checked_div(d).unwrap_or(0);
+        let fits = l * k * d > 0
+            && self.probes.len() == l * k * d
+            && self.gain.len() == l * k
+            && q > 0
+            && self.query.len() == q * d
+            && self.row_bias.len() == q * l * k;
+        if !fits {
+            return Err(ShapeError(format!(
+                "probes {}, gain {}, query {} and row_bias {} values are not [{l}, {k}, {d}], \
+                 [{l}, {k}], [q, {d}] and [q, {l}, {k}]",
+                self.probes.len(),
+                self.gain.len(),
+                self.query.len(),
+                self.row_bias.len()
+            )));
+        }
+        let tokens = cells.batch * cells.sequence;
+        if cells.cells.len() != tokens * l * d || cells.keep.len() != tokens {
+            return Err(ShapeError(format!(
+                "cells of {} values and keep of {} are not [{}, {}, {l}, {d}] and [{}, {}]",
+                cells.cells.len(),
+                cells.keep.len(),
+                cells.batch,
+                cells.sequence,
+                cells.batch,
+                cells.sequence
+            )));
+        }
+        Ok(q)
+    }
+}
+
+/// `out` `[batch, q · d]`, each batch row pooled on its own (rows spread by `split`).
+pub fn probe_pool(
+    cells: &Cells,
+    w: &ProbeWeights,
+    out: &mut [f32],
+    isa: Isa,
+    split: &dyn RowSplit,
+) -> Result<(), ShapeError> {
+    let q = w.queries(cells)?;
+    let row = q * w.d;
+    if out.len() != cells.batch * row {
+        return Err(ShapeError(format!(
+            "the output holds {} values, not [{}, {row}]",
+            out.len(),
+            cells.batch
+        )));
+    }
+    crate::split::token_blocks(split, out, row, 1, &|b, out| {
+        pool_row(cells, w, b, isa, out)
+    });
+    Ok(())
+}
+
+/// Batch row `b`'s pooled output `[q · d]`.
+fn pool_row(cells: &Cells, w: &ProbeWeights, b: usize, isa: Isa, out: &mut [f32]) {
+    let (s, l, k, d) = (cells.sequence, w.layers, w.k, w.d);
+    let root_d = (d as f32).sqrt();
+    let keep = &cells.keep[b * s..(b + 1) * s];
+    let row_cells = &cells.cells[b * s * l * d..(b + 1) * s * l * d];
+    // r [l, k, d]: each layer's probes attend over its cells.
+    let mut r = vec![0.0f32; l * k * d];
+    let mut weights = vec![0.0f32; s];
+    for li in 0..l {
+        let cell = |t: usize| &row_cells[(t * l + li) * d..][..d];
+        for j in 0..k {
+            let probe = &w.probes[(li * k + j) * d..][..d];
+            // softmax over the kept tokens.
+            for (t, weight) in weights.iter_mut().enumerate() {
+                *weight = match keep[t] {
+                    0 => f32::NEG_INFINITY,
+                    _ => dot(isa, cell(t), probe) / root_d,
+                };
+            }
+            let max = weights.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            weights.iter_mut().for_each(|v| *v = exp(*v - max));
+            let sum: f32 = weights.iter().sum();
+            let pooled = &mut r[(li * k + j) * d..(li * k + j + 1) * d];
+            for (t, &a) in weights.iter().enumerate() {
+                let a = a / sum;
+                pooled
+                    .iter_mut()
+                    .zip(cell(t))
+                    .for_each(|(p, &c)| *p += a * c);
+            }
+            let root = (dot(isa, pooled, pooled) / d as f32 + EPSILON).sqrt();
+            let gain = w.gain[li * k + j];
+            pooled.iter_mut().for_each(|p| *p = *p / root * gain);
+        }
+    }
+    // w [q, l·k] over r's rows, then out[q] = Σ w · r.
+    let m = l * k;
+    for (qi, out) in out.chunks_exact_mut(d).enumerate() {
+        let query = &w.query[qi * d..(qi + 1) * d];
+        let bias = &w.row_bias[qi * m..(qi + 1) * m];
+        let logits: Vec<f32> = r
+            .chunks_exact(d)
+            .zip(bias)
+            .map(|(r, &bias)| dot(isa, r, query) / root_d + bias)
+            .collect();
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let weights: Vec<f32> = logits.iter().map(|&u| exp(u - max)).collect();
+        let sum: f32 = weights.iter().sum();
+        out.fill(0.0);
+        for (&a, r) in weights.iter().zip(r.chunks_exact(d)) {
+            let a = a / sum;
+            out.iter_mut().zip(r).for_each(|(o, &v)| *o += a * v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::split::Serial;
+
+    fn values(len: usize, scale: f64) -> Vec<f32> {
+        (0..len)
+            .map(|i| (((i * 37 % 23) as f64 - 11.0) * scale) as f32)
+            .collect()
+    }
+
+    /// Two rows (the second with its last token dropped) against the formula in f64.
+    #[test]
+    fn matches_the_formula() {
+        let (batch, s, l, k, q, d) = (2, 3, 2, 2, 2, 4);
+        let cells = values(batch * s * l * d, 0.13);
+        let keep = [1, 1, 1, 1, 1, 0];
+        let (probes, gain) = (values(l * k * d, 0.07), values(l * k, 0.05));
+        let (query, row_bias) = (values(q * d, 0.09), values(q * l * k, 0.11));
+        let c = Cells {
+            cells: &cells,
+            keep: &keep,
+            batch,
+            sequence: s,
+        };
+        let w = ProbeWeights {
+            probes: &probes,
+            gain: &gain,
+            query: &query,
+            row_bias: &row_bias,
+            layers: l,
+            k,
+            d,
+        };
+        for isa in Isa::available() {
+            let mut out = vec![f32::NAN; batch * q * d];
+            probe_pool(&c, &w, &mut out, isa, &Serial).unwrap();
+            for b in 0..batch {
+                let cell =
+                    |t: usize, li: usize, i: usize| cells[((b * s + t) * l + li) * d + i] as f64;
+                let kept: Vec<usize> = (0..s).filter(|&t| keep[b * s + t] != 0).collect();
+                let mut r = vec![vec![0.0f64; d]; l * k];
+                for li in 0..l {
+                    for j in 0..k {
+                        let score = |t: usize| {
+                            (0..d)
+                                .map(|i| cell(t, li, i) * probes[(li * k + j) * d + i] as f64)
+                                .sum::<f64>()
+                                / (d as f64).sqrt()
+                        };
+                        let z: f64 = kept.iter().map(|&t| score(t).exp()).sum();
+                        let pooled: Vec<f64> = (0..d)
+                            .map(|i| {
+                                kept.iter()
+                                    .map(|&t| score(t).exp() / z * cell(t, li, i))
+                                    .sum()
+                            })
+                            .collect();
+                        let rms =
+                            (pooled.iter().map(|v| v * v).sum::<f64>() / d as f64 + 1e-6).sqrt();
+                        r[li * k + j] = pooled
+                            .iter()
+                            .map(|v| v / rms * gain[li * k + j] as f64)
+                            .collect();
+                    }
+                }
+                for qi in 0..q {
+                    let u: Vec<f64> = (0..l * k)
+                        .map(|m| {
+                            (0..d)
+                                .map(|i| r[m][i] * query[qi * d + i] as f64)
+                                .sum::<f64>()
+                                / (d as f64).sqrt()
+                                + row_bias[qi * l * k + m] as f64
+                        })
+                        .collect();
+                    let z: f64 = u.iter().map(|v| v.exp()).sum();
+                    for i in 0..d {
+                        let want: f64 = (0..l * k).map(|m| u[m].exp() / z * r[m][i]).sum();
+                        let got = out[(b * q + qi) * d + i] as f64;
+                        assert!(
+                            (got - want).abs() < 1e-5,
+                            "{isa:?} ({b}, {qi}, {i}): {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
