@@ -72,6 +72,11 @@ impl GraphBuilder {
         let a = self.const_i64(axes);
         self.op1("ReduceMean", &[x, &a], vec![])
     }
+    /// `ReduceMean` over `axes`, which the result drops.
+    pub fn reduce_mean_dropping(&mut self, x: &Value, axes: &[i64]) -> Value {
+        let a = self.const_i64(axes);
+        self.op1("ReduceMean", &[x, &a], vec![("keepdims", Attr::Int(0))])
+    }
     /// `ReduceSum` over `axes`, keeping them or not.
     pub fn reduce_sum(&mut self, x: &Value, axes: &[i64], keepdims: bool) -> Value {
         let a = self.const_i64(axes);

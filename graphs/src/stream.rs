@@ -20,7 +20,6 @@ use crate::blocks::embedding::{embed_tokens, lm_head};
 use crate::blocks::engram::{self, EngramWindow};
 use crate::blocks::hyper_connections::{hc_post, hc_pre};
 use crate::blocks::norms::zc_rms_norm;
-use crate::blocks::probe_pool::Cells;
 use crate::blocks::token_history;
 use crate::blocks::weights::{EngramWeights, MhcWeights, Tensor};
 use crate::builder::{Dim, GraphBuilder, Value};
@@ -126,7 +125,7 @@ pub(crate) trait Architecture: Geometry + Sized {
         b: &mut GraphBuilder,
         ctx: &BuildContext<Self>,
         w: &Self::Weights,
-        cells: &Cells,
+        cells: &[Value],
         keep: &Value,
     ) -> Heads;
 }
@@ -161,16 +160,12 @@ pub(crate) fn build<A: Architecture>(
         embed_tokens(b, &ctx, stream.embedding, &inputs.input_ids)
     });
     // The probe heads' cells (upstream `hidden_cells`): the scaled embedding (one lane of
-    // the stream, exactly), then each layer's lane mean. Packed graphs keep the lane axis
-    // (`Cells::Kept`), one node a cell; the stock graphs squeeze it as they always have.
+    // the stream, exactly), then each layer's lane mean.
     let has_heads = A::has_heads(w);
     let mut cells = Vec::new();
     if has_heads {
         let x0 = b.slice(&x, 2, 0, 1);
-        cells.push(match ctx.kernels.needle_ops {
-            true => x0,
-            false => b.squeeze(&x0, &[2]),
-        });
+        cells.push(b.squeeze(&x0, &[2]));
     }
     let mut presents = Vec::with_capacity(layers.len());
     let mut next_states = Vec::with_capacity(layers.len());
@@ -195,10 +190,14 @@ pub(crate) fn build<A: Architecture>(
         });
         x = next;
         if has_heads {
-            let mean = b.reduce_mean(&x, &[2]);
+            // Packed graphs take the lane mean in one node (the stock graphs' two stay as
+            // they are).
             cells.push(match ctx.kernels.needle_ops {
-                true => mean,
-                false => b.squeeze(&mean, &[2]),
+                true => b.reduce_mean_dropping(&x, &[2]),
+                false => {
+                    let mean = b.reduce_mean(&x, &[2]);
+                    b.squeeze(&mean, &[2])
+                }
             });
         }
         presents.push(present);
@@ -231,10 +230,6 @@ pub(crate) fn build<A: Architecture>(
     // latest first, and from the heads it reaches each layer's cell right after that layer
     // (`stack_cells`). Walking back from the logits or a present first runs every layer
     // before any cell is taken.
-    let cells = match ctx.kernels.needle_ops {
-        true => Cells::Kept(cells),
-        false => Cells::Squeezed(cells),
-    };
     let heads = A::heads(&mut b, &ctx, w, &cells, &masks.new);
     let doc = head_outputs(&mut b, desc, &heads);
     b.finish("needle", doc, desc.to_metadata())

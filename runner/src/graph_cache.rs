@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 /// 4: `needle.AttentionGate`, `needle.ConvState`, `needle.QkvHeads` (packed for
 ///    `GroupQueryAttention`); the MLP ops take the pre-norm and the residual add;
 ///    `needle.CqMatMul` reads the hyper-connections' lanes and normalises them itself;
-///    `needle.ProbePool` pools the Needle 3 confidence head over cells kept `[.., 1, d]`.
+///    `needle.ProbePool` pools the Needle 3 confidence head.
 const GRAPH_REVISION: u32 = 4;
 
 /// Where the cache lives: `$NEEDLE_ONNX_CACHE`, else `$XDG_CACHE_HOME/needle-onnx`, else

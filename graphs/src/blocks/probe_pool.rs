@@ -39,36 +39,6 @@ pub fn probe_attention(
 /// cell) is freed once its lane mean is taken. In the other order every layer's stream
 /// lives until the heads: 9.6 MB a layer for a 784-token forward of the full-size
 /// Needle 3, 200 MB in all.
-/// The probe heads' cells as the stream took them: the scaled embedding's, then each
-/// layer's lane mean.
-pub enum Cells {
-    /// `[batch, sequence, d]` each (stock graphs).
-    Squeezed(Vec<Value>),
-    /// `[batch, sequence, 1, d]` each (graphs with the Needle ops: no Squeeze to take them,
-    /// no Unsqueeze to stack them).
-    Kept(Vec<Value>),
-}
-
-impl Cells {
-    /// How many cells a token has (`L+1`).
-    pub fn count(&self) -> usize {
-        match self {
-            Cells::Squeezed(v) | Cells::Kept(v) => v.len(),
-        }
-    }
-
-    /// The cells stacked `[batch, sequence, L+1, d]`.
-    pub fn stacked(&self, b: &mut GraphBuilder) -> Value {
-        match self {
-            Cells::Squeezed(cells) => stack_cells(b, cells, 2),
-            Cells::Kept(cells) => {
-                let refs: Vec<&Value> = cells.iter().collect();
-                b.concat(&refs, 2)
-            }
-        }
-    }
-}
-
 pub fn stack_cells(b: &mut GraphBuilder, cells: &[Value], axis: i64) -> Value {
     let mut stacked: Vec<Value> = cells
         .iter()

@@ -12,17 +12,18 @@
 //! The heads pool over the positions of one call, so they are a sequence's when it is
 //! fed whole with an empty cache.
 
-use crate::blocks::probe_pool::{probe_attention, to_float32, transpose_last, Cells};
+use crate::blocks::probe_pool::{probe_attention, stack_cells, to_float32, transpose_last};
 use crate::blocks::weights::Tensor;
 use crate::builder::{GraphBuilder, Value};
 use crate::needle2::ProbeHead;
 
-/// Upstream `probe_pool` of Needle 2: `[batch, P·d]`. `cells`: the `L+1` cells; `keep`: `[batch, sequence]` int64, 1 for the row's real tokens.
-fn probe_pool(b: &mut GraphBuilder, cells: &Cells, keep: &Value, probes: &Tensor) -> Value {
+/// Upstream `probe_pool` of Needle 2: `[batch, P·d]`. `cells`: the `L+1` cells
+/// `[batch, sequence, d]`; `keep`: `[batch, sequence]` int64, 1 for the row's real tokens.
+fn probe_pool(b: &mut GraphBuilder, cells: &[Value], keep: &Value, probes: &Tensor) -> Value {
     let (p, d) = (probes.shape[0], probes.shape[1]);
-    let rows = cells.count() as i64;
-    let cells = cells.stacked(b); // [B, S, L+1, d]
-                                  // Upstream's `reshape(b, t·l, d)`: position-major, layer-minor.
+    let rows = cells.len() as i64;
+    let cells = stack_cells(b, cells, 2); // [B, S, L+1, d]
+                                          // Upstream's `reshape(b, t·l, d)`: position-major, layer-minor.
     let cells = b.reshape(&cells, &[0, 1, -1, d as i64]);
     let keep = b.unsqueeze(keep, &[2]);
     let per_layer = b.const_i64(&[1, 1, rows]);
@@ -37,7 +38,7 @@ fn probe_pool(b: &mut GraphBuilder, cells: &Cells, keep: &Value, probes: &Tensor
 /// `ContrastiveHead`: the unit-norm embedding `[batch, out]`, float32.
 pub fn contrastive_embedding(
     b: &mut GraphBuilder,
-    cells: &Cells,
+    cells: &[Value],
     keep: &Value,
     head: &ProbeHead,
 ) -> Value {
@@ -57,7 +58,7 @@ pub fn contrastive_embedding(
 /// `ConfidenceHead`: the logit `[batch]`, float32.
 pub fn confidence_logit(
     b: &mut GraphBuilder,
-    cells: &Cells,
+    cells: &[Value],
     keep: &Value,
     head: &ProbeHead,
 ) -> Value {

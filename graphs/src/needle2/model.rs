@@ -3,7 +3,6 @@
 
 use crate::blocks::attention::{CoreInputs, KvPair};
 use crate::blocks::context::BuildContext;
-use crate::blocks::probe_pool::Cells;
 use crate::builder::{GraphBuilder, Value};
 use crate::needle2::attention::{attention, attention_ctx, AttentionCtx};
 use crate::needle2::hadamard_mlp::{hadamard_mlp, hadamard_mlp_op};
@@ -104,7 +103,7 @@ impl Architecture for Config {
         b: &mut GraphBuilder,
         _ctx: &BuildContext<Config>,
         w: &Weights,
-        cells: &Cells,
+        cells: &[Value],
         keep: &Value,
     ) -> Heads {
         let contrastive = w.contrastive.as_ref().map(|head| {

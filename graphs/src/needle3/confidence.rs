@@ -17,26 +17,26 @@
 
 use crate::blocks::context::BuildContext;
 use crate::blocks::norms::rms_unit;
-use crate::blocks::probe_pool::{probe_attention, stack_cells, to_float32, transpose_last, Cells};
+use crate::blocks::probe_pool::{probe_attention, stack_cells, to_float32, transpose_last};
 use crate::builder::{GraphBuilder, Value};
 use crate::contract::needle_ops;
 use crate::needle3::{Config, ProbeHead};
 
-/// `[batch]` float32 logit. `cells`: the `L+1` cells; `keep`: `[batch, sequence]` int64, 1
-/// for the row's real tokens.
+/// `[batch]` float32 logit. `cells`: `L+1` values `[batch, sequence, d]`; `keep`:
+/// `[batch, sequence]` int64, 1 for the row's real tokens.
 pub fn confidence_logit(
     b: &mut GraphBuilder,
     ctx: &BuildContext<Config>,
-    cells: &Cells,
+    cells: &[Value],
     keep: &Value,
     head: &ProbeHead,
 ) -> Value {
     let d = ctx.common.d_model;
     let q = head.query.shape[0];
-    let mixed = match cells {
-        Cells::Squeezed(cells) => pooled_mix(b, ctx, cells, keep, head),
-        Cells::Kept(_) => {
-            let cells = cells.stacked(b); // [B, S, rows, d]
+    let mixed = match ctx.kernels.needle_ops {
+        false => pooled_mix(b, ctx, cells, keep, head),
+        true => {
+            let cells = stack_cells(b, cells, 2); // [B, S, rows, d]
             let weights = [
                 ("probes", &head.probes),
                 ("gain", &head.gain),

@@ -4,7 +4,6 @@
 
 use crate::blocks::attention::{core_inputs, rope, CoreInputs, KvPair};
 use crate::blocks::context::BuildContext;
-use crate::blocks::probe_pool::Cells;
 use crate::builder::{GraphBuilder, Value};
 use crate::needle3::attention::{attention, AttentionCtx, LayerPast};
 use crate::needle3::confidence::confidence_logit;
@@ -148,7 +147,7 @@ impl Architecture for Config {
         b: &mut GraphBuilder,
         ctx: &BuildContext<Config>,
         w: &Weights,
-        cells: &Cells,
+        cells: &[Value],
         keep: &Value,
     ) -> Heads {
         let confidence = w.confidence.as_ref().map(|head| {
