@@ -13,6 +13,7 @@ pub mod embedding;
 pub mod engram;
 pub mod hadamard;
 pub mod hyper_connections;
+pub mod needle_attention;
 pub mod norms;
 pub mod probe_pool;
 pub mod token_history;

@@ -3,10 +3,11 @@
 //! output gate, `out_proj`.
 
 use crate::blocks::attention::{
-    attention_core, core_inputs, projection, projections, rope, rotate_half_rope, CoreInputs,
-    KvPair, Rope,
+    attention_core, core_inputs, gqa_inputs, packed_projections, projection, projections, rope,
+    rotate_half_rope, CoreInputs, KvPair, Rope,
 };
 use crate::blocks::context::BuildContext;
+use crate::blocks::needle_attention::{needle_attention, HeadsConv};
 use crate::blocks::norms::zc_rms_norm;
 use crate::builder::{GraphBuilder, Value};
 use crate::geometry::Geometry;
@@ -50,6 +51,9 @@ pub fn attention(
     w: &LayerWeights,
     past: &KvPair,
 ) -> (Value, KvPair) {
+    if let Some(fused) = needle_ops_attention(b, ctx, attn, x, w, past) {
+        return fused;
+    }
     let cfg = ctx.cfg;
     let (h, kv, hd) = (
         cfg.common.num_heads as i64,
@@ -80,4 +84,37 @@ pub fn attention(
     let gate = b.sigmoid(&gate);
     let out = b.mul(&out, &gate);
     (projection(b, ctx, &out, "out_proj", &w.out_proj), present)
+}
+
+/// The layer's attention with the Needle ops (`crate::blocks::needle_attention`): Needle 2
+/// has no QKV conv, so its heads read the projections through a one-tap conv of ones over
+/// an empty state. `None`, and no node built, where the graph has no Needle ops or its core
+/// and RoPE are not the kernels'.
+fn needle_ops_attention(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext<Config>,
+    attn: &AttentionCtx,
+    x: &Value,
+    w: &LayerWeights,
+    past: &KvPair,
+) -> Option<(Value, KvPair)> {
+    let cfg = ctx.cfg;
+    let fits = matches!(attn.rope, Rope::Kernel { .. }) && gqa_inputs(&attn.core).is_some();
+    if !ctx.kernels.needle_ops || !fits {
+        return None;
+    }
+    let parts = [&w.q_proj, &w.k_proj, &w.v_proj, &w.gate_proj];
+    let p = packed_projections(b, ctx, x, "qkv_gate_proj", &parts)?;
+    let shape = cfg.head_shape();
+    let width = (shape.heads + 2 * shape.kv_heads) * shape.qk_dim;
+    let state = b.const_float(&[1, 0, width], &[]);
+    let taps = b.const_float(&[1, width], &vec![1.0; width]);
+    let conv = HeadsConv {
+        state: &state,
+        taps: &taps,
+        visible_taps: 1,
+    };
+    let norms = [w.q_norm.data.as_slice(), w.k_norm.data.as_slice()];
+    let (out, present) = needle_attention(b, &attn.core, &attn.rope, &p, conv, norms, past, shape)?;
+    Some((projection(b, ctx, &out, "out_proj", &w.out_proj), present))
 }

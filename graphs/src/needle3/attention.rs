@@ -12,10 +12,11 @@
 //! ```
 
 use crate::blocks::attention::{
-    attention_core, gqa_inputs, packed_attention_core, packed_projections, projection, projections,
-    rotate_half_rope, CoreInputs, KvPair, Rope,
+    attention_core, gqa_inputs, packed_projections, projection, projections, rotate_half_rope,
+    CoreInputs, KvPair, Rope,
 };
 use crate::blocks::context::BuildContext;
+use crate::blocks::needle_attention::{needle_attention, HeadsConv};
 use crate::blocks::norms::zc_rms_norm;
 use crate::builder::{Attr, Dim, GraphBuilder, Value};
 use crate::contract::dims::BATCH;
@@ -221,12 +222,10 @@ fn conv_taps(taps: &QkvTaps, n: usize, width: usize) -> Vec<f32> {
     weights
 }
 
-/// The layer's attention with the Needle ops (packed graphs over `GroupQueryAttention`, a
-/// model with the QKV conv and RoPE tables): the one projection, then `needle.QkvHeads`
-/// for the packed queries, keys and values in place of the Split, conv, norm, RoPE and
-/// padding nodes (~25 a layer), `needle.ConvState` for the next conv
-/// state and `needle.AttentionGate` in place of the unpadding and the gate's six. `None`, and no node built, where any
-/// of that does not hold.
+/// The layer's attention with the Needle ops (`crate::blocks::needle_attention`, a model
+/// with the QKV conv): the one projection, `needle.QkvHeads` through the conv, the core,
+/// `needle.AttentionGate`, and `needle.ConvState` for the next conv state. `None`, and no
+/// node built, where any of that does not hold.
 fn needle_ops_attention(
     b: &mut GraphBuilder,
     ctx: &BuildContext<Config>,
@@ -238,56 +237,23 @@ fn needle_ops_attention(
 ) -> Option<(Value, KvPair, Option<Value>)> {
     let cfg = ctx.cfg;
     let (taps, state, real_new) = (w.qkv_taps.as_ref()?, past.conv?, attn.real_new.as_ref()?);
-    let Rope::Kernel {
-        cos_cache,
-        sin_cache,
-        position_ids,
-        ..
-    } = &attn.rope
-    else {
-        return None;
-    };
     let core = attn.core(cfg, layer);
-    if !ctx.kernels.needle_ops || gqa_inputs(core).is_none() {
+    let fits = matches!(attn.rope, Rope::Kernel { .. }) && gqa_inputs(core).is_some();
+    if !ctx.kernels.needle_ops || !fits {
         return None;
     }
     let parts = [&w.q_proj, &w.k_proj, &w.v_proj, &w.gate_proj];
     let p = packed_projections(b, ctx, x, "qkv_gate_proj", &parts)?;
+    let (n, width) = (cfg.qkv_conv_taps, cfg.qkv_width());
+    let taps = b.weight("taps", &[n, width], &conv_taps(taps, n, width));
+    let conv = HeadsConv {
+        state,
+        taps: &taps,
+        visible_taps: n.min(cfg.window_of(layer).unwrap_or(usize::MAX)),
+    };
+    let norms = [w.q_norm.data.as_slice(), w.k_norm.data.as_slice()];
     let shape = cfg.head_shape();
-    let (n, width, fused) = (cfg.qkv_conv_taps, cfg.qkv_width(), shape.fused_dim());
-    let visible = n.min(cfg.window_of(layer).unwrap_or(usize::MAX));
-    let qkv = b.scope("qkv_heads", |b| {
-        let taps = b.weight("taps", &[n, width], &conv_taps(taps, n, width));
-        let gain = |b: &mut GraphBuilder, name: &str, norm: &[f32]| {
-            let gain: Vec<f32> = norm.iter().map(|s| 1.0 + s).collect();
-            b.weight(name, &[gain.len()], &gain)
-        };
-        let q_gain = gain(b, "q_gain", &w.q_norm.data);
-        let k_gain = gain(b, "k_gain", &w.k_norm.data);
-        let attrs = [
-            ("heads", cfg.common.num_heads),
-            ("kv_heads", cfg.common.num_kv_heads),
-            ("qk_head_dim", cfg.qk_head_dim),
-            ("v_head_dim", cfg.v_head_dim),
-            ("padded", fused),
-            ("visible_taps", visible),
-        ]
-        .map(|(name, v)| (name, Attr::Int(v as i64)))
-        .to_vec();
-        let inputs = [
-            &p,
-            state,
-            &taps,
-            &q_gain,
-            &k_gain,
-            cos_cache,
-            sin_cache,
-            position_ids,
-        ];
-        b.op_in(needle_ops::DOMAIN, needle_ops::QKV_HEADS, &inputs, attrs, 1)
-            .remove(0)
-    });
-    let (out, present) = packed_attention_core(b, core, &qkv, past.kv, shape)?;
+    let (out, present) = needle_attention(b, core, &attn.rope, &p, conv, norms, past.kv, shape)?;
     let next = b.scope("qkv_conv", |b| {
         let next = b
             .op_in(
@@ -301,23 +267,6 @@ fn needle_ops_attention(
         declare_conv_state(b, &next, n, width);
         next
     });
-    let gate_attrs = [
-        ("heads", cfg.common.num_heads),
-        ("head_dim", cfg.v_head_dim),
-        ("padded", fused),
-        ("offset", width),
-    ]
-    .map(|(name, v)| (name, Attr::Int(v as i64)))
-    .to_vec();
-    let out = b
-        .op_in(
-            needle_ops::DOMAIN,
-            needle_ops::ATTENTION_GATE,
-            &[&out, &p],
-            gate_attrs,
-            1,
-        )
-        .remove(0);
     let out = projection(b, ctx, &out, "out_proj", &w.out_proj);
     Some((out, present, Some(next)))
 }

@@ -1,0 +1,106 @@
+//! A layer's attention with the Needle ops (packed graphs over `GroupQueryAttention`), for
+//! both generations: from the one projection `p` = `[q | k | v | gate]`, `needle.QkvHeads`
+//! (the QKV conv, the q/k ZC-RMS norms, RoPE, padding to the core's head width) writes the
+//! packed heads the core reads, and `needle.AttentionGate` unpads the core's output and
+//! gates it by σ(gate): ~25 stock nodes a layer in three.
+//!
+//! ```text
+//! p ─ QkvHeads(state, taps, q/k gains, RoPE tables) ─ GroupQueryAttention(past) ─ AttentionGate(p) ─▶ [B, S, heads · v]
+//! ```
+//! Needle 2 has no QKV conv: its heads read `p` through a one-tap conv of ones over an
+//! empty state (exact: `1 · v = v`).
+
+use crate::blocks::attention::{gqa_inputs, packed_attention_core, CoreInputs, KvPair, Rope};
+use crate::builder::{Attr, GraphBuilder, Value};
+use crate::contract::{needle_ops, HeadShape};
+
+/// The QKV conv the heads are read through: its state `[batch, taps − 1, q + k + v]`, taps
+/// `[taps, q + k + v]` and how many of them the layer sees.
+pub struct HeadsConv<'a> {
+    pub state: &'a Value,
+    pub taps: &'a Value,
+    pub visible_taps: usize,
+}
+
+/// The gated attention output `[batch, sequence, heads · v]` and the present cache, or
+/// `None`, with no node built, where `core` is not `GroupQueryAttention`'s or `rope` not
+/// the kernel's tables. `norms`: the q and k norms' scales (`ZCRMSNorm`: gain `1 + scale`).
+#[allow(clippy::too_many_arguments)]
+pub fn needle_attention(
+    b: &mut GraphBuilder,
+    core: &CoreInputs,
+    rope: &Rope,
+    p: &Value,
+    conv: HeadsConv<'_>,
+    norms: [&[f32]; 2],
+    past: &KvPair,
+    shape: HeadShape,
+) -> Option<(Value, KvPair)> {
+    let Rope::Kernel {
+        cos_cache,
+        sin_cache,
+        position_ids,
+        ..
+    } = rope
+    else {
+        return None;
+    };
+    gqa_inputs(core)?;
+    let fused = shape.fused_dim();
+    let qkv = b.scope("qkv_heads", |b| {
+        let [q_gain, k_gain] = [("q_gain", norms[0]), ("k_gain", norms[1])].map(|(name, s)| {
+            let gain: Vec<f32> = s.iter().map(|s| 1.0 + s).collect();
+            b.weight(name, &[gain.len()], &gain)
+        });
+        let attrs = [
+            ("heads", shape.heads),
+            ("kv_heads", shape.kv_heads),
+            ("qk_head_dim", shape.qk_dim),
+            ("v_head_dim", shape.v_dim),
+            ("padded", fused),
+            ("visible_taps", conv.visible_taps),
+        ];
+        let inputs = [
+            p,
+            conv.state,
+            conv.taps,
+            &q_gain,
+            &k_gain,
+            cos_cache,
+            sin_cache,
+            position_ids,
+        ];
+        b.op_in(
+            needle_ops::DOMAIN,
+            needle_ops::QKV_HEADS,
+            &inputs,
+            ints(attrs),
+            1,
+        )
+        .remove(0)
+    });
+    let (out, present) = packed_attention_core(b, core, &qkv, past, shape)?;
+    // The gate follows the queries', keys' and values' columns of `p`.
+    let gate_at = (shape.heads + shape.kv_heads) * shape.qk_dim + shape.kv_heads * shape.v_dim;
+    let attrs = [
+        ("heads", shape.heads),
+        ("head_dim", shape.v_dim),
+        ("padded", fused),
+        ("offset", gate_at),
+    ];
+    let out = b
+        .op_in(
+            needle_ops::DOMAIN,
+            needle_ops::ATTENTION_GATE,
+            &[&out, p],
+            ints(attrs),
+            1,
+        )
+        .remove(0);
+    Some((out, present))
+}
+
+/// Integer attributes.
+fn ints<const N: usize>(attrs: [(&'static str, usize); N]) -> Vec<(&'static str, Attr)> {
+    attrs.map(|(name, v)| (name, Attr::Int(v as i64))).to_vec()
+}
