@@ -11,12 +11,12 @@
 //! ```
 //! Each token's result depends on its row's window alone, in one order whatever the batch.
 
+use crate::math::root_mean_square;
 use crate::split::{token_blocks, RowSplit};
 use crate::ShapeError;
 
 /// Tokens a thread takes at once.
 const BLOCK_TOKENS: usize = 16;
-const EPSILON: f32 = 1e-6;
 
 /// Which columns of the projections are this part, and how they become heads.
 #[derive(Clone, Copy, Debug)]
@@ -214,8 +214,7 @@ fn conv(inputs: &ConvInputs, layout: &HeadsLayout, token: usize, column: usize, 
 
 /// ZC-RMS norm of one head: `x / √(mean x² + ε) · gain`.
 fn normalize(x: &mut [f32], gain: &[f32]) {
-    let mean = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
-    let root = (mean + EPSILON).sqrt();
+    let root = root_mean_square(x);
     x.iter_mut()
         .zip(gain)
         .for_each(|(v, &g)| *v = *v / root * g);

@@ -78,16 +78,32 @@ fn lanes<const FUSED: bool>(a: &[f32], b: &[f32]) -> f32 {
     sums.iter().sum::<f32>() + tail
 }
 
+/// The ε every Needle RMS norm adds to the mean square.
+pub const RMS_EPSILON: f32 = 1e-6;
+
+/// `√(mean v² + ε)`, the squares summed in order.
+pub fn root_mean_square(v: &[f32]) -> f32 {
+    let mean = v.iter().map(|v| v * v).sum::<f32>() / v.len() as f32;
+    (mean + RMS_EPSILON).sqrt()
+}
+
 /// Each `width`-wide row of `x` divided by its root mean square, `x / √(mean x² + 1e-6)`
 /// (upstream `_rms_unit`).
 pub fn rms_unit_rows(x: &[f32], width: usize) -> Vec<f32> {
     let mut out = x.to_vec();
     for row in out.chunks_exact_mut(width) {
-        let mean = row.iter().map(|v| v * v).sum::<f32>() / width as f32;
-        let root = (mean + 1e-6).sqrt();
+        let root = root_mean_square(row);
         row.iter_mut().for_each(|v| *v /= root);
     }
     out
+}
+
+/// `v ← softmax(v)`, the maximum subtracted first (−∞ entries get ~0: [`exp`] clamps).
+pub fn softmax(v: &mut [f32]) {
+    let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    v.iter_mut().for_each(|v| *v = exp(*v - max));
+    let sum: f32 = v.iter().sum();
+    v.iter_mut().for_each(|v| *v /= sum);
 }
 
 #[cfg(test)]

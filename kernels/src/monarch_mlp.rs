@@ -14,7 +14,7 @@
 //! whatever the batch, so a row of a batch gets the bits it gets alone.
 
 use crate::isa::Isa;
-use crate::math::{exp, silu};
+use crate::math::{silu, softmax};
 use crate::residual_norm::pre_norm_residual;
 use crate::small_matmul::matmul;
 use crate::split::RowSplit;
@@ -189,14 +189,6 @@ fn permute(z: &[f32], p: &[i64], out: &mut [f32]) {
             *out = z[j as usize];
         }
     }
-}
-
-/// `v ← softmax(v)`, the maximum subtracted first.
-fn softmax(v: &mut [f32]) {
-    let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    v.iter_mut().for_each(|v| *v = exp(*v - max));
-    let sum: f32 = v.iter().sum();
-    v.iter_mut().for_each(|v| *v /= sum);
 }
 
 /// `√len` where `len` is a square.

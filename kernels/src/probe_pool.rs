@@ -10,11 +10,9 @@
 //! ```
 
 use crate::isa::Isa;
-use crate::math::{dot, exp};
+use crate::math::{dot, softmax, RMS_EPSILON};
 use crate::split::RowSplit;
 use crate::ShapeError;
-
-const EPSILON: f32 = 1e-6;
 
 /// One call's cells and which tokens are real.
 #[derive(Clone, Copy, Debug)]
@@ -123,18 +121,15 @@ fn pool_row(cells: &Cells, w: &ProbeWeights, b: usize, isa: Isa, out: &mut [f32]
                     _ => dot(isa, cell(t), probe) / root_d,
                 };
             }
-            let max = weights.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            weights.iter_mut().for_each(|v| *v = exp(*v - max));
-            let sum: f32 = weights.iter().sum();
+            softmax(&mut weights);
             let pooled = &mut r[(li * k + j) * d..(li * k + j + 1) * d];
             for (t, &a) in weights.iter().enumerate() {
-                let a = a / sum;
                 pooled
                     .iter_mut()
                     .zip(cell(t))
                     .for_each(|(p, &c)| *p += a * c);
             }
-            let root = (dot(isa, pooled, pooled) / d as f32 + EPSILON).sqrt();
+            let root = (dot(isa, pooled, pooled) / d as f32 + RMS_EPSILON).sqrt();
             let gain = w.gain[li * k + j];
             pooled.iter_mut().for_each(|p| *p = *p / root * gain);
         }
@@ -144,17 +139,14 @@ fn pool_row(cells: &Cells, w: &ProbeWeights, b: usize, isa: Isa, out: &mut [f32]
     for (qi, out) in out.chunks_exact_mut(d).enumerate() {
         let query = &w.query[qi * d..(qi + 1) * d];
         let bias = &w.row_bias[qi * m..(qi + 1) * m];
-        let logits: Vec<f32> = r
+        let mut weights: Vec<f32> = r
             .chunks_exact(d)
             .zip(bias)
             .map(|(r, &bias)| dot(isa, r, query) / root_d + bias)
             .collect();
-        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let weights: Vec<f32> = logits.iter().map(|&u| exp(u - max)).collect();
-        let sum: f32 = weights.iter().sum();
+        softmax(&mut weights);
         out.fill(0.0);
         for (&a, r) in weights.iter().zip(r.chunks_exact(d)) {
-            let a = a / sum;
             out.iter_mut().zip(r).for_each(|(o, &v)| *o += a * v);
         }
     }

@@ -4,9 +4,9 @@
 //! one), and the MLP ops' `out = x + mlp(norm(x))` before it ([`pre_norm_residual`]), with
 //! `norm(v) = v / √(mean v² + ε) · gain` per token.
 
+use crate::math::root_mean_square;
 use crate::split::{token_blocks, RowSplit};
 
-const EPSILON: f32 = 1e-6;
 /// Tokens a thread takes at once.
 const BLOCK_TOKENS: usize = 64;
 
@@ -69,12 +69,6 @@ pub fn pre_norm_residual(
         mlp(&normed, tokens, out);
         out.iter_mut().zip(x).for_each(|(o, &x)| *o += x);
     });
-}
-
-/// `√(mean v² + ε)`.
-fn root_mean_square(v: &[f32]) -> f32 {
-    let mean = v.iter().map(|v| v * v).sum::<f32>() / v.len() as f32;
-    (mean + EPSILON).sqrt()
 }
 
 #[cfg(test)]
