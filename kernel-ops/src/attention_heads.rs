@@ -10,6 +10,7 @@
 use crate::{op_error, size_attribute, ElementType, Input, NeedleOp, OpError, RowSplit};
 use graphs::contract::needle_ops;
 use kernels::attention_heads::{attention_heads, ConvInputs, HeadsLayout, HeadsPart, NormRope};
+use kernels::conv_state::ConvWindow;
 
 /// The three parts' layouts: queries, keys, values.
 pub struct QkvHeads([HeadsLayout; 3]);
@@ -30,13 +31,15 @@ impl QkvHeads {
             )));
         };
         let conv = ConvInputs {
-            projections,
-            projections_width: *width as usize,
-            state,
+            window: ConvWindow {
+                state,
+                projections,
+                projections_width: *width as usize,
+                batch: *batch as usize,
+                sequence: *sequence as usize,
+                width: *conv_width as usize,
+            },
             taps,
-            conv_width: *conv_width as usize,
-            batch: *batch as usize,
-            sequence: *sequence as usize,
         };
         let norm_rope = |gain| -> Result<NormRope<'a>, OpError> {
             Ok(NormRope {
@@ -104,7 +107,9 @@ impl NeedleOp for QkvHeads {
     fn output_shape(&self, inputs: &[Input]) -> Result<Vec<i64>, OpError> {
         let (conv, parts) = self.operands(inputs)?;
         let row: usize = parts.iter().map(HeadsPart::width).sum();
-        Ok([conv.batch, conv.sequence, row].map(|d| d as i64).to_vec())
+        Ok([conv.window.batch, conv.window.sequence, row]
+            .map(|d| d as i64)
+            .to_vec())
     }
 
     fn compute(

@@ -11,6 +11,7 @@
 //! ```
 //! Each token's result depends on its row's window alone, in one order whatever the batch.
 
+use crate::conv_state::ConvWindow;
 use crate::math::root_mean_square;
 use crate::split::{token_blocks, RowSplit};
 use crate::ShapeError;
@@ -31,19 +32,12 @@ pub struct HeadsLayout {
     pub visible_taps: usize,
 }
 
-/// The conv's inputs: the projections, the state and the taps.
+/// The conv's inputs: its window (the state and the projections) and the taps.
 #[derive(Clone, Copy, Debug)]
 pub struct ConvInputs<'a> {
-    /// `[batch, sequence, width of the projections]`.
-    pub projections: &'a [f32],
-    pub projections_width: usize,
-    /// `[batch, taps − 1, conv width]`.
-    pub state: &'a [f32],
+    pub window: ConvWindow<'a>,
     /// `[taps, conv width]`.
     pub taps: &'a [f32],
-    pub conv_width: usize,
-    pub batch: usize,
-    pub sequence: usize,
 }
 
 /// The norm gain (`1 + scale`, `[head_dim]`) and the rotary tables (`[positions, head_dim / 2]`
@@ -58,7 +52,7 @@ pub struct NormRope<'a> {
 
 impl ConvInputs<'_> {
     fn taps(&self) -> usize {
-        self.taps.len() / self.conv_width.max(1)
+        self.taps.len() / self.window.width.max(1)
     }
 
     /// Every size checked against the others and `layout`.
@@ -68,35 +62,36 @@ impl ConvInputs<'_> {
         norm_rope: Option<&NormRope>,
     ) -> Result<(), ShapeError> {
         let fail = |what: String| Err(ShapeError(what));
-        let (tokens, n) = (self.batch * self.sequence, self.taps());
+        let w = &self.window;
+        let (tokens, n) = (w.batch * w.sequence, self.taps());
         let part = layout.heads * layout.head_dim;
-        if n == 0 || self.taps.len() != n * self.conv_width || layout.visible_taps > n {
+        if n == 0 || self.taps.len() != n * w.width || layout.visible_taps > n {
             return fail(format!(
                 "taps hold {} values, not [taps ≥ {}, {}]",
                 self.taps.len(),
                 layout.visible_taps,
-                self.conv_width
+                w.width
             ));
         }
-        if layout.offset + part > self.conv_width || self.conv_width > self.projections_width {
+        if layout.offset + part > w.width || w.width > w.projections_width {
             return fail(format!(
                 "columns {}..{} are not within the conv's {} and the projections' {}",
                 layout.offset,
                 layout.offset + part,
-                self.conv_width,
-                self.projections_width
+                w.width,
+                w.projections_width
             ));
         }
-        if self.projections.len() != tokens * self.projections_width {
+        if w.projections.len() != tokens * w.projections_width {
             return fail("the projections are not [batch, sequence, width]".into());
         }
-        if self.state.len() != self.batch * (n - 1) * self.conv_width {
+        if w.state.len() != w.batch * (n - 1) * w.width {
             return fail(format!(
                 "the state holds {} values, not [{}, {}, {}]",
-                self.state.len(),
-                self.batch,
+                w.state.len(),
+                w.batch,
                 n - 1,
-                self.conv_width
+                w.width
             ));
         }
         if layout.padded < layout.head_dim {
@@ -158,7 +153,7 @@ pub fn attention_heads(
     let row: usize = parts.iter().map(HeadsPart::width).sum();
     assert_eq!(
         out.len(),
-        inputs.batch * inputs.sequence * row,
+        inputs.window.batch * inputs.window.sequence * row,
         "out is [batch, sequence, Σ heads·padded]"
     );
     token_blocks(split, out, row, BLOCK_TOKENS, &|first, block| {
@@ -192,20 +187,11 @@ pub fn attention_heads(
 /// The conv of `y.len()` columns from `column` at token `token`: tap by tap, as the stock
 /// graph sums them.
 fn conv(inputs: &ConvInputs, layout: &HeadsLayout, token: usize, column: usize, y: &mut [f32]) {
-    let (n, seq, width) = (inputs.taps(), inputs.sequence, y.len());
+    let (n, seq, width) = (inputs.taps(), inputs.window.sequence, y.len());
     let (b, t) = (token / seq, token % seq);
-    let window_row = |r: usize| -> &[f32] {
-        let at = match r.checked_sub(n - 1) {
-            None => &inputs.state[(b * (n - 1) + r) * inputs.conv_width..][..inputs.conv_width],
-            Some(p) => {
-                &inputs.projections[(b * seq + p) * inputs.projections_width..][..inputs.conv_width]
-            }
-        };
-        &at[column..column + width]
-    };
     for j in 0..layout.visible_taps {
-        let taps = &inputs.taps[j * inputs.conv_width + column..][..width];
-        let values = window_row(t + n - 1 - j);
+        let taps = &inputs.taps[j * inputs.window.width + column..][..width];
+        let values = &inputs.window.row(b, n - 1, t + n - 1 - j)[column..column + width];
         for ((y, &tap), &v) in y.iter_mut().zip(taps).zip(values) {
             *y = if j == 0 { tap * v } else { *y + tap * v };
         }
@@ -264,13 +250,15 @@ mod tests {
         let (gain, cos, sin) = (values(4, 0.05), values(10 * 2, 0.04), values(10 * 2, 0.06));
         let positions: Vec<i64> = vec![7, 8, 9, 2, 3, 0];
         let inputs = ConvInputs {
-            projections: &p,
-            projections_width: WIDTH,
-            state: &state,
+            window: ConvWindow {
+                state: &state,
+                projections: &p,
+                projections_width: WIDTH,
+                batch: B,
+                sequence: S,
+                width: CONV,
+            },
             taps: &taps,
-            conv_width: CONV,
-            batch: B,
-            sequence: S,
         };
         let nr = NormRope {
             gain: &gain,
@@ -383,13 +371,15 @@ mod tests {
         let (gain, table) = (values(4, 0.05), values(10 * 2, 0.04));
         let positions = vec![0, 1, 2, 3, 10, 5];
         let inputs = ConvInputs {
-            projections: &p,
-            projections_width: WIDTH,
-            state: &state,
+            window: ConvWindow {
+                state: &state,
+                projections: &p,
+                projections_width: WIDTH,
+                batch: B,
+                sequence: S,
+                width: CONV,
+            },
             taps: &taps,
-            conv_width: CONV,
-            batch: B,
-            sequence: S,
         };
         let nr = NormRope {
             gain: &gain,

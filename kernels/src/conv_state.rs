@@ -51,6 +51,17 @@ impl ConvWindow<'_> {
         }
         Ok(rows)
     }
+
+    /// Window row `r` of batch row `b` (its `rows` state rows first, then the projections'),
+    /// the conv's `width` columns.
+    pub fn row(&self, b: usize, rows: usize, r: usize) -> &[f32] {
+        match r.checked_sub(rows) {
+            None => &self.state[(b * rows + r) * self.width..][..self.width],
+            Some(t) => {
+                &self.projections[(b * self.sequence + t) * self.projections_width..][..self.width]
+            }
+        }
+    }
 }
 
 /// `next` `[batch, taps − 1, width]` from `window` and each row's count of real new tokens
@@ -61,7 +72,7 @@ pub fn conv_state(
     next: &mut [f32],
 ) -> Result<(), ShapeError> {
     let rows = window.state_rows()?;
-    let (width, sequence) = (window.width, window.sequence);
+    let sequence = window.sequence;
     if real_new.len() != window.batch || next.len() != window.state.len() {
         return Err(ShapeError(format!(
             "{} counts of new tokens and a next state of {} values do not fit a batch of {}",
@@ -71,7 +82,7 @@ pub fn conv_state(
         )));
     }
     for (b, (next, &new)) in next
-        .chunks_exact_mut(rows * width)
+        .chunks_exact_mut(rows * window.width)
         .zip(real_new)
         .enumerate()
     {
@@ -81,14 +92,8 @@ pub fn conv_state(
             .ok_or_else(|| {
                 ShapeError(format!("row {b} has {new} new tokens, not 0 to {sequence}"))
             })?;
-        let state = &window.state[b * rows * width..(b + 1) * rows * width];
-        let projections = &window.projections[b * sequence * window.projections_width..];
-        for (r, next) in next.chunks_exact_mut(width).enumerate() {
-            let at = new + r;
-            next.copy_from_slice(match at.checked_sub(rows) {
-                None => &state[at * width..(at + 1) * width],
-                Some(t) => &projections[t * window.projections_width..][..width],
-            });
+        for (r, next) in next.chunks_exact_mut(window.width).enumerate() {
+            next.copy_from_slice(window.row(b, rows, new + r));
         }
     }
     Ok(())
