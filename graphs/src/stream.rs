@@ -19,7 +19,7 @@ use crate::blocks::context::BuildContext;
 use crate::blocks::embedding::{embed_tokens, lm_head};
 use crate::blocks::engram::{self, EngramWindow};
 use crate::blocks::hyper_connections::{hc_post, hc_pre};
-use crate::blocks::norms::zc_rms_norm;
+use crate::blocks::norms::{zc_gain, zc_rms_norm};
 use crate::blocks::token_history;
 use crate::blocks::weights::{EngramWeights, MhcWeights, Tensor};
 use crate::builder::{Dim, GraphBuilder, Value};
@@ -262,8 +262,7 @@ pub(crate) fn block<A: Architecture>(
     let gate = sigmoid(norms.attn_gate.data[0]);
     let x = match ctx.kernels.needle_ops {
         true => b.scope("post_attn_norm", |b| {
-            let gain: Vec<f32> = norms.post_norm.data.iter().map(|s| 1.0 + s).collect();
-            let gain = b.weight("gain", &[gain.len()], &gain);
+            let gain = zc_gain(b, "gain", &norms.post_norm.data);
             let gate = b.weight("attn_gate_sigmoid", &[1], &[gate]);
             let inputs = [x, &h, &gain, &gate];
             b.op_in(
@@ -284,8 +283,7 @@ pub(crate) fn block<A: Architecture>(
     };
     if ctx.kernels.needle_ops {
         let x = b.scope("hadamard_mlp", |b| {
-            let gain: Vec<f32> = norms.pre_hada.data.iter().map(|s| 1.0 + s).collect();
-            let gain = b.weight("pre_norm_gain", &[gain.len()], &gain);
+            let gain = zc_gain(b, "pre_norm_gain", &norms.pre_hada.data);
             A::mlp_op(b, constants, &x, &gain, w)
         });
         return (x, kv, state);

@@ -11,6 +11,7 @@
 //! empty state (exact: `1 · v = v`).
 
 use crate::blocks::attention::{gqa_inputs, packed_attention_core, CoreInputs, KvPair, Rope};
+use crate::blocks::norms::zc_gain;
 use crate::builder::{Attr, GraphBuilder, Value};
 use crate::contract::{needle_ops, HeadShape};
 
@@ -20,6 +21,12 @@ pub struct HeadsConv<'a> {
     pub state: &'a Value,
     pub taps: &'a Value,
     pub visible_taps: usize,
+}
+
+/// Whether [`needle_attention`] serves a layer: its core is `GroupQueryAttention`'s and its
+/// RoPE the kernel's tables. Callers ask before they build the projection it reads.
+pub fn fits(core: &CoreInputs, rope: &Rope) -> bool {
+    matches!(rope, Rope::Kernel { .. }) && gqa_inputs(core).is_some()
 }
 
 /// The gated attention output `[batch, sequence, heads · v]` and the present cache, or
@@ -48,10 +55,8 @@ pub fn needle_attention(
     gqa_inputs(core)?;
     let fused = shape.fused_dim();
     let qkv = b.scope("qkv_heads", |b| {
-        let [q_gain, k_gain] = [("q_gain", norms[0]), ("k_gain", norms[1])].map(|(name, s)| {
-            let gain: Vec<f32> = s.iter().map(|s| 1.0 + s).collect();
-            b.weight(name, &[gain.len()], &gain)
-        });
+        let [q_gain, k_gain] = [("q_gain", norms[0]), ("k_gain", norms[1])]
+            .map(|(name, scale)| zc_gain(b, name, scale));
         let attrs = [
             ("heads", shape.heads),
             ("kv_heads", shape.kv_heads),

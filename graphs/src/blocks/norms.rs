@@ -18,8 +18,7 @@ pub fn zc_rms_norm<C>(
     scale: &[f32],
 ) -> Value {
     b.scope(name, |b| {
-        let gain: Vec<f32> = scale.iter().map(|s| 1.0 + s).collect();
-        let gain = b.weight("gain", &[gain.len()], &gain);
+        let gain = zc_gain(b, "gain", scale);
         match ctx.kernels.rms_normalization {
             RmsNorm::Kernel => rms_normalization(b, x, &gain),
             RmsNorm::FusedByOnnxruntime => fusable_rms_norm(b, x, &gain),
@@ -30,6 +29,14 @@ pub fn zc_rms_norm<C>(
             }
         }
     })
+}
+
+/// A `ZCRMSNorm`'s gain `1 + scale` as initializer `name` (added in float32, before any
+/// fp16 rounding): what the norm multiplies by, and what the Needle ops that fuse a norm
+/// read.
+pub fn zc_gain(b: &mut GraphBuilder, name: &str, scale: &[f32]) -> Value {
+    let gain: Vec<f32> = scale.iter().map(|s| 1.0 + s).collect();
+    b.weight(name, &[gain.len()], &gain)
 }
 
 /// Needle `_rms_unit`: `x * rsqrt(mean(x²) + 1e-6)` over the last axis, `width` wide.

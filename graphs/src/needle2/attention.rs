@@ -3,11 +3,11 @@
 //! output gate, `out_proj`.
 
 use crate::blocks::attention::{
-    attention_core, core_inputs, gqa_inputs, packed_projections, projection, projections, rope,
+    attention_core, core_inputs, packed_projections, projection, projections, rope,
     rotate_half_rope, CoreInputs, KvPair, Rope,
 };
 use crate::blocks::context::BuildContext;
-use crate::blocks::needle_attention::{needle_attention, HeadsConv};
+use crate::blocks::needle_attention::{self, needle_attention, HeadsConv};
 use crate::blocks::norms::zc_rms_norm;
 use crate::builder::{GraphBuilder, Value};
 use crate::geometry::Geometry;
@@ -99,8 +99,7 @@ fn needle_ops_attention(
     past: &KvPair,
 ) -> Option<(Value, KvPair)> {
     let cfg = ctx.cfg;
-    let fits = matches!(attn.rope, Rope::Kernel { .. }) && gqa_inputs(&attn.core).is_some();
-    if !ctx.kernels.needle_ops || !fits {
+    if !ctx.kernels.needle_ops || !needle_attention::fits(&attn.core, &attn.rope) {
         return None;
     }
     let parts = [&w.q_proj, &w.k_proj, &w.v_proj, &w.gate_proj];

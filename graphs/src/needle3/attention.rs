@@ -12,11 +12,11 @@
 //! ```
 
 use crate::blocks::attention::{
-    attention_core, gqa_inputs, packed_projections, projection, projections, rotate_half_rope,
-    CoreInputs, KvPair, Rope,
+    attention_core, packed_projections, projection, projections, rotate_half_rope, CoreInputs,
+    KvPair, Rope,
 };
 use crate::blocks::context::BuildContext;
-use crate::blocks::needle_attention::{needle_attention, HeadsConv};
+use crate::blocks::needle_attention::{self, needle_attention, HeadsConv};
 use crate::blocks::norms::zc_rms_norm;
 use crate::builder::{Attr, Dim, GraphBuilder, Value};
 use crate::contract::dims::BATCH;
@@ -238,8 +238,7 @@ fn needle_ops_attention(
     let cfg = ctx.cfg;
     let (taps, state, real_new) = (w.qkv_taps.as_ref()?, past.conv?, attn.real_new.as_ref()?);
     let core = attn.core(cfg, layer);
-    let fits = matches!(attn.rope, Rope::Kernel { .. }) && gqa_inputs(core).is_some();
-    if !ctx.kernels.needle_ops || !fits {
+    if !ctx.kernels.needle_ops || !needle_attention::fits(core, &attn.rope) {
         return None;
     }
     let parts = [&w.q_proj, &w.k_proj, &w.v_proj, &w.gate_proj];
