@@ -77,10 +77,12 @@ impl Registry for Ops {
         op.GetExecutionProviderType = Some(cpu);
         op.GetInputTypeCount = Some(input_count::<Op>);
         op.GetInputType = Some(input_type::<Op>);
-        op.GetOutputTypeCount = Some(output_count);
+        op.GetOutputTypeCount = Some(output_count::<Op>);
         op.GetOutputType = Some(output_type);
-        op.GetInputCharacteristic = Some(required);
+        op.GetInputCharacteristic = Some(input_characteristic::<Op>);
         op.GetOutputCharacteristic = Some(required);
+        op.GetVariadicInputMinArity = Some(one);
+        op.GetVariadicInputHomogeneity = Some(one);
         op.GetInputMemoryType = Some(cpu_memory);
         op.CreateKernelV2 = Some(create_kernel::<Op>);
         op.KernelComputeV2 = Some(compute::<Op>);
@@ -104,20 +106,31 @@ unsafe extern "system" fn cpu(_: *const OrtCustomOp) -> *const c_char {
     std::ptr::null()
 }
 
+/// The declared inputs: [`NeedleOp::INPUTS`], then one variadic input where the op has one.
 unsafe extern "system" fn input_count<Op: NeedleOp>(_: *const OrtCustomOp) -> usize {
-    Op::INPUTS.len()
+    Op::INPUTS.len() + usize::from(Op::VARIADIC.is_some())
 }
 
 unsafe extern "system" fn input_type<Op: NeedleOp>(_: *const OrtCustomOp, index: usize) -> OrtType {
     Op::INPUTS
         .get(index)
-        .map_or(OrtType::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, |&t| {
-            ort_type(t)
-        })
+        .copied()
+        .or(Op::VARIADIC.filter(|_| index == Op::INPUTS.len()))
+        .map_or(OrtType::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, ort_type)
 }
 
-unsafe extern "system" fn output_count(_: *const OrtCustomOp) -> usize {
-    1
+unsafe extern "system" fn input_characteristic<Op: NeedleOp>(
+    _: *const OrtCustomOp,
+    index: usize,
+) -> Characteristic {
+    match index < Op::INPUTS.len() {
+        true => Characteristic::INPUT_OUTPUT_REQUIRED,
+        false => Characteristic::INPUT_OUTPUT_VARIADIC,
+    }
+}
+
+unsafe extern "system" fn output_count<Op: NeedleOp>(_: *const OrtCustomOp) -> usize {
+    Op::OUTPUTS
 }
 
 unsafe extern "system" fn output_type(_: *const OrtCustomOp, _: usize) -> OrtType {
@@ -126,6 +139,11 @@ unsafe extern "system" fn output_type(_: *const OrtCustomOp, _: usize) -> OrtTyp
 
 unsafe extern "system" fn required(_: *const OrtCustomOp, _: usize) -> Characteristic {
     Characteristic::INPUT_OUTPUT_REQUIRED
+}
+
+/// A variadic input takes at least one tensor, all of one type.
+unsafe extern "system" fn one(_: *const OrtCustomOp) -> std::ffi::c_int {
+    1
 }
 
 unsafe extern "system" fn cpu_memory(_: *const OrtCustomOp, _: usize) -> OrtMemType {
@@ -167,21 +185,33 @@ unsafe extern "system" fn compute<Op: NeedleOp>(
     api.guarded(op_name::<Op>, || {
         // SAFETY (each call below): `ctx` is the context of this compute call, whose
         // tensors outlive it.
-        let read = Op::INPUTS
-            .iter()
+        let count = unsafe { api.input_count(ctx) }.map_err(op_error::<Op>)?;
+        let types = kernel_ops::input_types::<Op>(count)
+            .ok_or_else(|| op_error::<Op>(format!("{count} inputs is not a count it takes")))?;
+        let read = types
+            .into_iter()
             .enumerate()
-            .map(|(i, &t)| unsafe { api.input(ctx, i, t) })
+            .map(|(i, t)| unsafe { api.input(ctx, i, t) })
             .collect::<Result<Vec<_>, _>>()
             .map_err(op_error::<Op>)?;
         let inputs: Vec<Input> = read
             .iter()
             .map(|(shape, data)| Input { shape, data: *data })
             .collect();
-        let shape = kernel.op.output_shape(&inputs)?;
-        let output = unsafe { api.output(ctx, &shape) }.map_err(op_error::<Op>)?;
+        let shapes = kernel.op.output_shapes(&inputs)?;
+        let mut outputs = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, shape)| unsafe { api.output(ctx, i, shape) })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(op_error::<Op>)?;
         let threads = SessionThreads { api, ctx };
         Ok(kernel_ops::compute(
-            &kernel.op, &inputs, &shape, output, &threads,
+            &kernel.op,
+            &inputs,
+            &shapes,
+            &mut outputs,
+            &threads,
         )?)
     })
 }

@@ -119,7 +119,18 @@ impl Api {
         Ok((shape, data))
     }
 
-    /// Output 0 of `ctx`, allocated by the host as float32 `shape`.
+    /// How many inputs the node of `ctx` has.
+    ///
+    /// # Safety
+    /// `ctx` is the host's context of the running compute call.
+    pub unsafe fn input_count(&self, ctx: *mut OrtKernelContext) -> Result<usize, String> {
+        let mut count = 0;
+        // SAFETY: `ctx` is valid (the caller's promise).
+        self.check(unsafe { (self.0.KernelContext_GetInputCount)(ctx, &mut count) })?;
+        Ok(count)
+    }
+
+    /// Output `index` of `ctx`, allocated by the host as float32 `shape`.
     ///
     /// # Safety
     /// `ctx` is the host's context of the running compute call; the elements are borrowed
@@ -127,6 +138,7 @@ impl Api {
     pub unsafe fn output<'a>(
         &self,
         ctx: *mut OrtKernelContext,
+        index: usize,
         shape: &[i64],
     ) -> Result<&'a mut [f32], String> {
         let len = shape
@@ -136,7 +148,7 @@ impl Api {
         let mut value: *mut OrtValue = std::ptr::null_mut();
         // SAFETY: `ctx` is valid (the caller's promise); `shape` holds `shape.len()` dims.
         let status = unsafe {
-            (self.0.KernelContext_GetOutput)(ctx, 0, shape.as_ptr(), shape.len(), &mut value)
+            (self.0.KernelContext_GetOutput)(ctx, index, shape.as_ptr(), shape.len(), &mut value)
         };
         self.check(status)?;
         let mut data: *mut c_void = std::ptr::null_mut();

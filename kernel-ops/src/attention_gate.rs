@@ -50,18 +50,18 @@ impl NeedleOp for AttentionGate {
         }))
     }
 
-    fn output_shape(&self, inputs: &[Input]) -> Result<Vec<i64>, OpError> {
-        self.operands(inputs).map(|(.., shape)| shape)
+    fn output_shapes(&self, inputs: &[Input]) -> Result<Vec<Vec<i64>>, OpError> {
+        self.operands(inputs).map(|(.., shape)| vec![shape])
     }
 
     fn compute(
         &self,
         inputs: &[Input],
-        output: &mut [f32],
+        outputs: &mut [&mut [f32]],
         split: &dyn RowSplit,
     ) -> Result<(), OpError> {
         let (attention, projections, width, _) = self.operands(inputs)?;
-        attention_gate(attention, projections, width, &self.0, output, split)
+        attention_gate(attention, projections, width, &self.0, outputs[0], split)
             .map_err(op_error::<Self>)
     }
 }

@@ -104,22 +104,22 @@ impl NeedleOp for QkvHeads {
         ]))
     }
 
-    fn output_shape(&self, inputs: &[Input]) -> Result<Vec<i64>, OpError> {
+    fn output_shapes(&self, inputs: &[Input]) -> Result<Vec<Vec<i64>>, OpError> {
         let (conv, parts) = self.operands(inputs)?;
         let row: usize = parts.iter().map(HeadsPart::width).sum();
-        Ok([conv.window.batch, conv.window.sequence, row]
+        Ok(vec![[conv.window.batch, conv.window.sequence, row]
             .map(|d| d as i64)
-            .to_vec())
+            .to_vec()])
     }
 
     fn compute(
         &self,
         inputs: &[Input],
-        output: &mut [f32],
+        outputs: &mut [&mut [f32]],
         split: &dyn RowSplit,
     ) -> Result<(), OpError> {
         let (conv, parts) = self.operands(inputs)?;
-        attention_heads(&conv, &parts, output, split);
+        attention_heads(&conv, &parts, outputs[0], split);
         Ok(())
     }
 }

@@ -54,17 +54,17 @@ impl NeedleOp for ConvState {
         Ok(ConvState)
     }
 
-    fn output_shape(&self, inputs: &[Input]) -> Result<Vec<i64>, OpError> {
-        Self::operands(inputs).map(|(.., shape)| shape.to_vec())
+    fn output_shapes(&self, inputs: &[Input]) -> Result<Vec<Vec<i64>>, OpError> {
+        Self::operands(inputs).map(|(.., shape)| vec![shape.to_vec()])
     }
 
     fn compute(
         &self,
         inputs: &[Input],
-        output: &mut [f32],
+        outputs: &mut [&mut [f32]],
         _split: &dyn RowSplit,
     ) -> Result<(), OpError> {
         let (window, real_new, _) = Self::operands(inputs)?;
-        conv_state(&window, real_new, output).map_err(op_error::<Self>)
+        conv_state(&window, real_new, outputs[0]).map_err(op_error::<Self>)
     }
 }

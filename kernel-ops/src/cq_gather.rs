@@ -42,21 +42,21 @@ impl NeedleOp for CqGather {
         })
     }
 
-    fn output_shape(&self, inputs: &[Input]) -> Result<Vec<i64>, OpError> {
+    fn output_shapes(&self, inputs: &[Input]) -> Result<Vec<Vec<i64>>, OpError> {
         let (w, indices_shape, _) = self.operands(inputs)?;
         let mut shape = indices_shape.to_vec();
         shape.push(w.cols() as i64);
-        Ok(shape)
+        Ok(vec![shape])
     }
 
     fn compute(
         &self,
         inputs: &[Input],
-        output: &mut [f32],
+        outputs: &mut [&mut [f32]],
         split: &dyn RowSplit,
     ) -> Result<(), OpError> {
         let (w, _, indices) = self.operands(inputs)?;
-        w.gather_rows(indices, output, split)
+        w.gather_rows(indices, outputs[0], split)
             .map_err(op_error::<Self>)
     }
 }

@@ -104,17 +104,17 @@ impl NeedleOp for CqMatMul {
         })
     }
 
-    fn output_shape(&self, inputs: &[Input]) -> Result<Vec<i64>, OpError> {
+    fn output_shapes(&self, inputs: &[Input]) -> Result<Vec<Vec<i64>>, OpError> {
         let (w, x_shape, _) = self.operands(inputs)?;
         let mut y_shape = x_shape[..x_shape.len() - self.row_axes].to_vec();
         y_shape.push(w.rows() as i64);
-        Ok(y_shape)
+        Ok(vec![y_shape])
     }
 
     fn compute(
         &self,
         inputs: &[Input],
-        output: &mut [f32],
+        outputs: &mut [&mut [f32]],
         split: &dyn RowSplit,
     ) -> Result<(), OpError> {
         let (w, _, x) = self.operands(inputs)?;
@@ -127,7 +127,7 @@ impl NeedleOp for CqMatMul {
             }
             false => x,
         };
-        cq_matmul(&w, x, tokens, output, self.isa, split);
+        cq_matmul(&w, x, tokens, outputs[0], self.isa, split);
         Ok(())
     }
 }
@@ -175,14 +175,17 @@ mod tests {
     fn the_output_takes_the_rows_and_a_wrong_width_is_an_error() {
         let op = CqMatMul::new(&attribute).unwrap();
         let x = [1.0; 2 * 3 * 16];
-        assert_eq!(op.output_shape(&inputs(&[2, 3, 16], &x)), Ok(vec![2, 3, 4]));
+        assert_eq!(
+            op.output_shapes(&inputs(&[2, 3, 16], &x)),
+            Ok(vec![vec![2, 3, 4]])
+        );
         let mut y = [f32::NAN; 2 * 3 * 4];
-        op.compute(&inputs(&[2, 3, 16], &x), &mut y, &kernels::Serial)
+        op.compute(&inputs(&[2, 3, 16], &x), &mut [&mut y], &kernels::Serial)
             .unwrap();
         // Every code is index 0, value 0.
         assert_eq!(y, [0.0; 24]);
         assert_eq!(
-            op.output_shape(&inputs(&[1, 8], &x[..8])),
+            op.output_shapes(&inputs(&[1, 8], &x[..8])),
             Err(OpError(
                 "needle.CqMatMul: X is [1, 8], its last axis must be cols = 16".into()
             ))
@@ -208,7 +211,11 @@ mod tests {
         let plain = CqMatMul::new(&attribute).unwrap();
         let mut want = [0.0; 4];
         plain
-            .compute(&with_codes(&[1, 16], &normed), &mut want, &kernels::Serial)
+            .compute(
+                &with_codes(&[1, 16], &normed),
+                &mut [&mut want],
+                &kernels::Serial,
+            )
             .unwrap();
         let fused_attribute = |name: &str| match name {
             "row_axes" => Some(2),
@@ -217,9 +224,10 @@ mod tests {
         };
         let op = CqMatMul::new(&fused_attribute).unwrap();
         let shaped = with_codes(&[1, 2, 8], &x);
-        assert_eq!(op.output_shape(&shaped), Ok(vec![1, 4]));
+        assert_eq!(op.output_shapes(&shaped), Ok(vec![vec![1, 4]]));
         let mut got = [f32::NAN; 4];
-        op.compute(&shaped, &mut got, &kernels::Serial).unwrap();
+        op.compute(&shaped, &mut [&mut got], &kernels::Serial)
+            .unwrap();
         for (g, w) in got.iter().zip(want) {
             assert!((g - w).abs() <= 1e-6 * w.abs().max(1.0), "{g} vs {w}");
         }
@@ -241,7 +249,7 @@ mod tests {
         let mut mistyped = inputs(&[1, 16], &[0.0; 16]);
         mistyped[2].data = InputData::Uint8(&CODES);
         assert_eq!(
-            op.output_shape(&mistyped),
+            op.output_shapes(&mistyped),
             Err(OpError("needle.CqMatMul: input 2 is not Float16".into()))
         );
     }

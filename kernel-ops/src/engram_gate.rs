@@ -31,19 +31,19 @@ impl NeedleOp for EngramGate {
         Ok(EngramGate)
     }
 
-    fn output_shape(&self, inputs: &[Input]) -> Result<Vec<i64>, OpError> {
-        Self::operands(inputs).map(|(shape, _)| shape.to_vec())
+    fn output_shapes(&self, inputs: &[Input]) -> Result<Vec<Vec<i64>>, OpError> {
+        Self::operands(inputs).map(|(shape, _)| vec![shape.to_vec()])
     }
 
     fn compute(
         &self,
         inputs: &[Input],
-        output: &mut [f32],
+        outputs: &mut [&mut [f32]],
         split: &dyn RowSplit,
     ) -> Result<(), OpError> {
         let (shape, [x, key, value]) = Self::operands(inputs)?;
         let d = *shape.last().expect("operands checked [.., d]") as usize;
-        engram_gate(x, key, value, d, output, split);
+        engram_gate(x, key, value, d, outputs[0], split);
         Ok(())
     }
 }

@@ -66,20 +66,20 @@ impl NeedleOp for EngramRows {
         })
     }
 
-    fn output_shape(&self, inputs: &[Input]) -> Result<Vec<i64>, OpError> {
+    fn output_shapes(&self, inputs: &[Input]) -> Result<Vec<Vec<i64>>, OpError> {
         let (ids_shape, _, tables) = self.operands(inputs)?;
         let width = (tables.seeds.len() * self.table.cols) as i64;
-        Ok(vec![ids_shape[0], ids_shape[1], width])
+        Ok(vec![vec![ids_shape[0], ids_shape[1], width]])
     }
 
     fn compute(
         &self,
         inputs: &[Input],
-        output: &mut [f32],
+        outputs: &mut [&mut [f32]],
         split: &dyn RowSplit,
     ) -> Result<(), OpError> {
         let (_, window, tables) = self.operands(inputs)?;
         let table = self.table.matrix::<Self>(inputs, 4)?;
-        engram_rows(&window, &tables, &table, output, split).map_err(op_error::<Self>)
+        engram_rows(&window, &tables, &table, outputs[0], split).map_err(op_error::<Self>)
     }
 }

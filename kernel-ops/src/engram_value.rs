@@ -85,20 +85,22 @@ impl NeedleOp for EngramValue {
         })
     }
 
-    fn output_shape(&self, inputs: &[Input]) -> Result<Vec<i64>, OpError> {
+    fn output_shapes(&self, inputs: &[Input]) -> Result<Vec<Vec<i64>>, OpError> {
         let (window, _, w) = self.operands(inputs)?;
         let new = window.window - self.history;
-        Ok([window.batch, new, w.rows()].map(|d| d as i64).to_vec())
+        Ok(vec![[window.batch, new, w.rows()]
+            .map(|d| d as i64)
+            .to_vec()])
     }
 
     fn compute(
         &self,
         inputs: &[Input],
-        output: &mut [f32],
+        outputs: &mut [&mut [f32]],
         split: &dyn RowSplit,
     ) -> Result<(), OpError> {
         let (window, conv, w) = self.operands(inputs)?;
-        engram_value(&window, &conv, &w, output, self.isa, split);
+        engram_value(&window, &conv, &w, outputs[0], self.isa, split);
         Ok(())
     }
 }

@@ -47,18 +47,18 @@ impl NeedleOp for HadamardMlp {
         Ok(HadamardMlp)
     }
 
-    fn output_shape(&self, inputs: &[Input]) -> Result<Vec<i64>, OpError> {
-        Self::operands(inputs).map(|(shape, ..)| shape.to_vec())
+    fn output_shapes(&self, inputs: &[Input]) -> Result<Vec<Vec<i64>>, OpError> {
+        Self::operands(inputs).map(|(shape, ..)| vec![shape.to_vec()])
     }
 
     fn compute(
         &self,
         inputs: &[Input],
-        output: &mut [f32],
+        outputs: &mut [&mut [f32]],
         split: &dyn RowSplit,
     ) -> Result<(), OpError> {
         let (_, x, gain, mlp) = Self::operands(inputs)?;
-        mlp.apply(x, gain, output, split);
+        mlp.apply(x, gain, outputs[0], split);
         Ok(())
     }
 }

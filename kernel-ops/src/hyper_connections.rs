@@ -55,20 +55,20 @@ impl NeedleOp for HyperConnectionsIn {
         Ok(HyperConnectionsIn)
     }
 
-    fn output_shape(&self, inputs: &[Input]) -> Result<Vec<i64>, OpError> {
+    fn output_shapes(&self, inputs: &[Input]) -> Result<Vec<Vec<i64>>, OpError> {
         let mut shape = stream_and_mix::<Self>(inputs, 1)?.x_shape.to_vec();
         shape.remove(shape.len() - 2);
-        Ok(shape)
+        Ok(vec![shape])
     }
 
     fn compute(
         &self,
         inputs: &[Input],
-        output: &mut [f32],
+        outputs: &mut [&mut [f32]],
         split: &dyn RowSplit,
     ) -> Result<(), OpError> {
         let s = stream_and_mix::<Self>(inputs, 1)?;
-        block_input(&s.mix, s.x, output, split);
+        block_input(&s.mix, s.x, outputs[0], split);
         Ok(())
     }
 }
@@ -108,21 +108,21 @@ impl NeedleOp for HyperConnectionsOut {
         })
     }
 
-    fn output_shape(&self, inputs: &[Input]) -> Result<Vec<i64>, OpError> {
+    fn output_shapes(&self, inputs: &[Input]) -> Result<Vec<Vec<i64>>, OpError> {
         let s = stream_and_mix::<Self>(inputs, 3)?;
         Self::block(inputs, s.mix.tokens(), s.width)?;
-        Ok(s.x_shape.to_vec())
+        Ok(vec![s.x_shape.to_vec()])
     }
 
     fn compute(
         &self,
         inputs: &[Input],
-        output: &mut [f32],
+        outputs: &mut [&mut [f32]],
         split: &dyn RowSplit,
     ) -> Result<(), OpError> {
         let s = stream_and_mix::<Self>(inputs, 3)?;
         let [out, u] = Self::block(inputs, s.mix.tokens(), s.width)?;
-        stream_update(&s.mix, s.x, out, u, self.iterations, output, split);
+        stream_update(&s.mix, s.x, out, u, self.iterations, outputs[0], split);
         Ok(())
     }
 }

@@ -45,7 +45,7 @@ pub enum ElementType {
     Int64,
 }
 
-/// Every op of the domain has one output, of this type.
+/// Every output of every op of the domain is of this type.
 pub const OUTPUT_TYPE: ElementType = ElementType::Float32;
 
 /// One input tensor as the host hands it over: its shape and its elements.
@@ -145,54 +145,87 @@ impl From<OpError> for String {
     }
 }
 
-/// One op of the domain. A host adapter declares [`NeedleOp::INPUTS`] (all required) and one
-/// [`OUTPUT_TYPE`] output, creates the kernel from the node's integer attributes, and on
-/// every call allocates the output [`NeedleOp::output_shape`] names before
-/// [`NeedleOp::compute`] fills it.
+/// One op of the domain. A host adapter declares [`NeedleOp::INPUTS`] (all required), then
+/// where [`NeedleOp::VARIADIC`] names a type any number ≥ 1 more inputs of it, and
+/// [`NeedleOp::OUTPUTS`] required [`OUTPUT_TYPE`] outputs; creates the kernel from the
+/// node's integer attributes; and on every call allocates the outputs
+/// [`NeedleOp::output_shapes`] names before [`NeedleOp::compute`] fills them.
 pub trait NeedleOp: Sized + Send + Sync + 'static {
     /// The op's name in [`DOMAIN`].
     const NAME: &'static str;
     /// The element type of each input, in order.
     const INPUTS: &'static [ElementType];
+    /// The element type of the variadic inputs after [`NeedleOp::INPUTS`], for an op
+    /// that takes one tensor of each of a varying number of layers.
+    const VARIADIC: Option<ElementType> = None;
+    /// How many outputs the op has.
+    const OUTPUTS: usize = 1;
 
     /// The kernel of one node, from its integer attributes (`attribute(name)`, `None` where
     /// the node has none).
     fn new(attribute: &dyn Fn(&str) -> Option<i64>) -> Result<Self, OpError>;
 
-    /// The output's shape for `inputs` (typed as [`NeedleOp::INPUTS`]), every shape checked.
-    fn output_shape(&self, inputs: &[Input]) -> Result<Vec<i64>, OpError>;
+    /// Each output's shape for `inputs` (typed as [`NeedleOp::INPUTS`]), every shape checked.
+    fn output_shapes(&self, inputs: &[Input]) -> Result<Vec<Vec<i64>>, OpError>;
 
-    /// Fills `output` from `inputs`, its independent blocks spread by `split`. `output`
-    /// holds exactly the values [`NeedleOp::output_shape`] names for these inputs: hosts
-    /// call this through [`compute`], which checks that once for every op.
+    /// Fills `outputs` from `inputs`, their independent blocks spread by `split`. There are
+    /// [`NeedleOp::OUTPUTS`] of them, each holding exactly the values
+    /// [`NeedleOp::output_shapes`] names for these inputs: hosts call this through
+    /// [`compute`], which checks that once for every op.
     fn compute(
         &self,
         inputs: &[Input],
-        output: &mut [f32],
+        outputs: &mut [&mut [f32]],
         split: &dyn RowSplit,
     ) -> Result<(), OpError>;
 }
 
-/// Runs `op` over `inputs` into `output`, which the host allocated as `shape` (what
-/// [`NeedleOp::output_shape`] gave for the same inputs): the one check that the two agree,
-/// so that no op's kernel writes past or short of its output.
+/// Runs `op` over `inputs` into `outputs`, which the host allocated as `shapes` (what
+/// [`NeedleOp::output_shapes`] gave for the same inputs): the one check that the two
+/// agree, so that no op's kernel writes past or short of an output.
 pub fn compute<Op: NeedleOp>(
     op: &Op,
     inputs: &[Input],
-    shape: &[i64],
-    output: &mut [f32],
+    shapes: &[Vec<i64>],
+    outputs: &mut [&mut [f32]],
     split: &dyn RowSplit,
 ) -> Result<(), OpError> {
-    let values = shape
-        .iter()
-        .try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?));
-    if values != Some(output.len()) {
+    if shapes.len() != Op::OUTPUTS || outputs.len() != Op::OUTPUTS {
         return Err(op_error::<Op>(format!(
-            "the output holds {} values, not the {shape:?} its shape names",
-            output.len()
+            "{} output shapes and {} outputs, not {}",
+            shapes.len(),
+            outputs.len(),
+            Op::OUTPUTS
         )));
     }
-    op.compute(inputs, output, split)
+    for (shape, output) in shapes.iter().zip(outputs.iter()) {
+        let values = shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?));
+        if values != Some(output.len()) {
+            return Err(op_error::<Op>(format!(
+                "an output holds {} values, not the {shape:?} its shape names",
+                output.len()
+            )));
+        }
+    }
+    op.compute(inputs, outputs, split)
+}
+
+/// The element types of `Op`'s inputs when a node gives it `count`: [`NeedleOp::INPUTS`],
+/// then the variadic type for the rest; `None` for a count the op does not take.
+pub fn input_types<Op: NeedleOp>(count: usize) -> Option<Vec<ElementType>> {
+    let fixed = Op::INPUTS.len();
+    let types = match (count.cmp(&fixed), Op::VARIADIC) {
+        (std::cmp::Ordering::Equal, None) => Op::INPUTS.to_vec(),
+        (std::cmp::Ordering::Greater, Some(t)) => {
+            let mut types = Op::INPUTS.to_vec();
+            types.resize(count, t);
+            types
+        }
+        _ => return None,
+    };
+    Some(types)
 }
 
 /// What takes the domain's ops one by one: a host's domain being built.

@@ -84,18 +84,18 @@ impl NeedleOp for MonarchMlp {
         Ok(MonarchMlp { isa: Isa::best() })
     }
 
-    fn output_shape(&self, inputs: &[Input]) -> Result<Vec<i64>, OpError> {
-        Self::operands(inputs).map(|(_, x_shape, ..)| x_shape.to_vec())
+    fn output_shapes(&self, inputs: &[Input]) -> Result<Vec<Vec<i64>>, OpError> {
+        Self::operands(inputs).map(|(_, x_shape, ..)| vec![x_shape.to_vec()])
     }
 
     fn compute(
         &self,
         inputs: &[Input],
-        output: &mut [f32],
+        outputs: &mut [&mut [f32]],
         split: &dyn RowSplit,
     ) -> Result<(), OpError> {
         let (mlp, _, x, gain) = Self::operands(inputs)?;
-        mlp.apply(x, gain, output, self.isa, split);
+        mlp.apply(x, gain, outputs[0], self.isa, split);
         Ok(())
     }
 }

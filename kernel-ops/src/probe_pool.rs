@@ -59,19 +59,19 @@ impl NeedleOp for ProbePool {
         Ok(ProbePool { isa: Isa::best() })
     }
 
-    fn output_shape(&self, inputs: &[Input]) -> Result<Vec<i64>, OpError> {
+    fn output_shapes(&self, inputs: &[Input]) -> Result<Vec<Vec<i64>>, OpError> {
         let (cells, weights) = Self::operands(inputs)?;
         let q = weights.queries(&cells).map_err(op_error::<Self>)?;
-        Ok(vec![cells.batch as i64, (q * weights.d) as i64])
+        Ok(vec![vec![cells.batch as i64, (q * weights.d) as i64]])
     }
 
     fn compute(
         &self,
         inputs: &[Input],
-        output: &mut [f32],
+        outputs: &mut [&mut [f32]],
         split: &dyn RowSplit,
     ) -> Result<(), OpError> {
         let (cells, weights) = Self::operands(inputs)?;
-        probe_pool(&cells, &weights, output, self.isa, split).map_err(op_error::<Self>)
+        probe_pool(&cells, &weights, outputs[0], self.isa, split).map_err(op_error::<Self>)
     }
 }

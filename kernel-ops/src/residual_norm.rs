@@ -41,18 +41,18 @@ impl NeedleOp for ResidualNorm {
         Ok(ResidualNorm)
     }
 
-    fn output_shape(&self, inputs: &[Input]) -> Result<Vec<i64>, OpError> {
-        Self::operands(inputs).map(|(shape, ..)| shape.to_vec())
+    fn output_shapes(&self, inputs: &[Input]) -> Result<Vec<Vec<i64>>, OpError> {
+        Self::operands(inputs).map(|(shape, ..)| vec![shape.to_vec()])
     }
 
     fn compute(
         &self,
         inputs: &[Input],
-        output: &mut [f32],
+        outputs: &mut [&mut [f32]],
         split: &dyn RowSplit,
     ) -> Result<(), OpError> {
         let (_, [x, h, gain], scale) = Self::operands(inputs)?;
-        residual_norm(x, h, gain, scale, output, split);
+        residual_norm(x, h, gain, scale, outputs[0], split);
         Ok(())
     }
 }

@@ -32,19 +32,19 @@ impl NeedleOp for Sinkhorn {
         })
     }
 
-    fn output_shape(&self, inputs: &[Input]) -> Result<Vec<i64>, OpError> {
-        Self::logits(inputs).map(|(shape, _, _)| shape.to_vec())
+    fn output_shapes(&self, inputs: &[Input]) -> Result<Vec<Vec<i64>>, OpError> {
+        Self::logits(inputs).map(|(shape, _, _)| vec![shape.to_vec()])
     }
 
     /// One matrix after another: they are tiny (n = the lanes), so `split` is not used.
     fn compute(
         &self,
         inputs: &[Input],
-        output: &mut [f32],
+        outputs: &mut [&mut [f32]],
         _split: &dyn RowSplit,
     ) -> Result<(), OpError> {
         let (_, logits, n) = Self::logits(inputs)?;
-        sinkhorn(logits, n, self.iterations, output);
+        sinkhorn(logits, n, self.iterations, outputs[0]);
         Ok(())
     }
 }
@@ -64,9 +64,12 @@ mod tests {
                 data: InputData::Float32(&logits),
             }]
         };
-        assert_eq!(op.output_shape(&input(&[2, 3, 3])), Ok(vec![2, 3, 3]));
         assert_eq!(
-            op.output_shape(&input(&[2, 9])),
+            op.output_shapes(&input(&[2, 3, 3])),
+            Ok(vec![vec![2, 3, 3]])
+        );
+        assert_eq!(
+            op.output_shapes(&input(&[2, 9])),
             Err(OpError(
                 "needle.Sinkhorn: logits are [2, 9], not [.., n, n]".into()
             ))

@@ -73,13 +73,15 @@ impl<Op: NeedleOp> Operator for OrtOperator<Op> {
     }
 
     fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
+        let variadic = Op::VARIADIC.map(|t| OperatorInput::variadic(1).homogenous(ort_type(t)));
         Op::INPUTS
             .iter()
             .map(|&t| OperatorInput::required(ort_type(t)))
+            .chain(variadic)
     }
 
     fn outputs(&self) -> impl IntoIterator<Item = OperatorOutput> {
-        [OperatorOutput::required(ort_type(OUTPUT_TYPE))]
+        (0..Op::OUTPUTS).map(|_| OperatorOutput::required(ort_type(OUTPUT_TYPE)))
     }
 
     fn create_kernel<'attr>(&self, info: &KernelContext<'attr>) -> ort::Result<OrtKernel<Op>> {
@@ -92,7 +94,13 @@ struct OrtKernel<Op>(Op);
 
 impl<Op: NeedleOp> Kernel for OrtKernel<Op> {
     fn compute(&mut self, ctx: &ComputeContext) -> ort::Result<()> {
-        let values = (0..Op::INPUTS.len())
+        let count = ctx.num_inputs()?;
+        let types = kernel_ops::input_types::<Op>(count).ok_or_else(|| {
+            ort::Error::new(op_error::<Op>(format!(
+                "{count} inputs is not a count it takes"
+            )))
+        })?;
+        let values = (0..count)
             .map(|i| {
                 ctx.input(i)?
                     .ok_or_else(|| ort::Error::new(op_error::<Op>(format!("input {i} missing"))))
@@ -100,16 +108,30 @@ impl<Op: NeedleOp> Kernel for OrtKernel<Op> {
             .collect::<ort::Result<Vec<_>>>()?;
         let inputs = values
             .iter()
-            .zip(Op::INPUTS)
-            .map(|(value, &t)| input(value, t))
+            .zip(types)
+            .map(|(value, t)| input(value, t))
             .collect::<ort::Result<Vec<_>>>()?;
-        let shape = self.0.output_shape(&inputs).map_err(ort::Error::new)?;
-        let mut y = ctx
-            .output(0, shape.clone())?
-            .ok_or_else(|| ort::Error::new(op_error::<Op>("no output")))?;
-        let (_, y) = y.try_extract_tensor_mut::<f32>()?;
-        kernel_ops::compute(&self.0, &inputs, &shape, y, &SessionThreads(ctx))
-            .map_err(ort::Error::new)
+        let shapes = self.0.output_shapes(&inputs).map_err(ort::Error::new)?;
+        let mut values = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, shape)| {
+                ctx.output(i, shape.clone())?
+                    .ok_or_else(|| ort::Error::new(op_error::<Op>(format!("no output {i}"))))
+            })
+            .collect::<ort::Result<Vec<_>>>()?;
+        let mut outputs = values
+            .iter_mut()
+            .map(|y| y.try_extract_tensor_mut::<f32>().map(|(_, y)| y))
+            .collect::<ort::Result<Vec<_>>>()?;
+        kernel_ops::compute(
+            &self.0,
+            &inputs,
+            &shapes,
+            &mut outputs,
+            &SessionThreads(ctx),
+        )
+        .map_err(ort::Error::new)
     }
 }
 
