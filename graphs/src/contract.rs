@@ -424,7 +424,8 @@ pub mod needle_ops {
     /// A probe head's pooling over the hidden cells of one call (`kernels/src/probe_pool.rs`).
     pub const PROBE_POOL: &str = "ProbePool";
     /// Needle 3's next QKV-conv state: each row's last real positions of the conv's window
-    /// (`kernels/src/conv_state.rs`).
+    /// (`kernels/src/conv_state.rs`): what packed graphs written before [`QKV_HEADS`] gave
+    /// it as a second output still run.
     pub const CONV_STATE: &str = "ConvState";
     /// Attention's output heads unpadded and gated by the sigmoid of the layer's gate
     /// projection (`kernels/src/attention_gate.rs`).

@@ -7,7 +7,7 @@
 
 use crate::host::{ort_type, Api, SessionThreads};
 use crate::API_VERSION;
-use kernel_ops::{op_error, Input, NeedleOp, Registry, DOMAIN, OUTPUT_TYPE};
+use kernel_ops::{op_error, Input, NeedleOp, Presence, Registry, DOMAIN, OUTPUT_TYPE};
 use ort_sys::{
     ONNXTensorElementDataType as OrtType, OrtApi, OrtCustomOp,
     OrtCustomOpInputOutputCharacteristic as Characteristic, OrtKernelContext, OrtKernelInfo,
@@ -80,7 +80,7 @@ impl Registry for Ops {
         op.GetOutputTypeCount = Some(output_count::<Op>);
         op.GetOutputType = Some(output_type);
         op.GetInputCharacteristic = Some(input_characteristic::<Op>);
-        op.GetOutputCharacteristic = Some(required);
+        op.GetOutputCharacteristic = Some(output_characteristic::<Op>);
         op.GetVariadicInputMinArity = Some(one);
         op.GetVariadicInputHomogeneity = Some(one);
         op.GetInputMemoryType = Some(cpu_memory);
@@ -106,16 +106,14 @@ unsafe extern "system" fn cpu(_: *const OrtCustomOp) -> *const c_char {
     std::ptr::null()
 }
 
-/// The declared inputs: [`NeedleOp::INPUTS`], then one variadic input where the op has one.
+/// The declared inputs: the required, the optional and one for the variadic ones.
 unsafe extern "system" fn input_count<Op: NeedleOp>(_: *const OrtCustomOp) -> usize {
-    Op::INPUTS.len() + usize::from(Op::VARIADIC.is_some())
+    kernel_ops::declared_inputs::<Op>().count()
 }
 
 unsafe extern "system" fn input_type<Op: NeedleOp>(_: *const OrtCustomOp, index: usize) -> OrtType {
-    Op::INPUTS
-        .get(index)
-        .copied()
-        .or(Op::VARIADIC.filter(|_| index == Op::INPUTS.len()))
+    kernel_ops::declared_inputs::<Op>()
+        .nth(index)
         .map_or(OrtType::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, ort_type)
 }
 
@@ -123,22 +121,30 @@ unsafe extern "system" fn input_characteristic<Op: NeedleOp>(
     _: *const OrtCustomOp,
     index: usize,
 ) -> Characteristic {
-    match index < Op::INPUTS.len() {
-        true => Characteristic::INPUT_OUTPUT_REQUIRED,
-        false => Characteristic::INPUT_OUTPUT_VARIADIC,
-    }
+    characteristic(Presence::of_input::<Op>(index))
 }
 
 unsafe extern "system" fn output_count<Op: NeedleOp>(_: *const OrtCustomOp) -> usize {
-    Op::OUTPUTS
+    Op::OUTPUTS + Op::OPTIONAL_OUTPUTS
 }
 
 unsafe extern "system" fn output_type(_: *const OrtCustomOp, _: usize) -> OrtType {
     ort_type(OUTPUT_TYPE)
 }
 
-unsafe extern "system" fn required(_: *const OrtCustomOp, _: usize) -> Characteristic {
-    Characteristic::INPUT_OUTPUT_REQUIRED
+unsafe extern "system" fn output_characteristic<Op: NeedleOp>(
+    _: *const OrtCustomOp,
+    index: usize,
+) -> Characteristic {
+    characteristic(Presence::of_output::<Op>(index))
+}
+
+fn characteristic(presence: Presence) -> Characteristic {
+    match presence {
+        Presence::Required => Characteristic::INPUT_OUTPUT_REQUIRED,
+        Presence::Optional => Characteristic::INPUT_OUTPUT_OPTIONAL,
+        Presence::Variadic => Characteristic::INPUT_OUTPUT_VARIADIC,
+    }
 }
 
 /// A variadic input takes at least one tensor, all of one type.
@@ -198,7 +204,8 @@ unsafe extern "system" fn compute<Op: NeedleOp>(
             .iter()
             .map(|(shape, data)| Input { shape, data: *data })
             .collect();
-        let shapes = kernel.op.output_shapes(&inputs)?;
+        let mut shapes = kernel.op.output_shapes(&inputs)?;
+        shapes.truncate(unsafe { api.output_count(ctx) }.map_err(op_error::<Op>)?);
         let mut outputs = shapes
             .iter()
             .enumerate()

@@ -130,6 +130,17 @@ impl Api {
         Ok(count)
     }
 
+    /// How many outputs the node of `ctx` has.
+    ///
+    /// # Safety
+    /// `ctx` is the host's context of the running compute call.
+    pub unsafe fn output_count(&self, ctx: *mut OrtKernelContext) -> Result<usize, String> {
+        let mut count = 0;
+        // SAFETY: `ctx` is valid (the caller's promise).
+        self.check(unsafe { (self.0.KernelContext_GetOutputCount)(ctx, &mut count) })?;
+        Ok(count)
+    }
+
     /// Output `index` of `ctx`, allocated by the host as float32 `shape`.
     ///
     /// # Safety

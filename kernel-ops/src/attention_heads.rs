@@ -10,7 +10,7 @@
 use crate::{op_error, size_attribute, ElementType, Input, NeedleOp, OpError, RowSplit};
 use graphs::contract::needle_ops;
 use kernels::attention_heads::{attention_heads, ConvInputs, HeadsLayout, HeadsPart, NormRope};
-use kernels::conv_state::ConvWindow;
+use kernels::conv_state::{conv_state, ConvWindow};
 
 /// The three parts' layouts: queries, keys, values.
 pub struct QkvHeads([HeadsLayout; 3]);
@@ -84,6 +84,8 @@ impl NeedleOp for QkvHeads {
         ElementType::Float32, // sin
         ElementType::Int64,   // position_ids
     ];
+    const OPTIONAL_INPUTS: &'static [ElementType] = &[ElementType::Int64]; // real_new
+    const OPTIONAL_OUTPUTS: usize = 1; // the next conv state
 
     fn new(attribute: &dyn Fn(&str) -> Option<i64>) -> Result<Self, OpError> {
         let size = |name| size_attribute::<Self>(attribute, name);
@@ -107,9 +109,8 @@ impl NeedleOp for QkvHeads {
     fn output_shapes(&self, inputs: &[Input]) -> Result<Vec<Vec<i64>>, OpError> {
         let (conv, parts) = self.operands(inputs)?;
         let row: usize = parts.iter().map(HeadsPart::width).sum();
-        Ok(vec![[conv.window.batch, conv.window.sequence, row]
-            .map(|d| d as i64)
-            .to_vec()])
+        let heads = [conv.window.batch, conv.window.sequence, row].map(|d| d as i64);
+        Ok(vec![heads.to_vec(), inputs[1].shape.to_vec()])
     }
 
     fn compute(
@@ -120,6 +121,18 @@ impl NeedleOp for QkvHeads {
     ) -> Result<(), OpError> {
         let (conv, parts) = self.operands(inputs)?;
         attention_heads(&conv, &parts, outputs[0], split);
-        Ok(())
+        let Some(next) = outputs.get_mut(1) else {
+            return Ok(());
+        };
+        let Some((_, real_new)) = Input::optional::<Self, i64>(inputs, 8)? else {
+            return Err(op_error::<Self>("the next conv state needs real_new"));
+        };
+        let state_shape = inputs[1].shape;
+        if state_shape.first() != Some(&(conv.window.batch as i64)) {
+            return Err(op_error::<Self>(format!(
+                "the state {state_shape:?} is not one row a batch row"
+            )));
+        }
+        conv_state(&conv.window, real_new, next).map_err(op_error::<Self>)
     }
 }

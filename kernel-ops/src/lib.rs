@@ -64,18 +64,32 @@ pub enum InputData<'a> {
     Int64(&'a [i64]),
 }
 
+/// A tensor's shape and elements.
+type Shaped<'a, T> = (&'a [i64], &'a [T]);
+
 impl<'a> Input<'a> {
     /// The shape and the elements of input `index` of `Op`'s `inputs`, as `T`.
     fn get<Op: NeedleOp, T: Element>(
         inputs: &[Input<'a>],
         index: usize,
-    ) -> Result<(&'a [i64], &'a [T]), OpError> {
+    ) -> Result<Shaped<'a, T>, OpError> {
         let input = inputs
             .get(index)
             .ok_or_else(|| op_error::<Op>(format!("input {index} missing")))?;
         let data = T::of(input.data)
             .ok_or_else(|| op_error::<Op>(format!("input {index} is not {:?}", T::TYPE)))?;
         Ok((input.shape, data))
+    }
+
+    /// Optional input `index` of `Op`'s `inputs`, as `T`: `None` where the node has none.
+    fn optional<Op: NeedleOp, T: Element>(
+        inputs: &[Input<'a>],
+        index: usize,
+    ) -> Result<Option<Shaped<'a, T>>, OpError> {
+        match index < inputs.len() {
+            true => Input::get::<Op, T>(inputs, index).map(Some),
+            false => Ok(None),
+        }
     }
 }
 
@@ -145,31 +159,38 @@ impl From<OpError> for String {
     }
 }
 
-/// One op of the domain. A host adapter declares [`NeedleOp::INPUTS`] (all required), then
-/// where [`NeedleOp::VARIADIC`] names a type any number ≥ 1 more inputs of it, and
-/// [`NeedleOp::OUTPUTS`] required [`OUTPUT_TYPE`] outputs; creates the kernel from the
-/// node's integer attributes; and on every call allocates the outputs
-/// [`NeedleOp::output_shapes`] names before [`NeedleOp::compute`] fills them.
+/// One op of the domain. A host adapter declares [`NeedleOp::INPUTS`] (required), then
+/// [`NeedleOp::OPTIONAL_INPUTS`] or, where [`NeedleOp::VARIADIC`] names a type, any number
+/// ≥ 1 more inputs of it; and [`NeedleOp::OUTPUTS`] required and
+/// [`NeedleOp::OPTIONAL_OUTPUTS`] optional [`OUTPUT_TYPE`] outputs. It creates the kernel
+/// from the node's integer attributes, and on every call allocates the outputs the node
+/// names, shaped as [`NeedleOp::output_shapes`] says, before [`NeedleOp::compute`] fills
+/// them. An optional input or output a node leaves out is one it leaves out at the end.
 pub trait NeedleOp: Sized + Send + Sync + 'static {
     /// The op's name in [`DOMAIN`].
     const NAME: &'static str;
     /// The element type of each input, in order.
     const INPUTS: &'static [ElementType];
+    /// The element types of the optional inputs after [`NeedleOp::INPUTS`], in order.
+    const OPTIONAL_INPUTS: &'static [ElementType] = &[];
     /// The element type of the variadic inputs after [`NeedleOp::INPUTS`], for an op
     /// that takes one tensor of each of a varying number of layers.
     const VARIADIC: Option<ElementType> = None;
-    /// How many outputs the op has.
+    /// How many outputs every node of the op has.
     const OUTPUTS: usize = 1;
+    /// How many optional outputs may follow them.
+    const OPTIONAL_OUTPUTS: usize = 0;
 
     /// The kernel of one node, from its integer attributes (`attribute(name)`, `None` where
     /// the node has none).
     fn new(attribute: &dyn Fn(&str) -> Option<i64>) -> Result<Self, OpError>;
 
-    /// Each output's shape for `inputs` (typed as [`NeedleOp::INPUTS`]), every shape checked.
+    /// Each output's shape for `inputs` (typed as declared), every shape checked: the
+    /// optional outputs' too, of which hosts allocate those the node names.
     fn output_shapes(&self, inputs: &[Input]) -> Result<Vec<Vec<i64>>, OpError>;
 
-    /// Fills `outputs` from `inputs`, their independent blocks spread by `split`. There are
-    /// [`NeedleOp::OUTPUTS`] of them, each holding exactly the values
+    /// Fills `outputs` from `inputs`, their independent blocks spread by `split`. They are
+    /// the node's outputs, [`NeedleOp::OUTPUTS`] or more, each holding exactly the values
     /// [`NeedleOp::output_shapes`] names for these inputs: hosts call this through
     /// [`compute`], which checks that once for every op.
     fn compute(
@@ -180,9 +201,9 @@ pub trait NeedleOp: Sized + Send + Sync + 'static {
     ) -> Result<(), OpError>;
 }
 
-/// Runs `op` over `inputs` into `outputs`, which the host allocated as `shapes` (what
-/// [`NeedleOp::output_shapes`] gave for the same inputs): the one check that the two
-/// agree, so that no op's kernel writes past or short of an output.
+/// Runs `op` over `inputs` into `outputs`, which the host allocated as the first of
+/// `shapes` (what [`NeedleOp::output_shapes`] gave for the same inputs): the one check that
+/// they agree, so that no op's kernel writes past or short of an output.
 pub fn compute<Op: NeedleOp>(
     op: &Op,
     inputs: &[Input],
@@ -190,12 +211,12 @@ pub fn compute<Op: NeedleOp>(
     outputs: &mut [&mut [f32]],
     split: &dyn RowSplit,
 ) -> Result<(), OpError> {
-    if shapes.len() != Op::OUTPUTS || outputs.len() != Op::OUTPUTS {
+    let counts = Op::OUTPUTS..=Op::OUTPUTS + Op::OPTIONAL_OUTPUTS;
+    if !counts.contains(&outputs.len()) || shapes.len() < outputs.len() {
         return Err(op_error::<Op>(format!(
-            "{} output shapes and {} outputs, not {}",
-            shapes.len(),
+            "{} outputs of {} shapes, not {counts:?}",
             outputs.len(),
-            Op::OUTPUTS
+            shapes.len(),
         )));
     }
     for (shape, output) in shapes.iter().zip(outputs.iter()) {
@@ -213,19 +234,53 @@ pub fn compute<Op: NeedleOp>(
 }
 
 /// The element types of `Op`'s inputs when a node gives it `count`: [`NeedleOp::INPUTS`],
-/// then the variadic type for the rest; `None` for a count the op does not take.
+/// then as many of the optional ones, or the variadic type for the rest; `None` for a
+/// count the op does not take.
 pub fn input_types<Op: NeedleOp>(count: usize) -> Option<Vec<ElementType>> {
-    let fixed = Op::INPUTS.len();
-    let types = match (count.cmp(&fixed), Op::VARIADIC) {
-        (std::cmp::Ordering::Equal, None) => Op::INPUTS.to_vec(),
-        (std::cmp::Ordering::Greater, Some(t)) => {
-            let mut types = Op::INPUTS.to_vec();
-            types.resize(count, t);
-            types
-        }
-        _ => return None,
-    };
+    let extra = count.checked_sub(Op::INPUTS.len())?;
+    let mut types = Op::INPUTS.to_vec();
+    match Op::VARIADIC {
+        Some(t) if extra >= 1 => types.resize(count, t),
+        Some(_) => return None,
+        None => types.extend(Op::OPTIONAL_INPUTS.get(..extra)?),
+    }
     Some(types)
+}
+
+/// The declared characteristic of input or output `index` of `Op`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Presence {
+    Required,
+    Optional,
+    Variadic,
+}
+
+impl Presence {
+    /// Input `index`'s, for `index` below the declared count.
+    pub fn of_input<Op: NeedleOp>(index: usize) -> Presence {
+        match index.checked_sub(Op::INPUTS.len()) {
+            None => Presence::Required,
+            Some(_) if Op::VARIADIC.is_some() => Presence::Variadic,
+            Some(_) => Presence::Optional,
+        }
+    }
+
+    /// Output `index`'s, for `index` below the declared count.
+    pub fn of_output<Op: NeedleOp>(index: usize) -> Presence {
+        match index < Op::OUTPUTS {
+            true => Presence::Required,
+            false => Presence::Optional,
+        }
+    }
+}
+
+/// The element types of the declared inputs, in order: one for the variadic ones.
+pub fn declared_inputs<Op: NeedleOp>() -> impl Iterator<Item = ElementType> {
+    Op::INPUTS
+        .iter()
+        .chain(Op::OPTIONAL_INPUTS)
+        .copied()
+        .chain(Op::VARIADIC)
 }
 
 /// What takes the domain's ops one by one: a host's domain being built.

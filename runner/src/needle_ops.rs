@@ -8,7 +8,8 @@
 
 use graphs::contract::needle_ops;
 use kernel_ops::{
-    op_error, ElementType, Input, InputData, NeedleOp, Registry, RowSplit, DOMAIN, OUTPUT_TYPE,
+    op_error, ElementType, Input, InputData, NeedleOp, Presence, Registry, RowSplit, DOMAIN,
+    OUTPUT_TYPE,
 };
 use ort::operator::{
     ComputeContext, Kernel, KernelContext, Operator, OperatorDomain, OperatorInput, OperatorOutput,
@@ -73,15 +74,21 @@ impl<Op: NeedleOp> Operator for OrtOperator<Op> {
     }
 
     fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
-        let variadic = Op::VARIADIC.map(|t| OperatorInput::variadic(1).homogenous(ort_type(t)));
-        Op::INPUTS
-            .iter()
-            .map(|&t| OperatorInput::required(ort_type(t)))
-            .chain(variadic)
+        kernel_ops::declared_inputs::<Op>()
+            .enumerate()
+            .map(|(i, t)| match Presence::of_input::<Op>(i) {
+                Presence::Required => OperatorInput::required(ort_type(t)),
+                Presence::Optional => OperatorInput::optional(ort_type(t)),
+                Presence::Variadic => OperatorInput::variadic(1).homogenous(ort_type(t)),
+            })
     }
 
     fn outputs(&self) -> impl IntoIterator<Item = OperatorOutput> {
-        (0..Op::OUTPUTS).map(|_| OperatorOutput::required(ort_type(OUTPUT_TYPE)))
+        let t = ort_type(OUTPUT_TYPE);
+        (0..Op::OUTPUTS + Op::OPTIONAL_OUTPUTS).map(move |i| match Presence::of_output::<Op>(i) {
+            Presence::Required => OperatorOutput::required(t),
+            _ => OperatorOutput::optional(t),
+        })
     }
 
     fn create_kernel<'attr>(&self, info: &KernelContext<'attr>) -> ort::Result<OrtKernel<Op>> {
@@ -111,7 +118,8 @@ impl<Op: NeedleOp> Kernel for OrtKernel<Op> {
             .zip(types)
             .map(|(value, t)| input(value, t))
             .collect::<ort::Result<Vec<_>>>()?;
-        let shapes = self.0.output_shapes(&inputs).map_err(ort::Error::new)?;
+        let mut shapes = self.0.output_shapes(&inputs).map_err(ort::Error::new)?;
+        shapes.truncate(ctx.num_outputs()?);
         let mut values = shapes
             .iter()
             .enumerate()

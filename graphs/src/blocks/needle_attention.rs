@@ -5,7 +5,8 @@
 //! gates it by σ(gate): ~25 stock nodes a layer in three.
 //!
 //! ```text
-//! p ─ QkvHeads(state, taps, q/k gains, RoPE tables) ─ GroupQueryAttention(past) ─ AttentionGate(p) ─▶ [B, S, heads · v]
+//! p ─ QkvHeads(state, taps, q/k gains, RoPE tables[, real_new]) ─ GroupQueryAttention(past) ─ AttentionGate(p) ─▶ [B, S, heads · v]
+//!            └▶ [next conv state, given real_new]
 //! ```
 //! Needle 2 has no QKV conv: its heads read `p` through a one-tap conv of ones over an
 //! empty state (exact: `1 · v = v`).
@@ -16,11 +17,13 @@ use crate::builder::{Attr, GraphBuilder, Value};
 use crate::contract::{needle_ops, HeadShape};
 
 /// The QKV conv the heads are read through: its state `[batch, taps − 1, q + k + v]`, taps
-/// `[taps, q + k + v]` and how many of them the layer sees.
+/// `[taps, q + k + v]` and how many of them the layer sees; with `real_new` (int64
+/// `[batch, 1, 1]`, each row's real new tokens) the heads' op also gives the next state.
 pub struct HeadsConv<'a> {
     pub state: &'a Value,
     pub taps: &'a Value,
     pub visible_taps: usize,
+    pub real_new: Option<&'a Value>,
 }
 
 /// Whether [`needle_attention`] serves a layer: its core is `GroupQueryAttention`'s and its
@@ -29,8 +32,8 @@ pub fn fits(core: &CoreInputs, rope: &Rope) -> bool {
     matches!(rope, Rope::Kernel { .. }) && gqa_inputs(core).is_some()
 }
 
-/// The gated attention output `[batch, sequence, heads · v]` and the present cache, or
-/// `None`, with no node built, where `core` is not `GroupQueryAttention`'s or `rope` not
+/// The gated attention output `[batch, sequence, heads · v]`, the present cache and the
+/// next conv state where `conv` has `real_new`, or `None`, with no node built, where `core` is not `GroupQueryAttention`'s or `rope` not
 /// the kernel's tables. `norms`: the q and k norms' scales (`ZCRMSNorm`: gain `1 + scale`).
 #[allow(clippy::too_many_arguments)]
 pub fn needle_attention(
@@ -42,7 +45,7 @@ pub fn needle_attention(
     norms: [&[f32]; 2],
     past: &KvPair,
     shape: HeadShape,
-) -> Option<(Value, KvPair)> {
+) -> Option<(Value, KvPair, Option<Value>)> {
     let Rope::Kernel {
         cos_cache,
         sin_cache,
@@ -54,7 +57,7 @@ pub fn needle_attention(
     };
     gqa_inputs(core)?;
     let fused = shape.fused_dim();
-    let qkv = b.scope("qkv_heads", |b| {
+    let (qkv, next_state) = b.scope("qkv_heads", |b| {
         let [q_gain, k_gain] = [("q_gain", norms[0]), ("k_gain", norms[1])]
             .map(|(name, scale)| zc_gain(b, name, scale));
         let attrs = [
@@ -65,7 +68,7 @@ pub fn needle_attention(
             ("padded", fused),
             ("visible_taps", conv.visible_taps),
         ];
-        let inputs = [
+        let mut inputs = vec![
             p,
             conv.state,
             conv.taps,
@@ -75,14 +78,16 @@ pub fn needle_attention(
             sin_cache,
             position_ids,
         ];
-        b.op_in(
+        inputs.extend(conv.real_new);
+        let outputs = 1 + usize::from(conv.real_new.is_some());
+        let mut heads = b.op_in(
             needle_ops::DOMAIN,
             needle_ops::QKV_HEADS,
             &inputs,
             ints(attrs),
-            1,
-        )
-        .remove(0)
+            outputs,
+        );
+        (heads.remove(0), heads.pop())
     });
     let (out, present) = packed_attention_core(b, core, &qkv, past, shape)?;
     // The gate follows the queries', keys' and values' columns of `p`.
@@ -102,7 +107,7 @@ pub fn needle_attention(
             1,
         )
         .remove(0);
-    Some((out, present))
+    Some((out, present, next_state))
 }
 
 /// Integer attributes.

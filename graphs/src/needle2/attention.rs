@@ -112,8 +112,10 @@ fn needle_ops_attention(
         state: &state,
         taps: &taps,
         visible_taps: 1,
+        real_new: None,
     };
     let norms = [w.q_norm.data.as_slice(), w.k_norm.data.as_slice()];
-    let (out, present) = needle_attention(b, &attn.core, &attn.rope, &p, conv, norms, past, shape)?;
+    let (out, present, _) =
+        needle_attention(b, &attn.core, &attn.rope, &p, conv, norms, past, shape)?;
     Some((projection(b, ctx, &out, "out_proj", &w.out_proj), present))
 }

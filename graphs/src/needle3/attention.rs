@@ -20,7 +20,7 @@ use crate::blocks::needle_attention::{self, needle_attention, HeadsConv};
 use crate::blocks::norms::zc_rms_norm;
 use crate::builder::{Attr, Dim, GraphBuilder, Value};
 use crate::contract::dims::BATCH;
-use crate::contract::{needle_ops, Precision};
+use crate::contract::Precision;
 use crate::geometry::Geometry;
 use crate::needle3::{Config, LayerWeights, QkvTaps};
 use crate::onnx::data_type;
@@ -223,8 +223,8 @@ fn conv_taps(taps: &QkvTaps, n: usize, width: usize) -> Vec<f32> {
 }
 
 /// The layer's attention with the Needle ops (`crate::blocks::needle_attention`, a model
-/// with the QKV conv): the one projection, `needle.QkvHeads` through the conv, the core,
-/// `needle.AttentionGate`, and `needle.ConvState` for the next conv state. `None`, and no
+/// with the QKV conv): the one projection, `needle.QkvHeads` through the conv (which also
+/// gives the next conv state), the core and `needle.AttentionGate`. `None`, and no
 /// node built, where any of that does not hold.
 fn needle_ops_attention(
     b: &mut GraphBuilder,
@@ -249,23 +249,14 @@ fn needle_ops_attention(
         state,
         taps: &taps,
         visible_taps: n.min(cfg.window_of(layer).unwrap_or(usize::MAX)),
+        real_new: Some(real_new),
     };
     let norms = [w.q_norm.data.as_slice(), w.k_norm.data.as_slice()];
     let shape = cfg.head_shape();
-    let (out, present) = needle_attention(b, core, &attn.rope, &p, conv, norms, past.kv, shape)?;
-    let next = b.scope("qkv_conv", |b| {
-        let next = b
-            .op_in(
-                needle_ops::DOMAIN,
-                needle_ops::CONV_STATE,
-                &[&p, state, real_new],
-                vec![],
-                1,
-            )
-            .remove(0);
-        declare_conv_state(b, &next, n, width);
-        next
-    });
+    let (out, present, next) =
+        needle_attention(b, core, &attn.rope, &p, conv, norms, past.kv, shape)?;
+    let next = next.expect("real_new was given");
+    declare_conv_state(b, &next, n, width);
     let out = projection(b, ctx, &out, "out_proj", &w.out_proj);
     Some((out, present, Some(next)))
 }
