@@ -19,7 +19,7 @@ use crate::blocks::context::BuildContext;
 use crate::blocks::embedding::{embed_tokens, lm_head};
 use crate::blocks::engram::{self, EngramWindow};
 use crate::blocks::hyper_connections::{hc_post, hc_pre};
-use crate::blocks::norms::{zc_gain, zc_rms_norm};
+use crate::blocks::norms::{zc_gain, zc_rms_norm, ZcNormed};
 use crate::blocks::token_history;
 use crate::blocks::weights::{EngramWeights, MhcWeights, Tensor};
 use crate::builder::{Dim, GraphBuilder, Value};
@@ -94,7 +94,7 @@ pub(crate) trait Architecture: Geometry + Sized {
         ctx: &BuildContext<Self>,
         attention: &Self::Attention,
         layer: usize,
-        x: &Value,
+        x: &ZcNormed,
         w: &Self::LayerWeights,
         past: &KvPair,
         state: Option<&Value>,
@@ -160,12 +160,16 @@ pub(crate) fn build<A: Architecture>(
         embed_tokens(b, &ctx, stream.embedding, &inputs.input_ids)
     });
     // The probe heads' cells (upstream `hidden_cells`): the scaled embedding (one lane of
-    // the stream, exactly), then each layer's lane mean.
+    // the stream, exactly), then each layer's lane mean. Packed graphs take them after the
+    // layers, from the streams kept here (`packed_cells` says why).
     let has_heads = A::has_heads(w);
     let mut cells = Vec::new();
+    let mut streams = Vec::new();
     if has_heads {
-        let x0 = b.slice(&x, 2, 0, 1);
-        cells.push(b.squeeze(&x0, &[2]));
+        match ctx.kernels.needle_ops {
+            true => streams.push(x.clone()),
+            false => cells.push(embedding_cell(&mut b, &x)),
+        }
     }
     let mut presents = Vec::with_capacity(layers.len());
     let mut next_states = Vec::with_capacity(layers.len());
@@ -190,15 +194,13 @@ pub(crate) fn build<A: Architecture>(
         });
         x = next;
         if has_heads {
-            // Packed graphs take the lane mean in one node (the stock graphs' two stay as
-            // they are).
-            cells.push(match ctx.kernels.needle_ops {
-                true => b.reduce_mean_dropping(&x, &[2]),
+            match ctx.kernels.needle_ops {
+                true => streams.push(x.clone()),
                 false => {
                     let mean = b.reduce_mean(&x, &[2]);
-                    b.squeeze(&mean, &[2])
+                    cells.push(b.squeeze(&mean, &[2]));
                 }
-            });
+            }
         }
         presents.push(present);
         next_states.extend(state);
@@ -230,9 +232,38 @@ pub(crate) fn build<A: Architecture>(
     // latest first, and from the heads it reaches each layer's cell right after that layer
     // (`stack_cells`). Walking back from the logits or a present first runs every layer
     // before any cell is taken.
+    if !streams.is_empty() {
+        cells = packed_cells(&mut b, &streams);
+    }
     let heads = A::heads(&mut b, &ctx, w, &cells, &masks.new);
     let doc = head_outputs(&mut b, desc, &heads);
     b.finish("needle", doc, desc.to_metadata())
+}
+
+/// The embedding's cell `[batch, sequence, d]`: lane 0 of its stream `[batch, sequence,
+/// lanes, d]`, whose lanes are copies.
+fn embedding_cell(b: &mut GraphBuilder, x: &Value) -> Value {
+    let x0 = b.slice(x, 2, 0, 1);
+    b.squeeze(&x0, &[2])
+}
+
+/// The packed graphs' cells from the streams (the embedding's first): each layer's lane
+/// mean in one node. The nodes are made last layer first, so that onnxruntime's default
+/// execution order (a depth-first walk back from the outputs, a node's inputs taken
+/// latest node first) runs each after its layer and frees the layer's stream then; a
+/// head that reads the cells in one node (`needle.ProbePool`) would otherwise take them
+/// after the last layer, every stream alive until then (~200 MB over a 784-token forward
+/// of the full-size Needle 3).
+fn packed_cells(b: &mut GraphBuilder, streams: &[Value]) -> Vec<Value> {
+    let (embedding, layers) = streams.split_first().expect("the embedding's stream");
+    let mut cells: Vec<Value> = layers
+        .iter()
+        .rev()
+        .map(|x| b.reduce_mean_dropping(x, &[2]))
+        .collect();
+    cells.push(embedding_cell(b, embedding));
+    cells.reverse();
+    cells
 }
 
 /// One layer's state in: its KV cache and, when the generation has one, its other state.
@@ -255,7 +286,15 @@ pub(crate) fn block<A: Architecture>(
     past: LayerPast<'_>,
 ) -> (Value, KvPair, Option<Value>) {
     let norms = A::block_norms(w);
-    let h = zc_rms_norm(b, ctx, x, "norm_in", &norms.norm_in.data);
+    // Packed graphs leave norm_in to the attention's projection node.
+    let h = match ctx.kernels.needle_ops {
+        true => ZcNormed::Deferred {
+            x,
+            name: "norm_in",
+            scale: &norms.norm_in.data,
+        },
+        false => ZcNormed::Applied(zc_rms_norm(b, ctx, x, "norm_in", &norms.norm_in.data)),
+    };
     let (h, kv, state) = b.scope("self_attn", |b| {
         A::attention(b, ctx, attention, layer, &h, w, past.kv, past.state)
     });

@@ -4,11 +4,12 @@
 //! output float32 `[…, rows]`. Optional attributes: `row_axes` (default 1), how many of
 //! `X`'s last axes make one row of `cols` (the hyper-connections read all lanes at once,
 //! `[…, lanes, d]`), and `unit_rows` (default 0), 1 to divide each row by its root mean
-//! square first (upstream `_rms_unit`).
+//! square first (upstream `_rms_unit`). Optional input `gain` float32 `[cols]`: each row
+//! is multiplied by it before the product (with `unit_rows`, an RMS norm's gain).
 
 use crate::{op_error, size_attribute, ElementType, Input, NeedleOp, OpError, RowSplit};
 use graphs::contract::needle_ops;
-use kernels::math::rms_unit_rows;
+use kernels::cq_matmul::RowScale;
 use kernels::{cq_matmul, CqMatrix, Isa};
 
 pub struct CqMatMul {
@@ -87,6 +88,7 @@ impl NeedleOp for CqMatMul {
         ElementType::Float16,
         ElementType::Float32,
     ];
+    const OPTIONAL_INPUTS: &'static [ElementType] = &[ElementType::Float32]; // gain
 
     fn new(attribute: &dyn Fn(&str) -> Option<i64>) -> Result<Self, OpError> {
         let row_axes = attribute("row_axes").unwrap_or(1);
@@ -118,16 +120,22 @@ impl NeedleOp for CqMatMul {
         split: &dyn RowSplit,
     ) -> Result<(), OpError> {
         let (w, _, x) = self.operands(inputs)?;
-        let tokens = x.len() / self.layout.cols;
-        let unit;
-        let x = match self.unit_rows {
-            true => {
-                unit = rms_unit_rows(x, self.layout.cols);
-                &unit
+        let cols = self.layout.cols;
+        let tokens = x.len() / cols;
+        let gain = match Input::optional::<Self, f32>(inputs, 4)? {
+            Some((_, gain)) if gain.len() != cols => {
+                return Err(op_error::<Self>(format!(
+                    "gain holds {} values, not cols = {cols}",
+                    gain.len()
+                )))
             }
-            false => x,
+            gain => gain.map(|(_, gain)| gain),
         };
-        cq_matmul(&w, x, tokens, outputs[0], self.isa, split);
+        let scale = RowScale {
+            unit_rows: self.unit_rows,
+            gain,
+        };
+        cq_matmul(&w, x, tokens, scale, outputs[0], self.isa, split);
         Ok(())
     }
 }
@@ -234,6 +242,64 @@ mod tests {
         assert!(
             want.iter().any(|&w| w.abs() > 0.1),
             "a product that can tell: {want:?}"
+        );
+    }
+
+    /// A `gain` input with `unit_rows` 1 gives the product of the normalised row times the
+    /// gain (computed here in f64); a gain of the wrong width is an error.
+    #[test]
+    fn a_gain_multiplies_the_normalised_rows() {
+        let x: Vec<f32> = (0..16).map(|i| (i as f32 * 0.9).cos() * 2.0).collect();
+        let gain: Vec<f32> = (0..16).map(|i| 0.5 + i as f32 * 0.1).collect();
+        let root = (x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / 16.0 + 1e-6).sqrt();
+        let scaled: Vec<f32> = x
+            .iter()
+            .zip(&gain)
+            .map(|(&v, &g)| (v as f64 / root * g as f64) as f32)
+            .collect();
+        let codes: [u8; 16] = std::array::from_fn(|i| (i * 37 % 256) as u8);
+        fn with<'a>(
+            x_shape: &'a [i64],
+            x: &'a [f32],
+            codes: &'a [u8],
+            gain: Option<&'a [f32]>,
+        ) -> Vec<Input<'a>> {
+            let mut inputs = inputs(x_shape, x).to_vec();
+            inputs[1].data = InputData::Uint8(codes);
+            inputs.extend(gain.map(|g| Input {
+                shape: &[16],
+                data: InputData::Float32(g),
+            }));
+            inputs
+        }
+        let plain = CqMatMul::new(&attribute).unwrap();
+        let mut want = [0.0; 4];
+        let shaped = with(&[1, 16], &scaled, &codes, None);
+        plain
+            .compute(&shaped, &mut [&mut want], &kernels::Serial)
+            .unwrap();
+        let normed = |name: &str| match name {
+            "unit_rows" => Some(1),
+            _ => attribute(name),
+        };
+        let op = CqMatMul::new(&normed).unwrap();
+        let mut got = [f32::NAN; 4];
+        let shaped = with(&[1, 16], &x, &codes, Some(&gain));
+        op.compute(&shaped, &mut [&mut got], &kernels::Serial)
+            .unwrap();
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "{g} vs {w}");
+        }
+        assert!(
+            want.iter().any(|&w| w.abs() > 0.1),
+            "a product that can tell: {want:?}"
+        );
+        let short = with(&[1, 16], &x, &codes, Some(&gain[..8]));
+        assert_eq!(
+            op.compute(&short, &mut [&mut got], &kernels::Serial),
+            Err(OpError(
+                "needle.CqMatMul: gain holds 8 values, not cols = 16".into()
+            ))
         );
     }
 

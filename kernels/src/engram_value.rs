@@ -10,7 +10,7 @@
 //! has the same bits whatever else is projected with it, so the values are those of the
 //! whole window's projection.
 
-use crate::cq_matmul::{cq_matmul, CqMatrix};
+use crate::cq_matmul::{cq_matmul, CqMatrix, RowScale};
 use crate::isa::Isa;
 use crate::split::RowSplit;
 
@@ -79,7 +79,15 @@ pub fn engram_value(
         x.extend_from_slice(&window.rows[r * cols..(r + 1) * cols]);
     }
     let mut y = vec![0.0f32; projected.len() * d];
-    cq_matmul(w, &x, projected.len(), &mut y, isa, split);
+    cq_matmul(
+        w,
+        &x,
+        projected.len(),
+        RowScale::default(),
+        &mut y,
+        isa,
+        split,
+    );
     for b in 0..batch {
         for s in 0..new {
             let value = &mut out[(b * new + s) * d..(b * new + s + 1) * d];

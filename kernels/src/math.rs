@@ -87,17 +87,6 @@ pub fn root_mean_square(v: &[f32]) -> f32 {
     (mean + RMS_EPSILON).sqrt()
 }
 
-/// Each `width`-wide row of `x` divided by its root mean square, `x / √(mean x² + 1e-6)`
-/// (upstream `_rms_unit`).
-pub fn rms_unit_rows(x: &[f32], width: usize) -> Vec<f32> {
-    let mut out = x.to_vec();
-    for row in out.chunks_exact_mut(width) {
-        let root = root_mean_square(row);
-        row.iter_mut().for_each(|v| *v /= root);
-    }
-    out
-}
-
 /// `v ← softmax(v)`, the maximum subtracted first (−∞ entries get ~0: [`exp`] clamps).
 pub fn softmax(v: &mut [f32]) {
     let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -138,24 +127,6 @@ mod tests {
         for isa in Isa::available() {
             let got = dot(isa, &a, &b) as f64;
             assert!((got - want).abs() < 1e-5, "{isa:?}: {got} vs {want}");
-        }
-    }
-
-    #[test]
-    fn rms_unit_rows_divides_each_row_by_its_root_mean_square() {
-        let x = [3.0, 4.0, 0.0, 0.0, 1.0, 1.0];
-        let got = rms_unit_rows(&x, 2);
-        let root = |a: f64, b: f64| ((a * a + b * b) / 2.0 + 1e-6).sqrt();
-        let want = [
-            3.0 / root(3.0, 4.0),
-            4.0 / root(3.0, 4.0),
-            0.0,
-            0.0,
-            1.0 / root(1.0, 1.0),
-            1.0 / root(1.0, 1.0),
-        ];
-        for (g, w) in got.iter().zip(want) {
-            assert!((*g as f64 - w).abs() < 1e-6, "{g} vs {w}");
         }
     }
 }

@@ -1,6 +1,7 @@
 //! `needle.ProbePool`: a probe head's pooling (upstream `probe_pool`, what
 //! `graphs/src/needle3/confidence.rs` states) over the hidden cells of one call, in one
-//! kernel where the stock graph runs ~35 nodes and stacks the cells with one more a layer.
+//! kernel where the stock graph runs ~35 nodes, reading each layer's cells where they are
+//! (stacking them first cost a copy of them all and two nodes a layer).
 //! Per batch row, `cells[t, l]` the cell of layer `l` (the embedding's first) at token `t`:
 //!
 //! ```text
@@ -15,10 +16,10 @@ use crate::split::RowSplit;
 use crate::ShapeError;
 
 /// One call's cells and which tokens are real.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Cells<'a> {
-    /// `[batch, sequence, layers, d]`.
-    pub cells: &'a [f32],
+    /// Each layer's `[batch, sequence, d]`, the embedding's first.
+    pub layers: Vec<&'a [f32]>,
     /// `[batch, sequence]`, non-zero for a kept token.
     pub keep: &'a [i64],
     pub batch: usize,
@@ -63,10 +64,11 @@ impl ProbeWeights<'_> {
             )));
         }
         let tokens = cells.batch * cells.sequence;
-        if cells.cells.len() != tokens * l * d || cells.keep.len() != tokens {
+        let fit = |layer: &&[f32]| layer.len() == tokens * d;
+        if cells.layers.len() != l || !cells.layers.iter().all(fit) || cells.keep.len() != tokens {
             return Err(ShapeError(format!(
-                "cells of {} values and keep of {} are not [{}, {}, {l}, {d}] and [{}, {}]",
-                cells.cells.len(),
+                "cells of {:?} values and keep of {} are not {l} times [{}, {}, {d}] and [{}, {}]",
+                cells.layers.iter().map(|c| c.len()).collect::<Vec<_>>(),
                 cells.keep.len(),
                 cells.batch,
                 cells.sequence,
@@ -106,12 +108,11 @@ fn pool_row(cells: &Cells, w: &ProbeWeights, b: usize, isa: Isa, out: &mut [f32]
     let (s, l, k, d) = (cells.sequence, w.layers, w.k, w.d);
     let root_d = (d as f32).sqrt();
     let keep = &cells.keep[b * s..(b + 1) * s];
-    let row_cells = &cells.cells[b * s * l * d..(b + 1) * s * l * d];
     // r [l, k, d]: each layer's probes attend over its cells.
     let mut r = vec![0.0f32; l * k * d];
     let mut weights = vec![0.0f32; s];
     for li in 0..l {
-        let cell = |t: usize| &row_cells[(t * l + li) * d..][..d];
+        let cell = |t: usize| &cells.layers[li][(b * s + t) * d..][..d];
         for j in 0..k {
             let probe = &w.probes[(li * k + j) * d..][..d];
             // softmax over the kept tokens.
@@ -168,11 +169,19 @@ mod tests {
     fn matches_the_formula() {
         let (batch, s, l, k, q, d) = (2, 3, 2, 2, 2, 4);
         let cells = values(batch * s * l * d, 0.13);
+        let layers: Vec<Vec<f32>> = (0..l)
+            .map(|li| {
+                (0..batch * s)
+                    .flat_map(|t| &cells[(t * l + li) * d..][..d])
+                    .copied()
+                    .collect()
+            })
+            .collect();
         let keep = [1, 1, 1, 1, 1, 0];
         let (probes, gain) = (values(l * k * d, 0.07), values(l * k, 0.05));
         let (query, row_bias) = (values(q * d, 0.09), values(q * l * k, 0.11));
         let c = Cells {
-            cells: &cells,
+            layers: layers.iter().map(Vec::as_slice).collect(),
             keep: &keep,
             batch,
             sequence: s,

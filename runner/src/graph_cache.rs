@@ -18,7 +18,8 @@ use std::path::{Path, PathBuf};
 ///    `GroupQueryAttention`); the MLP ops take the pre-norm and the residual add;
 ///    `needle.CqMatMul` reads the hyper-connections' lanes and normalises them itself;
 ///    `needle.ProbePool` pools the Needle 3 confidence head.
-/// 5: `needle.QkvHeads` gives the next QKV-conv state.
+/// 5: `needle.QkvHeads` gives the next QKV-conv state; `needle.ProbePool` reads each
+///    layer's cells as its own input; `needle.CqMatMul` applies the layer's norm_in.
 const GRAPH_REVISION: u32 = 5;
 
 /// Where the cache lives: `$NEEDLE_ONNX_CACHE`, else `$XDG_CACHE_HOME/needle-onnx`, else

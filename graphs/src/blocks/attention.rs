@@ -13,7 +13,8 @@
 use crate::blocks::block_quant::matmul_nbits;
 use crate::blocks::context::{BuildContext, RotaryKernel};
 use crate::blocks::cq_kernel::{cq_kernel, CqKernel};
-use crate::blocks::cq_matmul::cq_matmul;
+use crate::blocks::cq_matmul::{cq_matmul, cq_matmul_rms_normed};
+use crate::blocks::norms::{zc_gain, ZcNormed};
 use crate::blocks::weights::{CqRows, Tensor};
 use crate::builder::{Attr, Dim, GraphBuilder, Value, MS_DOMAIN};
 use crate::contract::dims::{BATCH, SEQUENCE, TOTAL_SEQUENCE};
@@ -246,11 +247,12 @@ pub fn projection<C>(
 }
 
 /// The one `needle.CqMatMul` of packed graphs over `ws` stacked (`[.., Σ out_i]`, the
-/// parts in order), where they share a layout; `None` otherwise.
+/// parts in order) of the normed `x` (a deferred norm applied in the node), where they
+/// share a layout; `None`, and no node built, otherwise.
 pub fn packed_projections<C>(
     b: &mut GraphBuilder,
     ctx: &BuildContext<C>,
-    x: &Value,
+    x: &ZcNormed,
     name: &str,
     ws: &[&Tensor],
 ) -> Option<Value> {
@@ -262,7 +264,13 @@ pub fn packed_projections<C>(
         .map(|w| w.codes.as_deref())
         .collect::<Option<_>>()?;
     let stacked = CqRows::stacked(&codes)?;
-    Some(b.scope(name, |b| cq_matmul(b, x, &stacked)))
+    Some(b.scope(name, |b| match x {
+        ZcNormed::Applied(h) => cq_matmul(b, h, &stacked),
+        ZcNormed::Deferred { x, name, scale } => {
+            let gain = zc_gain(b, &format!("{name}_gain"), scale);
+            cq_matmul_rms_normed(b, x, &stacked, &gain)
+        }
+    }))
 }
 
 /// `x @ W_i^T` for several matrices with the same input: one MatMul over their

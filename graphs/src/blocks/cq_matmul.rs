@@ -22,7 +22,7 @@ pub fn cq_matmul(b: &mut GraphBuilder, x: &Value, w: &CqRows) -> Value {
 /// [`cq_matmul`] by codes and norms of `w` already in the graph ([`codes_and_norms`],
 /// which another node reads too: the tied embedding); initializer `<scope>.codebook`.
 pub fn cq_matmul_stored(b: &mut GraphBuilder, x: &Value, w: &CqRows, stored: &[Value; 2]) -> Value {
-    cq_node(b, needle_ops::CQ_MATMUL, &[x], w, stored, vec![])
+    cq_node(b, needle_ops::CQ_MATMUL, &[x], w, stored, vec![], &[])
 }
 
 /// [`cq_matmul`] of the rows over `x`'s last `row_axes` axes, each divided by its root
@@ -38,7 +38,15 @@ pub fn cq_matmul_of_unit_rows(
         ("row_axes", Attr::Int(row_axes as i64)),
         ("unit_rows", Attr::Int(1)),
     ];
-    cq_node(b, needle_ops::CQ_MATMUL, &[x], w, &stored, attrs)
+    cq_node(b, needle_ops::CQ_MATMUL, &[x], w, &stored, attrs, &[])
+}
+
+/// [`cq_matmul`] of `x`'s rows RMS-normalised and times `gain` `[cols]` (an `RMSNormalization`
+/// with that scale, epsilon 1e-6): the norm in the product's node.
+pub fn cq_matmul_rms_normed(b: &mut GraphBuilder, x: &Value, w: &CqRows, gain: &Value) -> Value {
+    let stored = codes_and_norms(b, w);
+    let attrs = vec![("unit_rows", Attr::Int(1))];
+    cq_node(b, needle_ops::CQ_MATMUL, &[x], w, &stored, attrs, &[gain])
 }
 
 /// An engram site's value by `needle.EngramValue` from the window's `rows`, `valid` and
@@ -50,7 +58,7 @@ pub fn engram_value(
     stored: &[Value; 2],
     attrs: Attrs,
 ) -> Value {
-    cq_node(b, needle_ops::ENGRAM_VALUE, &inputs, w, stored, attrs)
+    cq_node(b, needle_ops::ENGRAM_VALUE, &inputs, w, stored, attrs, &[])
 }
 
 /// An engram site's masked rows by `needle.EngramRows` from the window's ids and validity
@@ -62,5 +70,5 @@ pub fn engram_rows_node(
     stored: &[Value; 2],
     attrs: Attrs,
 ) -> Value {
-    cq_node(b, needle_ops::ENGRAM_ROWS, &inputs, w, stored, attrs)
+    cq_node(b, needle_ops::ENGRAM_ROWS, &inputs, w, stored, attrs, &[])
 }

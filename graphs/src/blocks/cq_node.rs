@@ -1,4 +1,4 @@
-//! A Needle op node that reads a CQ matrix as the `.cact` stores it: its inputs end with
+//! A Needle op node that reads a CQ matrix as the `.cact` stores it: its inputs include
 //! the matrix's codes, norms and codebook, its attributes include `cols`, `group`, `bits`
 //! (`kernel-ops` reads them as one `CqLayout`).
 
@@ -7,8 +7,8 @@ use crate::builder::{Attr, Attrs, GraphBuilder, Value};
 use crate::contract::needle_ops;
 use crate::onnx::data_type;
 
-/// A node of op `ty` reading `first` and then the matrix `w` (codes, norms, codebook;
-/// `cols`, `group`, `bits` besides `attrs`).
+/// A node of op `ty` reading `first`, the matrix `w` (codes, norms, codebook; `cols`,
+/// `group`, `bits` besides `attrs`) and then `optional`, the op's optional inputs.
 pub(crate) fn cq_node(
     b: &mut GraphBuilder,
     ty: &str,
@@ -16,6 +16,7 @@ pub(crate) fn cq_node(
     w: &CqRows,
     [codes, norms]: &[Value; 2],
     mut attrs: Attrs,
+    optional: &[&Value],
 ) -> Value {
     let codebook_raw = w.codebook.iter().flat_map(|v| v.to_le_bytes()).collect();
     let codebook = b.weight_bytes(
@@ -33,6 +34,7 @@ pub(crate) fn cq_node(
         .iter()
         .copied()
         .chain([codes, norms, &codebook])
+        .chain(optional.iter().copied())
         .collect();
     b.op_in(needle_ops::DOMAIN, ty, &inputs, attrs, 1).remove(0)
 }

@@ -46,7 +46,7 @@ pub fn cq_gather_stored(
     w: &CqRows,
     stored: &[Value; 2],
 ) -> Value {
-    cq_node(b, needle_ops::CQ_GATHER, &[indices], w, stored, vec![])
+    cq_node(b, needle_ops::CQ_GATHER, &[indices], w, stored, vec![], &[])
 }
 
 /// [`gather_cq_rows`] from codes and norms already in the graph ([`codes_and_norms`], which

@@ -31,6 +31,28 @@ pub fn zc_rms_norm<C>(
     })
 }
 
+/// A `ZCRMSNorm` of `x` for the node that reads it: applied already (`Applied`), or left
+/// to the reader (`Deferred`), which packed attention folds into its projection's node
+/// (`needle.CqMatMul`'s `gain`) and anything else applies first ([`ZcNormed::value`]).
+pub enum ZcNormed<'a> {
+    Applied(Value),
+    Deferred {
+        x: &'a Value,
+        name: &'static str,
+        scale: &'a [f32],
+    },
+}
+
+impl ZcNormed<'_> {
+    /// The normed value, made here where the norm was deferred.
+    pub fn value<C>(&self, b: &mut GraphBuilder, ctx: &BuildContext<C>) -> Value {
+        match self {
+            ZcNormed::Applied(h) => h.clone(),
+            ZcNormed::Deferred { x, name, scale } => zc_rms_norm(b, ctx, x, name, scale),
+        }
+    }
+}
+
 /// A `ZCRMSNorm`'s gain `1 + scale` as initializer `name` (added in float32, before any
 /// fp16 rounding): what the norm multiplies by, and what the Needle ops that fuse a norm
 /// read.

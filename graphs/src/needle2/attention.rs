@@ -8,7 +8,7 @@ use crate::blocks::attention::{
 };
 use crate::blocks::context::BuildContext;
 use crate::blocks::needle_attention::{self, needle_attention, HeadsConv};
-use crate::blocks::norms::zc_rms_norm;
+use crate::blocks::norms::{zc_rms_norm, ZcNormed};
 use crate::builder::{GraphBuilder, Value};
 use crate::geometry::Geometry;
 use crate::needle2::{Config, LayerWeights};
@@ -47,13 +47,14 @@ pub fn attention(
     b: &mut GraphBuilder,
     ctx: &BuildContext<Config>,
     attn: &AttentionCtx,
-    x: &Value,
+    x: &ZcNormed,
     w: &LayerWeights,
     past: &KvPair,
 ) -> (Value, KvPair) {
     if let Some(fused) = needle_ops_attention(b, ctx, attn, x, w, past) {
         return fused;
     }
+    let x = &x.value(b, ctx);
     let cfg = ctx.cfg;
     let (h, kv, hd) = (
         cfg.common.num_heads as i64,
@@ -94,7 +95,7 @@ fn needle_ops_attention(
     b: &mut GraphBuilder,
     ctx: &BuildContext<Config>,
     attn: &AttentionCtx,
-    x: &Value,
+    x: &ZcNormed,
     w: &LayerWeights,
     past: &KvPair,
 ) -> Option<(Value, KvPair)> {

@@ -3,6 +3,7 @@
 
 use crate::blocks::attention::{CoreInputs, KvPair};
 use crate::blocks::context::BuildContext;
+use crate::blocks::norms::ZcNormed;
 use crate::builder::{GraphBuilder, Value};
 use crate::needle2::attention::{attention, attention_ctx, AttentionCtx};
 use crate::needle2::hadamard_mlp::{hadamard_mlp, hadamard_mlp_op};
@@ -66,7 +67,7 @@ impl Architecture for Config {
         ctx: &BuildContext<Config>,
         attn: &AttentionCtx,
         _layer: usize,
-        x: &Value,
+        x: &ZcNormed,
         w: &LayerWeights,
         past: &KvPair,
         _state: Option<&Value>,

@@ -17,7 +17,7 @@ use crate::blocks::attention::{
 };
 use crate::blocks::context::BuildContext;
 use crate::blocks::needle_attention::{self, needle_attention, HeadsConv};
-use crate::blocks::norms::zc_rms_norm;
+use crate::blocks::norms::{zc_rms_norm, ZcNormed};
 use crate::builder::{Attr, Dim, GraphBuilder, Value};
 use crate::contract::dims::BATCH;
 use crate::contract::Precision;
@@ -61,7 +61,7 @@ pub fn attention(
     ctx: &BuildContext<Config>,
     attn: &AttentionCtx,
     layer: usize,
-    x: &Value,
+    x: &ZcNormed,
     w: &LayerWeights,
     past: LayerPast<'_>,
 ) -> (Value, KvPair, Option<Value>) {
@@ -69,6 +69,7 @@ pub fn attention(
     if let Some(fused) = needle_ops_attention(b, ctx, attn, layer, x, w, &past) {
         return fused;
     }
+    let x = &x.value(b, ctx);
     let shape = cfg.head_shape();
     let (h, kv) = (cfg.common.num_heads as i64, cfg.common.num_kv_heads as i64);
     let qk = cfg.qk_head_dim as i64;
@@ -231,7 +232,7 @@ fn needle_ops_attention(
     ctx: &BuildContext<Config>,
     attn: &AttentionCtx,
     layer: usize,
-    x: &Value,
+    x: &ZcNormed,
     w: &LayerWeights,
     past: &LayerPast<'_>,
 ) -> Option<(Value, KvPair, Option<Value>)> {

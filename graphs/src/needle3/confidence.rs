@@ -8,8 +8,8 @@
 //! u[q,(l,k)] = r[l,k]·query[q] / √d + row_bias[q,l,k]            w = softmax_(l,k)(u)
 //! logit = proj · concat_q(Σ_(l,k) w·r) + bias
 //! ```
-//! Graphs with the Needle ops pool in one `needle.ProbePool` node over the cells stacked
-//! `[batch, sequence, L+1, d]`.
+//! Graphs with the Needle ops pool in one `needle.ProbePool` node that reads every cell
+//! where it is (one variadic input a layer).
 //!
 //! It pools over the positions of one call, so it is the head's logit for a sequence
 //! when that sequence is fed whole with an empty cache (as `needle-run` does once the
@@ -36,7 +36,6 @@ pub fn confidence_logit(
     let mixed = match ctx.kernels.needle_ops {
         false => pooled_mix(b, ctx, cells, keep, head),
         true => {
-            let cells = stack_cells(b, cells, 2); // [B, S, rows, d]
             let weights = [
                 ("probes", &head.probes),
                 ("gain", &head.gain),
@@ -45,7 +44,8 @@ pub fn confidence_logit(
             ]
             .map(|(name, t)| b.weight(name, &t.shape, &t.data));
             let [probes, gain, query, row_bias] = &weights;
-            let inputs = [&cells, keep, probes, gain, query, row_bias];
+            let mut inputs = vec![keep, probes, gain, query, row_bias];
+            inputs.extend(cells);
             b.op_in(
                 needle_ops::DOMAIN,
                 needle_ops::PROBE_POOL,

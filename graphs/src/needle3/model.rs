@@ -4,6 +4,7 @@
 
 use crate::blocks::attention::{core_inputs, rope, CoreInputs, KvPair};
 use crate::blocks::context::BuildContext;
+use crate::blocks::norms::ZcNormed;
 use crate::builder::{GraphBuilder, Value};
 use crate::needle3::attention::{attention, AttentionCtx, LayerPast};
 use crate::needle3::confidence::confidence_logit;
@@ -99,7 +100,7 @@ impl Architecture for Config {
         ctx: &BuildContext<Config>,
         attn: &AttentionCtx,
         layer: usize,
-        x: &Value,
+        x: &ZcNormed,
         w: &LayerWeights,
         past: &KvPair,
         state: Option<&Value>,

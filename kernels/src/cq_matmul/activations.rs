@@ -5,6 +5,7 @@
 use super::{CqMatrix, NIBBLE_CHUNK};
 use crate::hadamard;
 use crate::isa::Isa;
+use crate::math::root_mean_square;
 
 /// The path a product runs on and the activation order it reads.
 pub(super) struct Layout {
@@ -51,18 +52,47 @@ impl Layout {
     }
 }
 
-/// The prepared activations `[tokens, groups · group]`.
-pub(super) fn prepare(w: &CqMatrix, x: &[f32], tokens: usize, layout: &Layout) -> Vec<f32> {
+/// The prepared activations `[tokens, groups · group]`, each token's row scaled first.
+pub(super) fn prepare(
+    w: &CqMatrix,
+    x: &[f32],
+    tokens: usize,
+    scale: RowScale,
+    layout: &Layout,
+) -> Vec<f32> {
     let in_pad = w.groups() * w.group;
     let mut out = vec![0.0f32; tokens * in_pad];
     let mut rotated = vec![0.0f32; in_pad];
     for (t, token) in out.chunks_exact_mut(in_pad).enumerate() {
-        rotated[..w.cols].copy_from_slice(&x[t * w.cols..(t + 1) * w.cols]);
+        let row = &mut rotated[..w.cols];
+        row.copy_from_slice(&x[t * w.cols..(t + 1) * w.cols]);
+        scale.apply(row);
         rotated[w.cols..].fill(0.0);
         rotated.chunks_exact_mut(w.group).for_each(hadamard::rotate);
         layout.arrange(&rotated, token);
     }
     out
+}
+
+/// How each row of `x` is scaled before the product: divided by its root mean square
+/// (upstream `_rms_unit`) where `unit_rows`, then times `gain` (`[cols]`) where given; an
+/// RMS norm with that gain, or the hyper-connections' unit rows.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RowScale<'a> {
+    pub unit_rows: bool,
+    pub gain: Option<&'a [f32]>,
+}
+
+impl RowScale<'_> {
+    fn apply(&self, row: &mut [f32]) {
+        if self.unit_rows {
+            let root = root_mean_square(row);
+            row.iter_mut().for_each(|v| *v /= root);
+        }
+        if let Some(gain) = self.gain {
+            row.iter_mut().zip(gain).for_each(|(v, g)| *v *= g);
+        }
+    }
 }
 
 impl Layout {

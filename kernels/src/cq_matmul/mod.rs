@@ -30,6 +30,7 @@ use crate::f16;
 use crate::isa::Isa;
 use crate::split::RowSplit;
 use crate::ShapeError;
+pub use activations::RowScale;
 use activations::{prepare, Layout};
 
 /// Codes of one chunk of the AVX2 4-bit lookup (16 bytes), which a group must hold whole.
@@ -146,13 +147,14 @@ pub(super) struct Table {
     pub byte_planes: [[u8; 16]; 4],
 }
 
-/// `y[t, r] = Σ_c x[t, c] · W[r, c]` for `tokens` rows of `x` (`[tokens, cols]`) into `y`
-/// (`[tokens, rows]`), on `isa` (or the widest narrower path the matrix allows), row
-/// blocks spread by `split`.
+/// `y[t, r] = Σ_c x[t, c] · W[r, c]` for `tokens` rows of `x` (`[tokens, cols]`), each
+/// scaled by `scale` first, into `y` (`[tokens, rows]`), on `isa` (or the widest narrower
+/// path the matrix allows), row blocks spread by `split`.
 pub fn cq_matmul(
     w: &CqMatrix,
     x: &[f32],
     tokens: usize,
+    scale: RowScale,
     y: &mut [f32],
     isa: Isa,
     split: &dyn RowSplit,
@@ -160,7 +162,10 @@ pub fn cq_matmul(
     assert_eq!(x.len(), tokens * w.cols, "x is [tokens, cols]");
     assert_eq!(y.len(), tokens * w.rows, "y is [tokens, rows]");
     let layout = Layout::new(isa, w.bits, w.group);
-    let xt = prepare(w, x, tokens, &layout);
+    if let Some(gain) = scale.gain {
+        assert_eq!(gain.len(), w.cols, "gain is [cols]");
+    }
+    let xt = prepare(w, x, tokens, scale, &layout);
     let table = w.table();
     let out = Output(y.as_mut_ptr());
     split.for_each(w.rows.div_ceil(BLOCK_ROWS), &|block| {

@@ -111,7 +111,15 @@ fn tokens_for(case: &Case, tokens: usize, seed: u64) -> Vec<f32> {
 
 fn run(case: &Case, x: &[f32], tokens: usize, isa: Isa) -> Vec<f32> {
     let mut y = vec![f32::NAN; tokens * case.rows];
-    cq_matmul(&case.matrix(), x, tokens, &mut y, isa, &Serial);
+    cq_matmul(
+        &case.matrix(),
+        x,
+        tokens,
+        RowScale::default(),
+        &mut y,
+        isa,
+        &Serial,
+    );
     y
 }
 
@@ -216,7 +224,15 @@ fn threads_change_no_bit() {
         let x = tokens_for(&case, tokens, 1);
         let serial = run(&case, &x, tokens, isa);
         let mut threaded = vec![0.0; serial.len()];
-        cq_matmul(&case.matrix(), &x, tokens, &mut threaded, isa, &Threads);
+        cq_matmul(
+            &case.matrix(),
+            &x,
+            tokens,
+            RowScale::default(),
+            &mut threaded,
+            isa,
+            &Threads,
+        );
         assert_eq!(serial, threaded);
     }
 }
