@@ -192,8 +192,7 @@ unsafe extern "system" fn compute<Op: NeedleOp>(
         // SAFETY (each call below): `ctx` is the context of this compute call, whose
         // tensors outlive it.
         let count = unsafe { api.input_count(ctx) }.map_err(op_error::<Op>)?;
-        let types = kernel_ops::input_types::<Op>(count)
-            .ok_or_else(|| op_error::<Op>(format!("{count} inputs is not a count it takes")))?;
+        let types = kernel_ops::input_types::<Op>(count)?;
         let read = types
             .into_iter()
             .enumerate()

@@ -234,17 +234,17 @@ pub fn compute<Op: NeedleOp>(
 }
 
 /// The element types of `Op`'s inputs when a node gives it `count`: [`NeedleOp::INPUTS`],
-/// then as many of the optional ones, or the variadic type for the rest; `None` for a
-/// count the op does not take.
-pub fn input_types<Op: NeedleOp>(count: usize) -> Option<Vec<ElementType>> {
-    let extra = count.checked_sub(Op::INPUTS.len())?;
-    let mut types = Op::INPUTS.to_vec();
-    match Op::VARIADIC {
-        Some(t) if extra >= 1 => types.resize(count, t),
-        Some(_) => return None,
-        None => types.extend(Op::OPTIONAL_INPUTS.get(..extra)?),
-    }
-    Some(types)
+/// then as many of the optional ones, or the variadic type for the rest; the error that
+/// says so for a count the op does not take.
+pub fn input_types<Op: NeedleOp>(count: usize) -> Result<Vec<ElementType>, OpError> {
+    let more = match (count.checked_sub(Op::INPUTS.len()), Op::VARIADIC) {
+        (Some(extra @ 1..), Some(t)) => Some(vec![t; extra]),
+        (Some(extra), None) => Op::OPTIONAL_INPUTS.get(..extra).map(<[_]>::to_vec),
+        _ => None,
+    };
+    let more =
+        more.ok_or_else(|| op_error::<Op>(format!("{count} inputs is not a count it takes")))?;
+    Ok([Op::INPUTS, &more].concat())
 }
 
 /// The declared characteristic of input or output `index` of `Op`.
@@ -321,4 +321,36 @@ fn size_attribute<Op: NeedleOp>(
     attribute(name)
         .and_then(|v| usize::try_from(v).ok())
         .ok_or_else(|| op_error::<Op>(format!("no attribute {name}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Optional inputs may be left out at the end only; variadic ones need at least one.
+    #[test]
+    fn input_types_take_the_declared_counts() {
+        let qkv = |count| input_types::<QkvHeads>(count).map(|t| t.len());
+        assert_eq!(qkv(8), Ok(8));
+        assert_eq!(qkv(9), Ok(9));
+        assert_eq!(input_types::<QkvHeads>(9).unwrap()[8], ElementType::Int64);
+        for count in [7, 10] {
+            assert_eq!(
+                qkv(count),
+                Err(OpError(format!(
+                    "needle.QkvHeads: {count} inputs is not a count it takes"
+                )))
+            );
+        }
+        let pool = |count| input_types::<ProbePool>(count).map(|t| t.len());
+        assert!(pool(5).is_err());
+        assert_eq!(pool(26), Ok(26));
+        assert_eq!(
+            input_types::<ProbePool>(26).unwrap()[25],
+            ElementType::Float32
+        );
+        assert_eq!(Presence::of_input::<ProbePool>(5), Presence::Variadic);
+        assert_eq!(Presence::of_input::<QkvHeads>(8), Presence::Optional);
+        assert_eq!(Presence::of_output::<QkvHeads>(1), Presence::Optional);
+    }
 }

@@ -102,11 +102,7 @@ struct OrtKernel<Op>(Op);
 impl<Op: NeedleOp> Kernel for OrtKernel<Op> {
     fn compute(&mut self, ctx: &ComputeContext) -> ort::Result<()> {
         let count = ctx.num_inputs()?;
-        let types = kernel_ops::input_types::<Op>(count).ok_or_else(|| {
-            ort::Error::new(op_error::<Op>(format!(
-                "{count} inputs is not a count it takes"
-            )))
-        })?;
+        let types = kernel_ops::input_types::<Op>(count).map_err(ort::Error::new)?;
         let values = (0..count)
             .map(|i| {
                 ctx.input(i)?
