@@ -7,6 +7,7 @@
 //! queries', the keys' and the values' in that order. Output float32 `[batch, sequence,
 //! (heads + 2 · kv_heads) · padded]`: `GroupQueryAttention`'s packed query, key and value.
 
+use crate::conv_state::same_batch;
 use crate::{op_error, size_attribute, ElementType, Input, NeedleOp, OpError, RowSplit};
 use graphs::contract::needle_ops;
 use kernels::attention_heads::{attention_heads, ConvInputs, HeadsLayout, HeadsPart, NormRope};
@@ -127,12 +128,7 @@ impl NeedleOp for QkvHeads {
         let Some((_, real_new)) = Input::optional::<Self, i64>(inputs, 8)? else {
             return Err(op_error::<Self>("the next conv state needs real_new"));
         };
-        let state_shape = inputs[1].shape;
-        if state_shape.first() != Some(&(conv.window.batch as i64)) {
-            return Err(op_error::<Self>(format!(
-                "the state {state_shape:?} is not one row a batch row"
-            )));
-        }
+        same_batch::<Self>(inputs[0].shape, inputs[1].shape)?;
         conv_state(&conv.window, real_new, next).map_err(op_error::<Self>)
     }
 }

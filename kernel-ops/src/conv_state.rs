@@ -17,18 +17,12 @@ impl ConvState {
         let (p_shape, projections) = Input::get::<Self, f32>(inputs, 0)?;
         let (state_shape, state) = Input::get::<Self, f32>(inputs, 1)?;
         let (_, real_new) = Input::get::<Self, i64>(inputs, 2)?;
-        let (&[batch, sequence, projections_width], &[state_batch, _, width]) =
-            (p_shape, state_shape)
-        else {
+        let (&[batch, sequence, projections_width], &[_, _, width]) = (p_shape, state_shape) else {
             return Err(op_error::<Self>(format!(
                 "projections {p_shape:?} and state {state_shape:?} are not [batch, ·, width]"
             )));
         };
-        if state_batch != batch {
-            return Err(op_error::<Self>(format!(
-                "projections {p_shape:?} and state {state_shape:?} are not one batch"
-            )));
-        }
+        same_batch::<Self>(p_shape, state_shape)?;
         let window = ConvWindow {
             state,
             projections,
@@ -39,6 +33,20 @@ impl ConvState {
         };
         window.state_rows().map_err(op_error::<Self>)?;
         Ok((window, real_new, state_shape))
+    }
+}
+
+/// The error of a conv `state` whose batch is not the `projections`' (`[batch, ..]` each):
+/// the next state has one per batch row.
+pub(crate) fn same_batch<Op: NeedleOp>(
+    p_shape: &[i64],
+    state_shape: &[i64],
+) -> Result<(), OpError> {
+    match p_shape.first() == state_shape.first() {
+        true => Ok(()),
+        false => Err(op_error::<Op>(format!(
+            "projections {p_shape:?} and state {state_shape:?} are not one batch"
+        ))),
     }
 }
 
