@@ -238,28 +238,46 @@ mod tests {
             .collect()
     }
 
+    /// The tests' conv: projections `[B, S, WIDTH]`, a state of `TAPS − 1` rows and the
+    /// taps, each `CONV` wide.
+    struct TestWindow {
+        p: Vec<f32>,
+        state: Vec<f32>,
+        taps: Vec<f32>,
+    }
+
+    impl TestWindow {
+        fn new() -> TestWindow {
+            TestWindow {
+                p: values(B * S * WIDTH, 0.1),
+                state: values(B * (TAPS - 1) * CONV, 0.2),
+                taps: values(TAPS * CONV, 0.3),
+            }
+        }
+
+        fn inputs(&self) -> ConvInputs<'_> {
+            ConvInputs {
+                window: ConvWindow {
+                    state: &self.state,
+                    projections: &self.p,
+                    projections_width: WIDTH,
+                    batch: B,
+                    sequence: S,
+                    width: CONV,
+                },
+                taps: &self.taps,
+            }
+        }
+    }
+
     /// Query-like heads (2 of 4, from column 4) and value-like (1 of 4, from column 8)
     /// against the formulas in f64: the window's rows by hand, the norm, RoPE, padding.
     #[test]
     fn heads_match_the_formulas() {
-        let (p, state, taps) = (
-            values(B * S * WIDTH, 0.1),
-            values(B * (TAPS - 1) * CONV, 0.2),
-            values(TAPS * CONV, 0.3),
-        );
+        let window = TestWindow::new();
         let (gain, cos, sin) = (values(4, 0.05), values(10 * 2, 0.04), values(10 * 2, 0.06));
         let positions: Vec<i64> = vec![7, 8, 9, 2, 3, 0];
-        let inputs = ConvInputs {
-            window: ConvWindow {
-                state: &state,
-                projections: &p,
-                projections_width: WIDTH,
-                batch: B,
-                sequence: S,
-                width: CONV,
-            },
-            taps: &taps,
-        };
+        let inputs = window.inputs();
         let nr = NormRope {
             gain: &gain,
             cos: &cos,
@@ -302,19 +320,19 @@ mod tests {
                     continue;
                 }
                 let column = layout.offset + h * 4;
-                let window = |r: usize, c: usize| -> f64 {
+                let row = |r: usize, c: usize| -> f64 {
                     if r < TAPS - 1 {
-                        state[(b * (TAPS - 1) + r) * CONV + c] as f64
+                        window.state[(b * (TAPS - 1) + r) * CONV + c] as f64
                     } else {
-                        p[(b * S + r - (TAPS - 1)) * WIDTH + c] as f64
+                        window.p[(b * S + r - (TAPS - 1)) * WIDTH + c] as f64
                     }
                 };
                 let mut y: Vec<f64> = (0..4)
                     .map(|i| {
                         (0..layout.visible_taps)
                             .map(|j| {
-                                taps[j * CONV + column + i] as f64
-                                    * window(t + TAPS - 1 - j, column + i)
+                                window.taps[j * CONV + column + i] as f64
+                                    * row(t + TAPS - 1 - j, column + i)
                             })
                             .sum()
                     })
@@ -363,24 +381,10 @@ mod tests {
 
     #[test]
     fn a_position_outside_the_tables_is_refused() {
-        let (p, state, taps) = (
-            values(B * S * WIDTH, 0.1),
-            values(B * (TAPS - 1) * CONV, 0.2),
-            values(TAPS * CONV, 0.3),
-        );
+        let window = TestWindow::new();
         let (gain, table) = (values(4, 0.05), values(10 * 2, 0.04));
         let positions = vec![0, 1, 2, 3, 10, 5];
-        let inputs = ConvInputs {
-            window: ConvWindow {
-                state: &state,
-                projections: &p,
-                projections_width: WIDTH,
-                batch: B,
-                sequence: S,
-                width: CONV,
-            },
-            taps: &taps,
-        };
+        let inputs = window.inputs();
         let nr = NormRope {
             gain: &gain,
             cos: &table,
