@@ -173,10 +173,12 @@ pub(crate) fn build<A: Architecture>(
     }
     let mut presents = Vec::with_capacity(layers.len());
     let mut next_states = Vec::with_capacity(layers.len());
+    // Layer `i`'s mixing logits where layer `i − 1`'s `hc_post` projected them.
+    let mut projected = None;
     for (i, layer_weights) in layers.iter().enumerate() {
         let (next, present, state) = b.scope(format!("layers.{i}"), |b| {
             // Layer `i`: `hc_pre` → engram (at its sites) → block → `hc_post`.
-            let (u, mix) = hc_pre(b, &ctx, &x, stream.mhc, i);
+            let (u, mix) = hc_pre(b, &ctx, &x, stream.mhc, i, projected.take());
             let site = ctx.common.engram.sites.iter().position(|&s| s == i);
             let bx = match site {
                 Some(s) => b.scope(format!("engrams.{s}"), |b| {
@@ -190,9 +192,14 @@ pub(crate) fn build<A: Architecture>(
             };
             let (out, present, state) =
                 block(b, &ctx, &attention, &constants, i, &bx, layer_weights, past);
-            (hc_post(b, &ctx, &x, &out, &u, &mix), present, state)
+            let next_layer = (i + 1 < layers.len()).then_some((stream.mhc, i + 1));
+            (
+                hc_post(b, &ctx, &x, &out, &u, &mix, next_layer),
+                present,
+                state,
+            )
         });
-        x = next;
+        (x, projected) = next;
         if has_heads {
             match ctx.kernels.needle_ops {
                 true => streams.push(x.clone()),

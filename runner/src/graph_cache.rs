@@ -20,7 +20,8 @@ use std::path::{Path, PathBuf};
 ///    `needle.ProbePool` pools the Needle 3 confidence head.
 /// 5: `needle.QkvHeads` gives the next QKV-conv state; `needle.ProbePool` reads each
 ///    layer's cells as its own input; `needle.CqMatMul` applies the layer's norm_in.
-const GRAPH_REVISION: u32 = 5;
+/// 6: `needle.HyperConnectionsOut` projects the next layer's mixing logits.
+const GRAPH_REVISION: u32 = 6;
 
 /// Where the cache lives: `$NEEDLE_ONNX_CACHE`, else `$XDG_CACHE_HOME/needle-onnx`, else
 /// `$HOME/.cache/needle-onnx`; `None` when none of them is set.

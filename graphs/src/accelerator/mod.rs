@@ -222,7 +222,7 @@ fn build_stream<A: Accelerated>(
     let mut new_kvs: Vec<(KvPair, Option<Value>)> = Vec::with_capacity(layers.len());
     for (i, layer_weights) in layers.iter().enumerate() {
         let (next, new_kv) = b.scope(format!("layers.{i}"), |b| {
-            let (u, mix) = hc_pre(b, &ctx, &x, stream.mhc, i);
+            let (u, mix) = hc_pre(b, &ctx, &x, stream.mhc, i, None);
             let site = e.sites.iter().position(|&s| s == i);
             let bx = match site {
                 Some(s) => b.scope(format!("engrams.{s}"), |b| {
@@ -236,7 +236,10 @@ fn build_stream<A: Accelerated>(
             };
             let (out, new_kv, new_state) =
                 block(b, &ctx, &attention, &constants, i, &bx, layer_weights, past);
-            (hc_post(b, &ctx, &x, &out, &u, &mix), (new_kv, new_state))
+            (
+                hc_post(b, &ctx, &x, &out, &u, &mix, None).0,
+                (new_kv, new_state),
+            )
         });
         x = next;
         new_kvs.push(new_kv);

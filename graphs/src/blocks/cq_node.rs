@@ -14,10 +14,25 @@ pub(crate) fn cq_node(
     ty: &str,
     first: &[&Value],
     w: &CqRows,
+    stored: &[Value; 2],
+    attrs: Attrs,
+    optional: &[&Value],
+) -> Value {
+    cq_node_outputs(b, ty, first, w, stored, attrs, optional, 1).remove(0)
+}
+
+/// [`cq_node`] with `outputs` outputs.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn cq_node_outputs(
+    b: &mut GraphBuilder,
+    ty: &str,
+    first: &[&Value],
+    w: &CqRows,
     [codes, norms]: &[Value; 2],
     mut attrs: Attrs,
     optional: &[&Value],
-) -> Value {
+    outputs: usize,
+) -> Vec<Value> {
     let codebook_raw = w.codebook.iter().flat_map(|v| v.to_le_bytes()).collect();
     let codebook = b.weight_bytes(
         "codebook",
@@ -36,5 +51,5 @@ pub(crate) fn cq_node(
         .chain([codes, norms, &codebook])
         .chain(optional.iter().copied())
         .collect();
-    b.op_in(needle_ops::DOMAIN, ty, &inputs, attrs, 1).remove(0)
+    b.op_in(needle_ops::DOMAIN, ty, &inputs, attrs, outputs)
 }

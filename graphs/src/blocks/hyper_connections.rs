@@ -9,10 +9,13 @@
 //! graphs: one `needle.CqMatMul` of the layer's codes over the lanes, `rms_unit` included,
 //! the gains applied to its logits).
 //! Graphs with the Needle ops run each side as one node (`needle.HyperConnectionsIn`,
-//! `needle.HyperConnectionsOut`).
+//! `needle.HyperConnectionsOut`); packed ones project the next layer's logits in the
+//! `Out` node, from the stream it has just written.
 
 use crate::blocks::context::{BuildContext, OpForms};
 use crate::blocks::cq_matmul::cq_matmul_of_unit_rows;
+use crate::blocks::cq_node::cq_node_outputs;
+use crate::blocks::cq_rows::codes_and_norms;
 use crate::blocks::norms::rms_unit;
 use crate::blocks::weights::{CqRows, MhcWeights, Tensor};
 use crate::builder::{Attr, GraphBuilder, Value};
@@ -35,27 +38,29 @@ pub enum LaneMix {
 }
 
 /// Block input `u` `[batch, sequence, C]` of layer `layer` and the mixes for [`hc_post`].
+/// `projected`: the layer's logits where the previous layer's [`hc_post`] projected them.
 pub fn hc_pre<C>(
     b: &mut GraphBuilder,
     ctx: &BuildContext<C>,
     x: &Value,
     w: &MhcWeights,
     layer: usize,
+    projected: Option<Value>,
 ) -> (Value, LaneMix) {
     let (n, c) = (ctx.common.mhc_lanes, ctx.common.d_model);
-    // Only packed graphs read the codes (gathering a layer's rows copies them).
-    let codes = match ctx.matmul_weights() {
-        MatMulWeights::Packed => layer_codes(w, layer, n),
-        _ => None,
+    let codes = match projected {
+        Some(_) => None,
+        None => packed_codes(ctx, w, layer),
     };
     // The projection's logits and the gains still to apply to them (none: folded in).
-    let (logits, gains) = match codes {
+    let (logits, gains) = match (projected, codes) {
+        (Some(logits), _) => (logits, Some(gains(w, layer, n))),
         // `needle.CqMatMul` reads the lanes as one row and normalises it itself.
-        Some(codes) => b.scope("mhc_phi", |b| {
+        (None, Some(codes)) => b.scope("mhc_phi", |b| {
             let logits = cq_matmul_of_unit_rows(b, x, &codes, 2);
             (logits, Some(gains(w, layer, n)))
         }),
-        None => {
+        (None, None) => {
             let flat = b.reshape(x, &[0, 0, (n * c) as i64]);
             let nx = rms_unit(b, ctx, &flat, n * c);
             let phi = folded_projection(w, layer, n, c);
@@ -104,7 +109,10 @@ pub fn hc_pre<C>(
 }
 
 /// The new stream `h_res·x + h_post ⊗ (out − u)` from the block's output `out` and input
-/// `u`, `[batch, sequence, C]` each.
+/// `u`, `[batch, sequence, C]` each; with `next` (the weights and the next layer's index)
+/// in a packed graph whose next layer has its codes, also that layer's logits for its
+/// [`hc_pre`], projected in the same node.
+#[allow(clippy::too_many_arguments)]
 pub fn hc_post<C>(
     b: &mut GraphBuilder,
     ctx: &BuildContext<C>,
@@ -112,7 +120,8 @@ pub fn hc_post<C>(
     out: &Value,
     u: &Value,
     mix: &LaneMix,
-) -> Value {
+    next: Option<(&MhcWeights, usize)>,
+) -> (Value, Option<Value>) {
     let n = ctx.common.mhc_lanes as i64;
     let (post, res) = match mix {
         LaneMix::Kernel {
@@ -120,15 +129,21 @@ pub fn hc_post<C>(
             gains,
             bias,
         } => {
-            return b
-                .op_in(
-                    needle_ops::DOMAIN,
-                    needle_ops::HYPER_CONNECTIONS_OUT,
-                    &[x, out, u, logits, gains, bias],
-                    vec![("iterations", Attr::Int(SINKHORN_ITERS as i64))],
-                    1,
-                )
-                .remove(0)
+            let inputs = [x, out, u, logits, gains, bias];
+            let iterations = vec![("iterations", Attr::Int(SINKHORN_ITERS as i64))];
+            let codes = next.and_then(|(w, layer)| packed_codes(ctx, w, layer));
+            let Some(codes) = codes else {
+                let ty = needle_ops::HYPER_CONNECTIONS_OUT;
+                let mut next = b.op_in(needle_ops::DOMAIN, ty, &inputs, iterations, 1);
+                return (next.remove(0), None);
+            };
+            let mut outputs = b.scope("next_mhc_phi", |b| {
+                let stored = codes_and_norms(b, &codes);
+                let ty = needle_ops::HYPER_CONNECTIONS_OUT;
+                cq_node_outputs(b, ty, &inputs, &codes, &stored, iterations, &[], 2)
+            });
+            let logits = outputs.pop();
+            return (outputs.remove(0), logits);
         }
         LaneMix::Nodes { post, res } => (post, res),
     };
@@ -147,7 +162,7 @@ pub fn hc_post<C>(
     let h_post = b.unsqueeze(&h_post, &[3]);
     let y = b.unsqueeze(&y, &[2]);
     let update = b.mul(&h_post, &y);
-    b.add(&mixed, &update)
+    (b.add(&mixed, &update), None)
 }
 
 /// `exp` of 20 alternating row/column log-normalisations of `[.., n, n]` logits:
@@ -201,6 +216,15 @@ fn folded_projection(w: &MhcWeights, layer: usize, n: usize, c: usize) -> Vec<f3
         }
     }
     phi
+}
+
+/// Layer `layer`'s projection as codes, in packed graphs only (gathering a layer's rows
+/// copies them).
+fn packed_codes<C>(ctx: &BuildContext<C>, w: &MhcWeights, layer: usize) -> Option<CqRows> {
+    match ctx.matmul_weights() {
+        MatMulWeights::Packed => layer_codes(w, layer, ctx.common.mhc_lanes),
+        _ => None,
+    }
 }
 
 /// Layer `layer`'s rows of the three projections (`[2n + n², n·C]`) as the `.cact`'s codes,
