@@ -48,6 +48,7 @@ impl NeedleModel {
                 unk_id: t.unk_id,
             },
         )
+        .with_confidence_pools(self.weights.confidence_pools())
     }
 
     /// The serialized graph of one variant.

@@ -23,6 +23,13 @@ pub mod names {
     /// `float32 [batch]`, a model with a confidence head: the head's logit over this
     /// call's real tokens (a sequence's confidence when it is fed whole, empty cache).
     pub const CONFIDENCE_LOGIT: &str = "confidence_logit";
+    /// Graphs with the Needle ops and a confidence head (`keys::CONFIDENCE_POOLS`):
+    /// `float32 [batch, pools, d_model + 2]`, the head's running pools over the row's
+    /// tokens before this call (zeros before the first; `kernels/src/probe_pool.rs`), and
+    /// after it: `confidence_logit` is then the head's logit over every token the row has
+    /// fed, not this call's alone.
+    pub const PAST_CONFIDENCE_POOLS: &str = "past_confidence_pools";
+    pub const PRESENT_CONFIDENCE_POOLS: &str = "present_confidence_pools";
     /// `float32 [batch, contrastive_dim]`, Needle 2 with a contrastive head: the unit-norm
     /// embedding of this call's real tokens (a sequence's when it is fed whole, empty
     /// cache); cosine similarity is the dot product of two.
@@ -161,6 +168,9 @@ pub mod keys {
     pub const SOURCE_FILE: &str = "needle.source_file";
     pub const SOURCE_SHA256: &str = "needle.source_sha256";
     pub const STATE_INPUTS: &str = "needle.state_inputs";
+    /// The number of running pools of the confidence head a graph carries between calls
+    /// (`names::PAST_CONFIDENCE_POOLS`); absent where it carries none.
+    pub const CONFIDENCE_POOLS: &str = "needle.confidence_pools";
     /// The index of the cache pair that holds the token history (see
     /// [`super::names::token_history`]): `num_layers`.
     pub const TOKEN_HISTORY: &str = "needle.token_history_layer";

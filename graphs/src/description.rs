@@ -4,7 +4,8 @@
 
 use crate::config::ModelConfig;
 use crate::contract::{
-    dims, keys, names, AttentionKind, Generation, PaddingSide, RuntimeTarget, Variant, ID_SPLIT,
+    dims, keys, names, AttentionKind, Generation, MatMulWeights, PaddingSide, RuntimeTarget,
+    Variant, ID_SPLIT,
 };
 use crate::metadata::Metadata;
 
@@ -54,6 +55,10 @@ pub struct ExportDescription {
     pub past_present_share_buffer: bool,
     /// The state inputs besides the KV cache, each fed back from its `present_*` output.
     pub state_inputs: Vec<String>,
+    /// The confidence head's running pools a graph carries between calls
+    /// (`names::PAST_CONFIDENCE_POOLS`, the last of [`Self::state_inputs`]), `[batch, this,
+    /// d_model + 2]`; `None` where the head pools one call's tokens.
+    pub confidence_pools: Option<usize>,
     /// The cache pair after the attention layers' that holds the token history
     /// ([`names::token_history`]).
     pub token_history_layer: usize,
@@ -85,8 +90,22 @@ impl ExportDescription {
             tokenizer,
             past_present_share_buffer: variant.attention.is_fused(),
             state_inputs,
+            confidence_pools: None,
             padding_side: PaddingSide::Right,
         }
+    }
+
+    /// The description with the confidence head's `pools` (`None`: the model has no such
+    /// head) carried between calls where the graph pools with the Needle ops.
+    pub fn with_confidence_pools(mut self, pools: Option<usize>) -> Self {
+        if self.variant.matmul_weights == MatMulWeights::Packed {
+            if let Some(pools) = pools {
+                self.state_inputs
+                    .push(names::PAST_CONFIDENCE_POOLS.to_string());
+                self.confidence_pools = Some(pools);
+            }
+        }
+        self
     }
 
     pub fn generation(&self) -> Generation {
@@ -192,7 +211,7 @@ impl ExportDescription {
     /// The doc string's sentence on the probe-head outputs a graph has (empty without
     /// any): `confidence` when it has `confidence_logit`, the embedding width when it has
     /// `contrastive_embedding`.
-    pub fn heads_doc(confidence: bool, contrastive_dim: Option<usize>) -> String {
+    pub fn heads_doc(&self, confidence: bool, contrastive_dim: Option<usize>) -> String {
         let mut doc = String::new();
         if let Some(width) = contrastive_dim {
             doc.push_str(&format!(
@@ -202,14 +221,24 @@ impl ExportDescription {
                 b = dims::BATCH,
             ));
         }
-        if confidence {
-            doc.push_str(&format!(
+        match (confidence, self.confidence_pools) {
+            (false, _) => {}
+            (true, None) => doc.push_str(&format!(
                 " Also {} float32 [{b}]: the confidence head's logit over this call's real tokens.",
                 names::CONFIDENCE_LOGIT,
                 b = dims::BATCH,
-            ));
+            )),
+            (true, Some(pools)) => doc.push_str(&format!(
+                " Also {logit} float32 [{b}]: the confidence head's logit over every real token \
+                 the row has fed, its running pools carried as {past} float32 [{b}, {pools}, \
+                 d_model + 2] (zeros before the row's first token) → {present}.",
+                logit = names::CONFIDENCE_LOGIT,
+                past = names::PAST_CONFIDENCE_POOLS,
+                present = names::PRESENT_CONFIDENCE_POOLS,
+                b = dims::BATCH,
+            )),
         }
-        if !doc.is_empty() {
+        if contrastive_dim.is_some() || (confidence && self.confidence_pools.is_none()) {
             doc.push_str(
                 " The heads pool over the call's positions: a sequence's values come from feeding \
                  it whole with an empty cache.",
@@ -238,6 +267,9 @@ impl ExportDescription {
         add(keys::SOURCE_FILE, self.source.file_name.clone());
         add(keys::SOURCE_SHA256, self.source.sha256.clone());
         add(keys::STATE_INPUTS, self.state_inputs.join(","));
+        if let Some(pools) = self.confidence_pools {
+            add(keys::CONFIDENCE_POOLS, pools.to_string());
+        }
         add(keys::TOKEN_HISTORY, self.token_history_layer.to_string());
         add(keys::PADDING_SIDE, self.padding_side.to_string());
         let t = &self.tokenizer;
@@ -320,6 +352,9 @@ impl ExportDescription {
             past_present_share_buffer: !accelerator
                 && read.parsed(keys::PAST_PRESENT_SHARE_BUFFER)?,
             state_inputs: read.names(keys::STATE_INPUTS)?,
+            confidence_pools: get(keys::CONFIDENCE_POOLS)
+                .map(|_| read.parsed(keys::CONFIDENCE_POOLS))
+                .transpose()?,
             token_history_layer,
             padding_side: read.spelled(keys::PADDING_SIDE)?,
         })

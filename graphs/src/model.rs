@@ -12,6 +12,18 @@ pub enum ModelWeights {
     Needle3(Box<needle3::Weights>),
 }
 
+impl ModelWeights {
+    /// The confidence head's pools (`layers + 1` rows of `k` probes) where the model has a
+    /// head that graphs with the Needle ops pool as a running state (Needle 3's); `None`
+    /// otherwise.
+    pub fn confidence_pools(&self) -> Option<usize> {
+        match self {
+            ModelWeights::Needle2(_) => None,
+            ModelWeights::Needle3(w) => w.confidence.as_ref().map(|h| h.gain.data.len()),
+        }
+    }
+}
+
 /// Builds the graph `desc` describes from `weights` of the same generation.
 ///
 /// # Panics

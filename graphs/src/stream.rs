@@ -53,6 +53,8 @@ pub(crate) struct Heads {
     /// The contrastive embedding and its width.
     pub contrastive: Option<(Value, usize)>,
     pub confidence: Option<Value>,
+    /// The confidence head's running pools after the call, where the graph carries them.
+    pub confidence_pools: Option<Value>,
 }
 
 /// What one generation puts into the stream.
@@ -120,13 +122,15 @@ pub(crate) trait Architecture: Geometry + Sized {
     /// Whether the probe heads read the hidden cells.
     fn has_heads(w: &Self::Weights) -> bool;
     /// The probe heads over `cells` (the scaled embedding, then each layer's lane mean);
-    /// `keep`: `[batch, sequence]`, 1 for the row's real tokens.
+    /// `keep`: `[batch, sequence]`, 1 for the row's real tokens; `past_pools`: the
+    /// confidence head's running pools before the call, where the graph carries them.
     fn heads(
         b: &mut GraphBuilder,
         ctx: &BuildContext<Self>,
         w: &Self::Weights,
         cells: &[Value],
         keep: &Value,
+        past_pools: Option<&Value>,
     ) -> Heads;
 }
 
@@ -144,7 +148,7 @@ pub(crate) fn build<A: Architecture>(
     let layers = A::layers(w);
     let num_layers = ctx.common.num_layers;
     let mut b = GraphBuilder::new(ctx.kernels.opset(), desc.variant.precision);
-    let inputs = inputs(&mut b, &ctx);
+    let inputs = inputs(&mut b, &ctx, desc.confidence_pools);
     let masks = b.scope("new_mask", |b| {
         split_mask(b, &inputs.mask, &inputs.input_ids)
     });
@@ -242,7 +246,8 @@ pub(crate) fn build<A: Architecture>(
     if !streams.is_empty() {
         cells = packed_cells(&mut b, &streams);
     }
-    let heads = A::heads(&mut b, &ctx, w, &cells, &masks.new);
+    let past_pools = inputs.confidence_pools.as_ref();
+    let heads = A::heads(&mut b, &ctx, w, &cells, &masks.new, past_pools);
     let doc = head_outputs(&mut b, desc, &heads);
     b.finish("needle", doc, desc.to_metadata())
 }
@@ -364,8 +369,17 @@ fn head_outputs(b: &mut GraphBuilder, desc: &ExportDescription, heads: &Heads) -
             &[Dim::Named(BATCH)],
         );
     }
+    if let (Some(pools), Some(count)) = (&heads.confidence_pools, desc.confidence_pools) {
+        let dims = pools_dims(desc.config.common().d_model, count);
+        b.output(
+            pools,
+            names::PRESENT_CONFIDENCE_POOLS,
+            data_type::FLOAT,
+            &dims,
+        );
+    }
     let contrastive_dim = heads.contrastive.as_ref().map(|(_, width)| *width);
-    desc.doc_string() + &ExportDescription::heads_doc(heads.confidence.is_some(), contrastive_dim)
+    desc.doc_string() + &desc.heads_doc(heads.confidence.is_some(), contrastive_dim)
 }
 
 /// The graph inputs, in the contract's order.
@@ -377,6 +391,8 @@ pub(crate) struct Inputs {
     pub pasts: Vec<KvPair>,
     /// Each layer's state besides its cache (empty when the generation has none).
     pub states: Vec<Value>,
+    /// The confidence head's running pools, where the graph carries them.
+    pub confidence_pools: Option<Value>,
 }
 
 /// Each row's engram window: its last `engram_history` real tokens before this call,
@@ -472,7 +488,18 @@ fn state_dims<A: Architecture>(cfg: &A) -> Option<[Dim; 3]> {
     Some([Dim::Named(BATCH), Dim::Fixed(slots), Dim::Fixed(width)])
 }
 
-fn inputs<A: Architecture>(b: &mut GraphBuilder, ctx: &BuildContext<A>) -> Inputs {
+/// `[batch, pools, d + 2]` of the confidence head's running pools.
+fn pools_dims(d: usize, pools: usize) -> [Dim; 3] {
+    [Dim::Named(BATCH), Dim::Fixed(pools), Dim::Fixed(d + 2)]
+}
+
+/// The graph inputs; `confidence_pools`: the running pools' count where the graph carries
+/// them (after every other state).
+fn inputs<A: Architecture>(
+    b: &mut GraphBuilder,
+    ctx: &BuildContext<A>,
+    confidence_pools: Option<usize>,
+) -> Inputs {
     let input_ids = b.input(names::INPUT_IDS, data_type::INT64, &ids_dims(SEQUENCE));
     let mask = b.input(
         names::ATTENTION_MASK,
@@ -507,12 +534,17 @@ fn inputs<A: Architecture>(b: &mut GraphBuilder, ctx: &BuildContext<A>) -> Input
             .collect(),
         None => Vec::new(),
     };
+    let confidence_pools = confidence_pools.map(|pools| {
+        let dims = pools_dims(ctx.common.d_model, pools);
+        b.input(names::PAST_CONFIDENCE_POOLS, data_type::FLOAT, &dims)
+    });
     Inputs {
         input_ids,
         mask,
         position_ids,
         pasts,
         states,
+        confidence_pools,
     }
 }
 

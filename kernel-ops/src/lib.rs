@@ -343,13 +343,15 @@ mod tests {
             );
         }
         let pool = |count| input_types::<ProbePool>(count).map(|t| t.len());
-        assert!(pool(5).is_err());
-        assert_eq!(pool(26), Ok(26));
+        assert!(pool(6).is_err());
+        assert_eq!(pool(27), Ok(27));
         assert_eq!(
-            input_types::<ProbePool>(26).unwrap()[25],
+            input_types::<ProbePool>(27).unwrap()[26],
             ElementType::Float32
         );
-        assert_eq!(Presence::of_input::<ProbePool>(5), Presence::Variadic);
+        assert_eq!(Presence::of_input::<ProbePool>(5), Presence::Required);
+        assert_eq!(Presence::of_input::<ProbePool>(6), Presence::Variadic);
+        assert_eq!(Presence::of_output::<ProbePool>(1), Presence::Optional);
         assert_eq!(Presence::of_input::<QkvHeads>(8), Presence::Optional);
         assert_eq!(Presence::of_output::<QkvHeads>(1), Presence::Optional);
     }

@@ -1,7 +1,7 @@
 //! `needle.ProbePool`: a probe head's pooling (upstream `probe_pool`, what
-//! `graphs/src/needle3/confidence.rs` states) over the hidden cells of one call, in one
-//! kernel where the stock graph runs ~35 nodes, reading each layer's cells where they are
-//! (stacking them first cost a copy of them all and two nodes a layer).
+//! `graphs/src/needle3/confidence.rs` states) over the hidden cells, in one kernel where
+//! the stock graph runs ~35 nodes, reading each layer's cells where they are (stacking
+//! them first cost a copy of them all and two nodes a layer).
 //! Per batch row, `cells[t, l]` the cell of layer `l` (the embedding's first) at token `t`:
 //!
 //! ```text
@@ -9,10 +9,14 @@
 //! r[l,k] = rms_unit(Σ_t a[l,k,t]·cells[t,l]) · gain[l,k]
 //! w[q,·] = softmax_(l,k)(r[l,k]·query[q] / √d + row_bias[q,l,k])      out[q] = Σ_(l,k) w[q,l,k]·r[l,k]
 //! ```
+//!
+//! The softmax over the tokens is kept as a running sum ([`PoolState`]), so a sequence
+//! fed in several calls (a prompt, then one token a step) pools as if fed whole: each
+//! call starts from the state the previous one left, and the head's output needs no
+//! second forward over the prompt and the answer.
 
 use crate::isa::Isa;
-use crate::math::{dot, softmax, RMS_EPSILON};
-use crate::split::RowSplit;
+use crate::math::{dot, exp, softmax, RMS_EPSILON};
 use crate::ShapeError;
 
 /// One call's cells and which tokens are real.
@@ -78,18 +82,37 @@ impl ProbeWeights<'_> {
         }
         Ok(q)
     }
+
+    /// The values of one batch row's [`PoolState`]: `layers · k` pools of `d + 2`.
+    pub fn state_len(&self) -> usize {
+        self.layers * self.k * (self.d + 2)
+    }
 }
 
-/// `out` `[batch, q · d]`, each batch row pooled on its own (rows spread by `split`).
+/// The running pools of the tokens seen so far, `[batch, layers · k, d + 2]`: per pool
+/// (layer `l`, probe `k`) the largest score `m`, `Σ_t exp(score_t − m)` and
+/// `Σ_t exp(score_t − m) · cells[t,l]`. A pool whose sum is 0 has seen no token, so
+/// zeros are the state before the first.
+#[derive(Debug)]
+pub struct PoolState<'a> {
+    /// The state the call starts from; `None`: no tokens before it.
+    pub past: Option<&'a [f32]>,
+    /// Where the state after the call goes, when wanted.
+    pub present: Option<&'a mut [f32]>,
+}
+
+/// `out` `[batch, q · d]`: each batch row's pooling over the tokens of `state.past` and
+/// of this call, and those rows' state after the call into `state.present`.
 pub fn probe_pool(
     cells: &Cells,
     w: &ProbeWeights,
+    state: PoolState,
     out: &mut [f32],
     isa: Isa,
-    split: &dyn RowSplit,
 ) -> Result<(), ShapeError> {
     let q = w.queries(cells)?;
     let row = q * w.d;
+    let state_row = w.state_len();
     if out.len() != cells.batch * row {
         return Err(ShapeError(format!(
             "the output holds {} values, not [{}, {row}]",
@@ -97,38 +120,71 @@ pub fn probe_pool(
             cells.batch
         )));
     }
-    crate::split::token_blocks(split, out, row, 1, &|b, out| {
-        pool_row(cells, w, b, isa, out)
-    });
+    let states = [
+        state.past.map(|s| s.len()),
+        state.present.as_ref().map(|s| s.len()),
+    ];
+    if let Some(bad) = states
+        .into_iter()
+        .flatten()
+        .find(|&n| n != cells.batch * state_row)
+    {
+        return Err(ShapeError(format!(
+            "a pool state holds {bad} values, not [{}, {}, {}]",
+            cells.batch,
+            w.layers * w.k,
+            w.d + 2
+        )));
+    }
+    // A row's pools are small (layers · k · (d + 2) values) and a call has few rows.
+    let mut scratch = vec![0.0f32; state_row];
+    let mut present = state.present;
+    for (b, out) in out.chunks_exact_mut(row).enumerate() {
+        let pools = match present.as_deref_mut() {
+            Some(present) => &mut present[b * state_row..(b + 1) * state_row],
+            None => &mut scratch[..],
+        };
+        match state.past {
+            Some(past) => pools.copy_from_slice(&past[b * state_row..(b + 1) * state_row]),
+            None => pools.fill(0.0),
+        }
+        pool_row(cells, w, b, isa, pools, out);
+    }
     Ok(())
 }
 
-/// Batch row `b`'s pooled output `[q · d]`.
-fn pool_row(cells: &Cells, w: &ProbeWeights, b: usize, isa: Isa, out: &mut [f32]) {
+/// Batch row `b`'s tokens added to its `pools`, then its pooled output `[q · d]`.
+fn pool_row(
+    cells: &Cells,
+    w: &ProbeWeights,
+    b: usize,
+    isa: Isa,
+    pools: &mut [f32],
+    out: &mut [f32],
+) {
     let (s, l, k, d) = (cells.sequence, w.layers, w.k, w.d);
     let root_d = (d as f32).sqrt();
     let keep = &cells.keep[b * s..(b + 1) * s];
+    let kept: Vec<usize> = (0..s).filter(|&t| keep[t] != 0).collect();
     // r [l, k, d]: each layer's probes attend over its cells.
     let mut r = vec![0.0f32; l * k * d];
-    let mut weights = vec![0.0f32; s];
+    let mut scores = vec![0.0f32; kept.len()];
     for li in 0..l {
         let cell = |t: usize| &cells.layers[li][(b * s + t) * d..][..d];
         for j in 0..k {
             let probe = &w.probes[(li * k + j) * d..][..d];
-            // softmax over the kept tokens.
-            for (t, weight) in weights.iter_mut().enumerate() {
-                *weight = match keep[t] {
-                    0 => f32::NEG_INFINITY,
-                    _ => dot(isa, cell(t), probe) / root_d,
-                };
+            let pool = &mut pools[(li * k + j) * (d + 2)..][..d + 2];
+            for (score, &t) in scores.iter_mut().zip(&kept) {
+                *score = dot(isa, cell(t), probe) / root_d;
             }
-            softmax(&mut weights);
+            add_tokens(pool, &scores, kept.iter().map(|&t| cell(t)));
+            let (total, sum) = (pool[1], &pool[2..]);
             let pooled = &mut r[(li * k + j) * d..(li * k + j + 1) * d];
-            for (t, &a) in weights.iter().enumerate() {
+            if total > 0.0 {
                 pooled
                     .iter_mut()
-                    .zip(cell(t))
-                    .for_each(|(p, &c)| *p += a * c);
+                    .zip(sum)
+                    .for_each(|(p, &v)| *p = v / total);
             }
             let root = (dot(isa, pooled, pooled) / d as f32 + RMS_EPSILON).sqrt();
             let gain = w.gain[li * k + j];
@@ -153,10 +209,34 @@ fn pool_row(cells: &Cells, w: &ProbeWeights, b: usize, isa: Isa, out: &mut [f32]
     }
 }
 
+/// Tokens with `scores` and `cells` into one running `pool` (`[m, Σ e, Σ e · cell]`),
+/// everything rescaled to the new largest score.
+fn add_tokens<'c>(pool: &mut [f32], scores: &[f32], cells: impl Iterator<Item = &'c [f32]>) {
+    let Some(top) = scores.iter().copied().reduce(f32::max) else {
+        return;
+    };
+    let seen = pool[1] > 0.0;
+    let m = if seen { pool[0].max(top) } else { top };
+    if !seen {
+        pool[1..].fill(0.0);
+    } else if m > pool[0] {
+        let rescale = exp(pool[0] - m);
+        pool[1..].iter_mut().for_each(|v| *v *= rescale);
+    }
+    pool[0] = m;
+    for (&score, cell) in scores.iter().zip(cells) {
+        let e = exp(score - m);
+        pool[1] += e;
+        pool[2..]
+            .iter_mut()
+            .zip(cell)
+            .for_each(|(v, &c)| *v += e * c);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::split::Serial;
 
     fn values(len: usize, scale: f64) -> Vec<f32> {
         (0..len)
@@ -197,7 +277,11 @@ mod tests {
         };
         for isa in Isa::available() {
             let mut out = vec![f32::NAN; batch * q * d];
-            probe_pool(&c, &w, &mut out, isa, &Serial).unwrap();
+            let none = PoolState {
+                past: None,
+                present: None,
+            };
+            probe_pool(&c, &w, none, &mut out, isa).unwrap();
             for b in 0..batch {
                 let cell =
                     |t: usize, li: usize, i: usize| cells[((b * s + t) * l + li) * d + i] as f64;
@@ -249,5 +333,73 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A sequence fed whole, and fed as a prompt then one token a call with the state
+    /// carried: the same output (the sums' order aside), padding included.
+    #[test]
+    fn a_sequence_fed_in_pieces_pools_as_fed_whole() {
+        let (batch, s, l, k, q, d) = (2, 6, 3, 2, 2, 8);
+        let layers: Vec<Vec<f32>> = (0..l)
+            .map(|li| values(batch * s * d, 0.11 + 0.02 * li as f64))
+            .collect();
+        let keep = [1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0];
+        let (probes, gain) = (values(l * k * d, 0.07), values(l * k, 0.05));
+        let (query, row_bias) = (values(q * d, 0.09), values(q * l * k, 0.11));
+        let w = ProbeWeights {
+            probes: &probes,
+            gain: &gain,
+            query: &query,
+            row_bias: &row_bias,
+            layers: l,
+            k,
+            d,
+        };
+        // Tokens `from..to` of every row, as one call sees them.
+        let piece = |from: usize, to: usize| -> (Vec<Vec<f32>>, Vec<i64>) {
+            let cells = layers
+                .iter()
+                .map(|layer| {
+                    (0..batch)
+                        .flat_map(|b| &layer[(b * s + from) * d..(b * s + to) * d])
+                        .copied()
+                        .collect()
+                })
+                .collect();
+            let keep = (0..batch)
+                .flat_map(|b| &keep[b * s + from..b * s + to])
+                .copied()
+                .collect();
+            (cells, keep)
+        };
+        let run = |from: usize, to: usize, past: Option<&[f32]>, present: Option<&mut [f32]>| {
+            let (cells, keep) = piece(from, to);
+            let c = Cells {
+                layers: cells.iter().map(Vec::as_slice).collect(),
+                keep: &keep,
+                batch,
+                sequence: to - from,
+            };
+            let mut out = vec![f32::NAN; batch * q * d];
+            probe_pool(&c, &w, PoolState { past, present }, &mut out, Isa::best()).unwrap();
+            out
+        };
+        let whole = run(0, s, None, None);
+        let mut state = vec![0.0f32; batch * w.state_len()];
+        let mut out = run(0, 3, None, Some(&mut state));
+        for t in 3..s {
+            let mut next = vec![f32::NAN; state.len()];
+            out = run(t, t + 1, Some(&state), Some(&mut next));
+            state = next;
+        }
+        for (i, (got, want)) in out.iter().zip(&whole).enumerate() {
+            assert!(
+                (got - want).abs() <= 1e-6 * want.abs().max(1.0),
+                "{i}: {got} vs {want}"
+            );
+        }
+        // Zeros are the state before the first token.
+        let zeros = vec![0.0f32; batch * w.state_len()];
+        assert_eq!(run(0, s, Some(&zeros), None), whole);
     }
 }

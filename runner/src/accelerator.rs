@@ -178,7 +178,7 @@ impl AcceleratorGraphs {
                 })
             })
             .collect::<Result<_>>()?;
-        let qkv_conv = self
+        let states = self
             .conv
             .iter()
             .map(|(past, _)| zeros(past))
@@ -191,7 +191,7 @@ impl AcceleratorGraphs {
         debug_assert_eq!(self.layers.len(), config.num_layers());
         Ok(Cache {
             layers,
-            qkv_conv,
+            states,
             len: 0,
             capacity: Some(self.max_positions),
             fixed: Some(FixedSlots {
@@ -305,7 +305,7 @@ impl AcceleratorGraphs {
             binding.bind_output_to_device(n.new_key.as_str(), host)?;
             binding.bind_output_to_device(n.new_value.as_str(), host)?;
         }
-        for ((past, new), state) in conv.iter().zip(&cache.qkv_conv) {
+        for ((past, new), state) in conv.iter().zip(&cache.states) {
             binding.bind_input(past.as_str(), state)?;
             binding.bind_output_to_device(new.as_str(), host)?;
         }
@@ -319,7 +319,7 @@ impl AcceleratorGraphs {
             write_slots(&mut kv.key, floats(&outputs, &names.new_key)?, &runs)?;
             write_slots(&mut kv.value, floats(&outputs, &names.new_value)?, &runs)?;
         }
-        for ((_, new), state) in conv.iter().zip(cache.qkv_conv.iter_mut()) {
+        for ((_, new), state) in conv.iter().zip(cache.states.iter_mut()) {
             push_rows(state, floats(&outputs, new)?, n)?;
         }
         drop(outputs);

@@ -218,7 +218,7 @@ impl Runner {
     /// Tool mode's answer of what `run` decoded after prompt `ids`.
     fn tool_response(&mut self, ids: &[u32], run: &Decoded) -> Result<ToolResponse> {
         let answer = parse_answer(&self.model.tokenizer.decode(&run.generated_ids));
-        let confidence = confidence(&mut self.model.session, &[ids, &run.generated_ids].concat())?;
+        let confidence = run_confidence(&mut self.model.session, ids, run)?;
         let (success, error) = match &answer.calls {
             Ok(_) => (true, None),
             Err(e) => (false, Some(e.clone())),
@@ -414,7 +414,24 @@ pub fn tool_stop_ids(tok: &NeedleTokenizer) -> Result<Vec<u32>> {
 pub fn confidence(session: &mut NeedleSession, ids: &[u32]) -> Result<Option<f64>> {
     let ids: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
     let logit = session.confidence_logit(&ids)?;
-    Ok(logit.map(|l| 1.0 / (1.0 + (-f64::from(l)).exp())))
+    Ok(logit.map(sigmoid))
+}
+
+/// The confidence of `run` after `prompt`: from the pools the graph carried through the
+/// run where it carries them, else [`confidence`] over the prompt and the answer.
+pub fn run_confidence(
+    session: &mut NeedleSession,
+    prompt: &[u32],
+    run: &Decoded,
+) -> Result<Option<f64>> {
+    match run.confidence_logit {
+        Some(logit) => Ok(Some(sigmoid(logit))),
+        None => confidence(session, &[prompt, &run.generated_ids].concat()),
+    }
+}
+
+fn sigmoid(logit: f32) -> f64 {
+    1.0 / (1.0 + (-f64::from(logit)).exp())
 }
 
 /// Tool texts are cut at this many tokens before they are embedded, as upstream's

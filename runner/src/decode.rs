@@ -45,6 +45,9 @@ pub struct Decoded {
     pub prefill_secs: f64,
     pub decode_tokens: usize,
     pub decode_secs: f64,
+    /// The confidence head's logit over the prompt and every generated token, where the
+    /// graph carries the head's pools (`None`: a forward over them gives it).
+    pub confidence_logit: Option<f32>,
 }
 
 impl Decoded {

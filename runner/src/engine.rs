@@ -16,7 +16,7 @@ use crate::cache::rows::{self, padded_mask, RowCache};
 use crate::cache::Cache;
 use crate::decode::{self, check_prompt, Decoded, GenerateOptions, Sampler, TokenFilter};
 use crate::session::NeedleSession;
-use crate::step::StepInputs;
+use crate::step::{StepInputs, StepOutput};
 use anyhow::{Context, Result};
 use std::time::Instant;
 
@@ -67,6 +67,12 @@ struct Row<F> {
     completed_by_filter: bool,
     /// The logits the next token is picked from.
     logits: Vec<f32>,
+    /// The confidence head's logit over every token the row has fed, where the graph
+    /// carries the head's pools.
+    confidence_logit: Option<f32>,
+    /// Done, its last token being fed so that the confidence covers it: the row leaves
+    /// after this step.
+    closing: bool,
     prefill_secs: f64,
     decode_secs: f64,
     decode_tokens: usize,
@@ -89,6 +95,17 @@ impl<F> Row<F> {
     fn last_generated(&self) -> Option<u32> {
         self.generated.last().copied()
     }
+
+    /// Room for every token the row may feed: its prompt and all it may generate.
+    fn budget(&self) -> usize {
+        self.prompt_len + self.opts.max_new_tokens
+    }
+
+    /// Whether its last generated token has not been fed (the row stopped on its budget or
+    /// its filter, not on a stop token).
+    fn last_unfed(&self) -> bool {
+        self.generated.len() > self.decode_tokens
+    }
 }
 
 impl<F: TokenFilter> Row<F> {
@@ -103,6 +120,7 @@ impl<F: TokenFilter> Row<F> {
             prefill_secs: self.prefill_secs,
             decode_tokens: self.decode_tokens,
             decode_secs: self.decode_secs,
+            confidence_logit: self.confidence_logit,
         }
     }
 
@@ -196,7 +214,7 @@ impl<F: TokenFilter> Engine<F> {
         let prompts: Vec<&[u32]> = admissions.iter().map(|a| &a.prompt[..]).collect();
         let most_new = admissions.iter().map(|a| a.opts.max_new_tokens).max();
         let prefixes = self.prefixes.as_mut();
-        let (prefilled, logits, cached) =
+        let (prefilled, lasts, cached) =
             prefill(session, &prompts, most_new.unwrap_or(0), prefixes)?;
         let prefill_secs = start.elapsed().as_secs_f64();
         let width = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
@@ -204,10 +222,10 @@ impl<F: TokenFilter> Engine<F> {
         self.next_id += admissions.len() as RowId;
         let newcomers: Vec<Slot<F>> = admissions
             .into_iter()
-            .zip(logits)
+            .zip(lasts)
             .zip(&ids)
             .zip(cached)
-            .map(|(((a, logits), &id), cached_prompt_tokens)| Slot {
+            .map(|(((a, last), &id), cached_prompt_tokens)| Slot {
                 mask: padded_mask(a.prompt.len(), width),
                 row: Some(Row {
                     id,
@@ -219,7 +237,9 @@ impl<F: TokenFilter> Engine<F> {
                     generated: Vec::new(),
                     stopped_on: None,
                     completed_by_filter: false,
-                    logits,
+                    logits: last.logits,
+                    confidence_logit: last.confidence_logit,
+                    closing: false,
                     prefill_secs,
                     decode_secs: 0.0,
                     decode_tokens: 0,
@@ -277,9 +297,12 @@ impl<F: TokenFilter> Engine<F> {
     }
 
     /// Picks every row's next token, frees the slots of the rows that are done, and
-    /// decodes one step for the others. Returns the rows that finished.
+    /// decodes one step for the others. Returns the rows that finished. Where the graph
+    /// carries the confidence head's pools, a row done with its last token unfed feeds it
+    /// in one more step (its confidence then covers it) and leaves after that step.
     pub fn step(&mut self, session: &mut NeedleSession) -> Result<Vec<Finished>> {
         let max_len = session.config().max_seq_len();
+        let closes = session.carries_confidence_pools();
         let mut finished = Vec::new();
         let mut fed = vec![None; self.slots.len()];
         for (slot, fed) in self.slots.iter_mut().zip(fed.iter_mut()) {
@@ -288,6 +311,10 @@ impl<F: TokenFilter> Engine<F> {
             };
             match row.advance(max_len) {
                 Ok(Some(token)) => *fed = Some(token),
+                Ok(None) if closes && row.last_unfed() => {
+                    row.closing = true;
+                    *fed = row.last_generated();
+                }
                 outcome => {
                     let row = slot.row.take().expect("a row");
                     finished.push(Finished {
@@ -339,12 +366,21 @@ impl<F: TokenFilter> Engine<F> {
         let secs = start.elapsed().as_secs_f64();
         let vocab = session.config().output_vocab();
         for (r, slot) in self.slots.iter_mut().enumerate() {
-            if let Some(row) = slot.row.as_mut() {
-                row.logits.clear();
-                row.logits
-                    .extend_from_slice(&step.logits[r * vocab..(r + 1) * vocab]);
-                row.decode_tokens += 1;
-                row.decode_secs += secs;
+            let Some(row) = slot.row.as_mut() else {
+                continue;
+            };
+            row.logits.clear();
+            row.logits
+                .extend_from_slice(&step.logits[r * vocab..(r + 1) * vocab]);
+            row.confidence_logit = step.confidence_logit.as_ref().map(|c| c[r]);
+            row.decode_tokens += 1;
+            row.decode_secs += secs;
+            if row.closing {
+                let row = slot.row.take().expect("a row");
+                finished.push(Finished {
+                    id: row.id,
+                    decoded: Ok(row.finished()),
+                });
             }
         }
         self.cache = Some(step.cache);
@@ -398,13 +434,13 @@ impl<F: TokenFilter> Engine<F> {
     }
 }
 
-/// Room for every row of `slots` to finish: its cached tokens and what it may still
-/// generate, for the longest.
+/// Room for every row of `slots` to finish: its prompt and all it may generate, for the
+/// longest.
 fn rows_budget<F>(slots: &[Slot<F>]) -> usize {
     slots
         .iter()
         .filter_map(|s| s.row.as_ref())
-        .map(|r| r.cached() + r.remaining())
+        .map(Row::budget)
         .max()
         .unwrap_or(0)
 }
@@ -420,6 +456,24 @@ fn masks<F>(slots: &[Slot<F>]) -> Vec<&[i64]> {
     slots.iter().map(|s| &s.mask[..]).collect()
 }
 
+/// A prompt's last position after its prefill: the logits its first token is picked from,
+/// and the confidence head's logit over the prompt where the graph carries the head's
+/// pools.
+struct Last {
+    logits: Vec<f32>,
+    confidence_logit: Option<f32>,
+}
+
+impl Last {
+    /// Row `r`'s last position, `at` its logits' offset in `step`.
+    fn of(step: &StepOutput, r: usize, at: usize, vocab: usize) -> Last {
+        Last {
+            logits: step.logits[at..at + vocab].to_vec(),
+            confidence_logit: step.confidence_logit.as_ref().map(|c| c[r]),
+        }
+    }
+}
+
 /// What [`prefill`] leaves: one cache of every prompt (right-padded), or, when the
 /// prompts were run in several groups, each prompt's rows (which the caller puts where it
 /// needs them, so that joining a running batch copies them once).
@@ -431,18 +485,18 @@ enum Prefilled {
 /// Runs `prompts` from an empty cache (with room for `most_new` more tokens each), in
 /// groups whose calls stay within the plan's `prefill_group_logits_bytes`; a lone prompt
 /// after the longest of `prefixes` it continues, and then remembered there. Returns what
-/// they left in the cache, each prompt's last logits and how many of its tokens were
+/// they left in the cache, each prompt's [`Last`] position and how many of its tokens were
 /// taken from `prefixes` rather than run.
 fn prefill(
     session: &mut NeedleSession,
     prompts: &[&[u32]],
     most_new: usize,
     prefixes: Option<&mut PrefixStore>,
-) -> Result<(Prefilled, Vec<Vec<f32>>, Vec<usize>)> {
+) -> Result<(Prefilled, Vec<Last>, Vec<usize>)> {
     if let ([prompt], Some(prefixes)) = (prompts, prefixes) {
         if !session.is_accelerator() {
-            let (cache, logits, cached) = prefill_one(session, prompt, most_new, Some(prefixes))?;
-            return Ok((Prefilled::Cache(cache), vec![logits], vec![cached]));
+            let (cache, last, cached) = prefill_one(session, prompt, most_new, Some(prefixes))?;
+            return Ok((Prefilled::Cache(cache), vec![last], vec![cached]));
         }
     }
     let row_bytes = 4 * session.config().output_vocab();
@@ -463,34 +517,34 @@ fn prefill(
     groups.push(&prompts[start..]);
     let none_cached = vec![0; prompts.len()];
     if let [group] = groups[..] {
-        let (cache, logits) = prefill_together(session, group, most_new)?;
-        return Ok((Prefilled::Cache(cache), logits, none_cached));
+        let (cache, lasts) = prefill_together(session, group, most_new)?;
+        return Ok((Prefilled::Cache(cache), lasts, none_cached));
     }
     let attention = session.description.variant.attention;
     let mut parts = Vec::with_capacity(prompts.len());
-    let mut logits = Vec::with_capacity(prompts.len());
+    let mut lasts = Vec::with_capacity(prompts.len());
     for group in groups {
-        let (cache, last) = prefill_together(session, group, most_new)?;
+        let (cache, group_lasts) = prefill_together(session, group, most_new)?;
         let width = cache.len();
         let masks: Vec<Vec<i64>> = group.iter().map(|p| padded_mask(p.len(), width)).collect();
         let masks: Vec<&[i64]> = masks.iter().map(Vec::as_slice).collect();
         let all: Vec<usize> = (0..group.len()).collect();
         parts.extend(rows::split(&cache, attention, &masks, &all)?);
-        logits.extend(last);
+        lasts.extend(group_lasts);
     }
-    Ok((Prefilled::Rows(parts), logits, none_cached))
+    Ok((Prefilled::Rows(parts), lasts, none_cached))
 }
 
 /// Runs `prompt` (with room for `most_new` more tokens) in the pieces the run plan says
 /// ([`decode::prefill`]): after the cache of the longest prompt of `prefixes` it
 /// continues, else from an empty cache; then remembers it in `prefixes`. Returns its
-/// cache, last logits and how many of its tokens were not run.
+/// cache, [`Last`] position and how many of its tokens were not run.
 fn prefill_one(
     session: &mut NeedleSession,
     prompt: &[u32],
     most_new: usize,
     mut prefixes: Option<&mut PrefixStore>,
-) -> Result<(Cache, Vec<f32>, usize)> {
+) -> Result<(Cache, Last, usize)> {
     let ids: Vec<i64> = prompt.iter().map(|&t| i64::from(t)).collect();
     let capacity = ids.len() + most_new;
     let continued = prefixes
@@ -515,18 +569,18 @@ fn prefill_one(
         prefixes.remember(prompt.to_vec(), row.pop().expect("one row"));
     }
     let vocab = session.config().output_vocab();
-    let last = out.logits[out.logits.len() - vocab..].to_vec();
+    let last = Last::of(&out, 0, out.logits.len() - vocab, vocab);
     Ok((out.cache, last, cached))
 }
 
 /// Runs `prompts` from an empty cache together (with room for `most_new` more tokens
 /// each): one prompt in the pieces the run plan says ([`decode::prefill`]), several in
-/// one call, padded on the right. Returns the cache and each prompt's last logits.
+/// one call, padded on the right. Returns the cache and each prompt's [`Last`] position.
 fn prefill_together(
     session: &mut NeedleSession,
     prompts: &[&[u32]],
     most_new: usize,
-) -> Result<(Cache, Vec<Vec<f32>>)> {
+) -> Result<(Cache, Vec<Last>)> {
     let vocab = session.config().output_vocab();
     if let [prompt] = prompts {
         let (cache, last, _) = prefill_one(session, prompt, most_new, None)?;
@@ -537,13 +591,10 @@ fn prefill_together(
     let inputs = StepInputs::right_padded(prompts, pad);
     let cache = session.preallocated_cache(prompts.len(), longest + most_new)?;
     let step = session.step(inputs, cache)?;
-    let logits = prompts
+    let lasts = prompts
         .iter()
         .enumerate()
-        .map(|(r, prompt)| {
-            let at = (r * longest + prompt.len() - 1) * vocab;
-            step.logits[at..at + vocab].to_vec()
-        })
+        .map(|(r, prompt)| Last::of(&step, r, (r * longest + prompt.len() - 1) * vocab, vocab))
         .collect();
-    Ok((step.cache, logits))
+    Ok((step.cache, lasts))
 }

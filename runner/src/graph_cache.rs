@@ -21,7 +21,9 @@ use std::path::{Path, PathBuf};
 /// 5: `needle.QkvHeads` gives the next QKV-conv state; `needle.ProbePool` reads each
 ///    layer's cells as its own input; `needle.CqMatMul` applies the layer's norm_in.
 /// 6: `needle.HyperConnectionsOut` projects the next layer's mixing logits.
-const GRAPH_REVISION: u32 = 6;
+/// 7: `needle.ProbePool` carries the confidence head's running pools between calls
+///    (`past_confidence_pools`), so needle-run reads the confidence after the answer.
+const GRAPH_REVISION: u32 = 7;
 
 /// Where the cache lives: `$NEEDLE_ONNX_CACHE`, else `$XDG_CACHE_HOME/needle-onnx`, else
 /// `$HOME/.cache/needle-onnx`; `None` when none of them is set.

@@ -18,6 +18,44 @@ use ort::session::{OutputSelector, RunOptions, Session, SessionInputValue, Sessi
 use ort::value::TensorElementType;
 use ort::value::{DynTensor, DynValue, Tensor};
 
+/// A state a graph carries besides the KV cache: fed as `past`, its next value read from
+/// `present`, float32 `[batch, rows, width]`, zeros before a row's first token.
+struct CarriedState {
+    past: String,
+    present: String,
+    rows: usize,
+    width: usize,
+}
+
+impl CarriedState {
+    /// What `description`'s graph carries: each layer's QKV-conv state, then the
+    /// confidence head's running pools.
+    fn of(description: &ExportDescription) -> Vec<CarriedState> {
+        let config = &description.config;
+        let conv = config
+            .qkv_conv_state()
+            .into_iter()
+            .flat_map(|(slots, width)| {
+                (0..config.num_layers()).map(move |i| {
+                    let (past, present) = names::qkv_conv_state(i);
+                    CarriedState {
+                        past,
+                        present,
+                        rows: slots,
+                        width,
+                    }
+                })
+            });
+        let pools = description.confidence_pools.map(|pools| CarriedState {
+            past: names::PAST_CONFIDENCE_POOLS.to_string(),
+            present: names::PRESENT_CONFIDENCE_POOLS.to_string(),
+            rows: pools,
+            width: config.common().d_model + 2,
+        });
+        conv.chain(pools).collect()
+    }
+}
+
 /// A loaded Needle graph, what its metadata says about it, and how it runs.
 pub struct NeedleSession {
     session: Session,
@@ -25,8 +63,8 @@ pub struct NeedleSession {
     pub plan: RunPlan,
     /// The cache input/output names of each layer, then the token history's.
     layer_names: Vec<LayerCache>,
-    /// `(past, present)` names of each layer's QKV-conv state; empty without the conv.
-    conv_names: Vec<(String, String)>,
+    /// The state besides the KV cache, in the graph's `needle.state_inputs` order.
+    carried: Vec<CarriedState>,
     /// The accelerator graphs' prefill graph and driver, when `session` is their decode
     /// graph; the stock names above are empty then.
     accelerator: Option<AcceleratorGraphs>,
@@ -118,7 +156,7 @@ impl NeedleSession {
                 description,
                 plan,
                 layer_names: Vec::new(),
-                conv_names: Vec::new(),
+                carried: Vec::new(),
                 accelerator: Some(accelerator),
             });
         }
@@ -130,16 +168,13 @@ impl NeedleSession {
             );
         }
         let layer_names = (0..=layers).map(layer_cache).collect();
-        let conv_names = match description.config.qkv_conv_state() {
-            Some(_) => (0..layers).map(names::qkv_conv_state).collect(),
-            None => Vec::new(),
-        };
+        let carried = CarriedState::of(&description);
         let s = NeedleSession {
             session,
             description,
             plan,
             layer_names,
-            conv_names,
+            carried,
             accelerator: None,
         };
         s.check_interface()?;
@@ -165,6 +200,20 @@ impl NeedleSession {
         self.session.outputs().iter().any(|o| o.name() == name)
     }
 
+    /// Whether the confidence head keeps running pools between calls
+    /// (`names::PAST_CONFIDENCE_POOLS`): its logit after a row's last token is then the
+    /// row's confidence, with no second forward over the row's tokens.
+    pub fn carries_confidence_pools(&self) -> bool {
+        self.description.confidence_pools.is_some()
+    }
+
+    /// Whether a call fetches `head`'s output: when it asks for the heads, and the
+    /// carried confidence on every call.
+    fn fetches(&self, head: &str, heads: bool) -> bool {
+        let carried = head == names::CONFIDENCE_LOGIT && self.carries_confidence_pools();
+        (heads || carried) && self.has_output(head)
+    }
+
     /// Whether the graphs are the accelerator graphs (`needle-export --target`).
     pub fn is_accelerator(&self) -> bool {
         self.accelerator.is_some()
@@ -181,11 +230,7 @@ impl NeedleSession {
             .layer_names
             .iter()
             .flat_map(|n| [n.past_key.as_str(), n.past_value.as_str()]);
-        let carried: Vec<&str> = self
-            .conv_names
-            .iter()
-            .map(|(past, _)| past.as_str())
-            .collect();
+        let carried: Vec<&str> = self.carried.iter().map(|s| s.past.as_str()).collect();
         if self.description.state_inputs != carried {
             bail!(
                 "this runner carries {carried:?} between steps; the graph needs {:?}",
@@ -281,18 +326,17 @@ impl NeedleSession {
                 })
             })
             .collect::<Result<_>>()?;
-        let qkv_conv = match c.qkv_conv_state() {
-            Some((slots, width)) => (0..c.num_layers())
-                .map(|_| {
-                    let zeros = vec![0f32; batch * slots * width];
-                    Ok(Tensor::<f32>::from_array(([batch, slots, width], zeros))?.into_dyn())
-                })
-                .collect::<Result<_>>()?,
-            None => Vec::new(),
-        };
+        let states = self
+            .carried
+            .iter()
+            .map(|s| {
+                let zeros = vec![0f32; batch * s.rows * s.width];
+                Ok(Tensor::<f32>::from_array(([batch, s.rows, s.width], zeros))?.into_dyn())
+            })
+            .collect::<Result<_>>()?;
         Ok(Cache {
             layers,
-            qkv_conv,
+            states,
             len: 0,
             capacity,
             fixed: None,
@@ -319,7 +363,7 @@ impl NeedleSession {
         }
         let cache = self.new_cache(1, None)?;
         let tensors = self.input_tensors(StepInputs::dense(ids, 1, 0), &cache)?;
-        let inputs = exact_length_inputs(&self.layer_names, &self.conv_names, tensors, cache);
+        let inputs = exact_length_inputs(&self.layer_names, &self.carried, tensors, cache);
         let only = OutputSelector::no_default().with(names::CONFIDENCE_LOGIT);
         let options = RunOptions::new()?.with_outputs(only);
         let outputs = self
@@ -344,13 +388,13 @@ impl NeedleSession {
         }
         let inputs = exact_length_inputs(
             &self.layer_names,
-            &self.conv_names,
+            &self.carried,
             [ids, mask, positions],
             cache,
         );
         let mut fetched = OutputSelector::default();
-        if !heads {
-            for head in HEADS {
+        for head in HEADS {
+            if !self.fetches(head, heads) {
                 fetched = fetched.without(head);
             }
         }
@@ -372,10 +416,10 @@ impl NeedleSession {
                 })
             })
             .collect::<Result<_>>()?;
-        let qkv_conv = self
-            .conv_names
+        let states = self
+            .carried
             .iter()
-            .map(|(_, present)| take(&mut outputs, present))
+            .map(|s| take(&mut outputs, &s.present))
             .collect::<Result<_>>()?;
         Ok(StepOutput {
             logits,
@@ -383,7 +427,7 @@ impl NeedleSession {
             contrastive_embedding,
             cache: Cache {
                 layers,
-                qkv_conv,
+                states,
                 len: total,
                 capacity: None,
                 fixed: None,
@@ -464,13 +508,13 @@ impl NeedleSession {
             binding.bind_output(n.present_value.as_str(), &mut kv.value)?;
         }
         let host = self.session.allocator().memory_info();
-        for ((past, present), state) in self.conv_names.iter().zip(&cache.qkv_conv) {
-            binding.bind_input(past.as_str(), state)?;
-            binding.bind_output_to_device(present.as_str(), host)?;
+        for (carried, state) in self.carried.iter().zip(&cache.states) {
+            binding.bind_input(carried.past.as_str(), state)?;
+            binding.bind_output_to_device(carried.present.as_str(), host)?;
         }
         binding.bind_output_to_device(names::LOGITS, host)?;
         for head in HEADS {
-            if heads && self.has_output(head) {
+            if self.fetches(head, heads) {
                 binding.bind_output_to_device(head, host)?;
             }
         }
@@ -481,10 +525,10 @@ impl NeedleSession {
         let logits = logits(&outputs)?;
         let confidence_logit = head_output(&outputs, names::CONFIDENCE_LOGIT)?;
         let contrastive_embedding = head_output(&outputs, names::CONTRASTIVE_EMBEDDING)?;
-        cache.qkv_conv = self
-            .conv_names
+        cache.states = self
+            .carried
             .iter()
-            .map(|(_, present)| take(&mut outputs, present))
+            .map(|s| take(&mut outputs, &s.present))
             .collect::<Result<_>>()?;
         drop(outputs);
         cache.len = total;
@@ -506,10 +550,10 @@ fn logits(outputs: &SessionOutputs<'_>) -> Result<Vec<f32>> {
 const HEADS: [&str; 2] = [names::CONFIDENCE_LOGIT, names::CONTRASTIVE_EMBEDDING];
 
 /// The exact-length graph inputs of one call: `input_ids`, `attention_mask` and
-/// `position_ids` in that order, then `cache`'s layers and QKV-conv state by their names.
+/// `position_ids` in that order, then `cache`'s layers and other state by their names.
 fn exact_length_inputs<'n>(
     layer_names: &'n [LayerCache],
-    conv_names: &'n [(String, String)],
+    carried: &'n [CarriedState],
     [ids, mask, positions]: [Tensor<i64>; 3],
     cache: Cache,
 ) -> Vec<(&'n str, SessionInputValue<'static>)> {
@@ -521,8 +565,8 @@ fn exact_length_inputs<'n>(
         inputs.push((&n.past_key, kv.key.into()));
         inputs.push((&n.past_value, kv.value.into()));
     }
-    for ((past, _), state) in conv_names.iter().zip(cache.qkv_conv) {
-        inputs.push((past, state.into()));
+    for (carried, state) in carried.iter().zip(cache.states) {
+        inputs.push((&carried.past, state.into()));
     }
     inputs
 }

@@ -73,9 +73,10 @@ impl StepInputs {
 pub struct StepOutput {
     /// `[batch, sequence, vocab]`, row-major.
     pub logits: Vec<f32>,
-    /// `[batch]`: the confidence head's logit over this step's tokens, when the graph has
-    /// the head and the call asked for it ([`StepInputs::heads`]; see
-    /// `names::CONFIDENCE_LOGIT`).
+    /// `[batch]`: the confidence head's logit, when the graph has the head and the call
+    /// asked for it ([`StepInputs::heads`]; see `names::CONFIDENCE_LOGIT`): over this
+    /// step's tokens, or, where the graph carries the head's pools, over every token each
+    /// row has fed (then fetched on every call).
     pub confidence_logit: Option<Vec<f32>>,
     /// `[batch, contrastive_dim]`, row-major: the contrastive head's unit-norm embedding of
     /// this step's tokens, when the graph has the head and the call asked for it (see

@@ -9,7 +9,8 @@ Usage: check_onnx.py MODEL.onnx CASES.safetensors [KERNEL_LIBRARY]
    empty pasts: zero-length KV, zero engram state);
 3. runs each case's first row again through the KV cache: its first half (at least one
    token) as one prefill, then one token per step, every present.X fed back as
-   past_key_values.X (so a sliding window is checked in decode too);
+   past_key_values.X and present_X as past_X (so a sliding window is checked in decode
+   too);
 4. prints one JSON line: per case (and per case's cached run, `<case>.cached`), the max
    over rows of max|got - ref| / max(1, max|ref|) over the row's real positions; the
    operator domains the graph's nodes use ("" is ai.onnx); and the op types the session
@@ -54,6 +55,8 @@ def cached_run(sess, ids):
         for name, value in result.items():
             if name.startswith("present."):
                 feeds["past_key_values." + name[len("present."):]] = value
+            elif name.startswith("present_"):
+                feeds["past_" + name[len("present_"):]] = value
         past += len(chunk)
     return np.concatenate(logits)
 

@@ -1,10 +1,13 @@
 //! The Needle 3 confidence head (graph output `confidence_logit`) against upstream's
 //! `forward_confidence` (`tests/fixtures/needle3/`): the padded batch of case `H` and each
-//! generation's prompt + completion, both variants; and `needle-run`'s `confidence`.
+//! generation's prompt + completion, both variants; and the packed graphs' pools carried
+//! through a generation.
 
 use graphs::contract::AttentionKind::{self, Reference};
 use graphs::contract::MatMulWeights;
 use needle_tests::{f32_values, fixture, i64_values, session, session_with};
+use runner::decode::{GenerateOptions, Sampling};
+use runner::generate::generate;
 use runner::session::StepInputs;
 use safetensors::SafeTensors;
 
@@ -99,4 +102,66 @@ fn the_confidence_head_matches_upstream_on_padded_batches_and_generations() {
         }
     }
     println!("{}", report.join("\n"));
+}
+
+/// Graphs with the Needle ops carry the head's pools between calls: each generation's
+/// prompt fed in two pieces, then its answer one token a call, gives upstream's
+/// confidence over prompt + completion after the last call; and so does a greedy run of
+/// the engine, which feeds the answer's last token in one more step.
+#[test]
+fn the_carried_pools_give_each_generations_confidence() {
+    let mut checked = 0;
+    for model in MODELS {
+        let generations: Vec<serde_json::Value> =
+            match std::fs::read_to_string(fixture(&format!("{model}.generate.json"))) {
+                Ok(text) => serde_json::from_str(&text).unwrap(),
+                Err(_) => continue,
+            };
+        for kind in [FUSED, Reference] {
+            let mut s = session_with(model, kind, MatMulWeights::Packed);
+            if !s.has_confidence_head() {
+                continue;
+            }
+            assert!(s.carries_confidence_pools(), "{model} {kind:?}");
+            for r in &generations {
+                let ids = |k: &str| -> Vec<i64> {
+                    r[k].as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.as_i64().unwrap())
+                        .collect()
+                };
+                let (prompt, answer) = (ids("prompt_ids"), ids("generated_ids"));
+                let want = r["heads_on_prompt_plus_completion"]["confidence"]
+                    .as_f64()
+                    .unwrap();
+                let close = |got: f32, how: &str| {
+                    // The reference is written with 6 decimals.
+                    let err = (sigmoid(got) - sigmoid(want as f32)).abs();
+                    assert!(err <= 1e-5, "{model} {kind:?} {how}: {got} vs {want}");
+                };
+                let half = prompt.len() / 2;
+                let cache = s.empty_cache(1).unwrap();
+                let mut step = s.forward(&prompt[..half], 1, cache).unwrap();
+                step = s.forward(&prompt[half..], 1, step.cache).unwrap();
+                for &token in &answer {
+                    step = s.forward(&[token], 1, step.cache).unwrap();
+                }
+                close(step.confidence_logit.unwrap()[0], "fed by hand");
+
+                let prompt: Vec<u32> = prompt.iter().map(|&t| t as u32).collect();
+                let opts = GenerateOptions {
+                    max_new_tokens: answer.len(),
+                    stop_ids: vec![],
+                    sampling: Sampling::Greedy,
+                };
+                let run = generate(&mut s, &prompt, &opts).unwrap();
+                let generated: Vec<i64> = run.generated_ids.iter().map(|&t| t.into()).collect();
+                assert_eq!(generated, answer, "{model} {kind:?}");
+                close(run.confidence_logit.unwrap(), "generated");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 0, "no generation of a model with the head");
 }

@@ -106,6 +106,7 @@ impl Architecture for Config {
         w: &Weights,
         cells: &[Value],
         keep: &Value,
+        _past_pools: Option<&Value>,
     ) -> Heads {
         let contrastive = w.contrastive.as_ref().map(|head| {
             let embedding = b.scope("contrastive_head", |b| {
@@ -118,9 +119,11 @@ impl Architecture for Config {
                 confidence_logit(b, cells, keep, head)
             })
         });
+        // Needle 2's heads pool in stock nodes, one call's tokens.
         Heads {
             contrastive,
             confidence,
+            confidence_pools: None,
         }
     }
 }

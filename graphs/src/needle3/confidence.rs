@@ -11,9 +11,12 @@
 //! Graphs with the Needle ops pool in one `needle.ProbePool` node that reads every cell
 //! where it is (one variadic input a layer).
 //!
-//! It pools over the positions of one call, so it is the head's logit for a sequence
-//! when that sequence is fed whole with an empty cache (as `needle-run` does once the
-//! answer is complete).
+//! The stock graphs pool over the positions of one call, so their logit is a sequence's
+//! when that sequence is fed whole with an empty cache. Graphs with the Needle ops carry
+//! the softmax over the tokens as running pools (`past_confidence_pools` →
+//! `present_confidence_pools`), so their logit after any call is that of every token the
+//! row has fed: `needle-run` reads it after the answer's last token instead of running
+//! the prompt and the answer again.
 
 use crate::blocks::context::BuildContext;
 use crate::blocks::norms::rms_unit;
@@ -22,19 +25,21 @@ use crate::builder::{GraphBuilder, Value};
 use crate::contract::needle_ops;
 use crate::needle3::{Config, ProbeHead};
 
-/// `[batch]` float32 logit. `cells`: `L+1` values `[batch, sequence, d]`; `keep`:
-/// `[batch, sequence]` int64, 1 for the row's real tokens.
+/// `[batch]` float32 logit, and the running pools after the call where `past_pools` are
+/// given (graphs with the Needle ops). `cells`: `L+1` values `[batch, sequence, d]`;
+/// `keep`: `[batch, sequence]` int64, 1 for the row's real tokens.
 pub fn confidence_logit(
     b: &mut GraphBuilder,
     ctx: &BuildContext<Config>,
     cells: &[Value],
     keep: &Value,
     head: &ProbeHead,
-) -> Value {
+    past_pools: Option<&Value>,
+) -> (Value, Option<Value>) {
     let d = ctx.common.d_model;
     let q = head.query.shape[0];
-    let mixed = match ctx.kernels.needle_ops {
-        false => pooled_mix(b, ctx, cells, keep, head),
+    let (mixed, pools) = match ctx.kernels.needle_ops {
+        false => (pooled_mix(b, ctx, cells, keep, head), None),
         true => {
             let weights = [
                 ("probes", &head.probes),
@@ -44,16 +49,27 @@ pub fn confidence_logit(
             ]
             .map(|(name, t)| b.weight(name, &t.shape, &t.data));
             let [probes, gain, query, row_bias] = &weights;
-            let mut inputs = vec![keep, probes, gain, query, row_bias];
+            // No past: a tensor of no values (the op's convention).
+            let no_past;
+            let past = match past_pools {
+                Some(past) => past,
+                None => {
+                    no_past = b.weight("no_past_pools", &[0], &[]);
+                    &no_past
+                }
+            };
+            let mut inputs = vec![keep, probes, gain, query, row_bias, past];
             inputs.extend(cells);
-            b.op_in(
+            let outputs = 1 + usize::from(past_pools.is_some());
+            let mut out = b.op_in(
                 needle_ops::DOMAIN,
                 needle_ops::PROBE_POOL,
                 &inputs,
                 vec![],
-                1,
-            )
-            .remove(0)
+                outputs,
+            );
+            let pools = (outputs == 2).then(|| out.remove(1));
+            (out.remove(0), pools)
         }
     };
     // The confidence head has one output: its projection row is a vector.
@@ -62,7 +78,7 @@ pub fn confidence_logit(
     let bias = b.weight("bias", &[1], &head.bias.data[..1]);
     let logit = b.add(&logit, &bias);
     let logit = b.squeeze(&logit, &[1]);
-    to_float32(b, logit)
+    (to_float32(b, logit), pools)
 }
 
 /// Upstream `probe_pool` in stock nodes: `[batch, q · d]` from the cells `[batch, sequence,

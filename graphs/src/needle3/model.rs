@@ -150,15 +150,21 @@ impl Architecture for Config {
         w: &Weights,
         cells: &[Value],
         keep: &Value,
+        past_pools: Option<&Value>,
     ) -> Heads {
-        let confidence = w.confidence.as_ref().map(|head| {
+        let head = w.confidence.as_ref().map(|head| {
             b.scope("confidence_head", |b| {
-                confidence_logit(b, ctx, cells, keep, head)
+                confidence_logit(b, ctx, cells, keep, head, past_pools)
             })
         });
+        let (confidence, confidence_pools) = match head {
+            Some((logit, pools)) => (Some(logit), pools),
+            None => (None, None),
+        };
         Heads {
             contrastive: None,
             confidence,
+            confidence_pools,
         }
     }
 }

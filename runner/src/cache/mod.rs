@@ -1,5 +1,5 @@
 //! The state a Needle graph carries between steps ([`Cache`]: every layer's keys and
-//! values, the token history, Needle 3's QKV-conv state), and its row relayouts
+//! values, the token history, Needle 3's QKV-conv state and confidence pools), and its row relayouts
 //! ([`rows`]), which let rows join and leave a running batch; the rows of prompts a
 //! conversation may continue ([`prefix`]); the accelerator graphs' fixed-capacity form of
 //! it ([`fixed`]).
@@ -22,9 +22,11 @@ pub struct LayerKv {
 pub struct Cache {
     /// Per layer, in layer order, then the token history (`names::token_history`).
     pub(crate) layers: Vec<LayerKv>,
-    /// Needle 3's per-layer QKV-conv state, float32 `[batch, taps − 1, width]`; empty
-    /// without the conv.
-    pub(crate) qkv_conv: Vec<DynValue>,
+    /// The state besides the keys and values, float32 `[batch, …]` each, in the graph's
+    /// `needle.state_inputs` order: Needle 3's per-layer QKV-conv state `[batch, taps − 1,
+    /// width]`, then the confidence head's running pools `[batch, pools, d + 2]` where the
+    /// graph carries them.
+    pub(crate) states: Vec<DynValue>,
     pub(crate) len: usize,
     /// `Some(tokens)`: the key/value tensors are buffers of that many positions, bound as
     /// both `past_*` and `present.*` so attention appends in place (see
@@ -65,14 +67,13 @@ impl Cache {
             .flat_map(|kv| [&mut kv.key, &mut kv.value])
     }
 
-    /// The state carried beside the keys and values, `[batch, …]` each: each layer's
-    /// QKV-conv state.
+    /// The state carried beside the keys and values, `[batch, …]` each.
     fn states(&self) -> impl Iterator<Item = &DynValue> {
-        self.qkv_conv.iter()
+        self.states.iter()
     }
 
     fn states_mut(&mut self) -> impl Iterator<Item = &mut DynValue> {
-        self.qkv_conv.iter_mut()
+        self.states.iter_mut()
     }
 
     /// Sets every key and value to zero.

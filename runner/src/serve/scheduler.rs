@@ -4,7 +4,7 @@
 //! and leaves the batch when done. A request whose handler is gone (client disconnected,
 //! timed out) fails its next token and leaves too.
 
-use crate::answer::confidence;
+use crate::answer::run_confidence;
 use crate::decode::{Decoded, GenerateOptions, TokenFilter};
 use crate::engine::{Admission, Engine, RowId};
 use crate::serve::logprobs::{Distribution, TokenLogprobs};
@@ -252,8 +252,7 @@ fn admit(
 }
 
 fn done(session: &mut NeedleSession, row: &Running, decoded: Decoded) -> Event {
-    let ids = [&row.prompt[..], &decoded.generated_ids].concat();
-    match confidence(session, &ids) {
+    match run_confidence(session, &row.prompt, &decoded) {
         Ok(confidence) => Event::Done(Box::new(Done {
             decoded,
             queue_secs: row.queue_secs,
