@@ -431,8 +431,12 @@ pub mod needle_ops {
     /// for `GroupQueryAttention`: QKV conv, query and key norm and RoPE, padding to the
     /// core's head width (`kernels/src/attention_heads.rs`).
     pub const QKV_HEADS: &str = "QkvHeads";
-    /// A probe head's pooling over the hidden cells of one call (`kernels/src/probe_pool.rs`).
+    /// Needle 3's probe-head pooling over the hidden cells, per layer, the softmax over
+    /// the tokens carried as running pools (`kernels/src/probe_pool.rs`).
     pub const PROBE_POOL: &str = "ProbePool";
+    /// Needle 2's probe-head pooling over every cell of every layer at once, carried the
+    /// same way (`kernels::probe_pool::joint_pool`).
+    pub const JOINT_PROBE_POOL: &str = "JointProbePool";
     /// Needle 3's next QKV-conv state: each row's last real positions of the conv's window
     /// (`kernels/src/conv_state.rs`): what packed graphs written before [`QKV_HEADS`] gave
     /// it as a second output still run.

@@ -13,12 +13,12 @@ pub enum ModelWeights {
 }
 
 impl ModelWeights {
-    /// The confidence head's pools (`layers + 1` rows of `k` probes) where the model has a
-    /// head that graphs with the Needle ops pool as a running state (Needle 3's); `None`
-    /// otherwise.
+    /// The confidence head's running pools, which graphs with the Needle ops carry
+    /// between calls: Needle 2's a probe, Needle 3's a probe of each of its `layers + 1`
+    /// rows. `None` without the head.
     pub fn confidence_pools(&self) -> Option<usize> {
         match self {
-            ModelWeights::Needle2(_) => None,
+            ModelWeights::Needle2(w) => w.confidence.as_ref().map(|h| h.probes.shape[0]),
             ModelWeights::Needle3(w) => w.confidence.as_ref().map(|h| h.gain.data.len()),
         }
     }

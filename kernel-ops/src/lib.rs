@@ -32,7 +32,7 @@ pub use hadamard_mlp::HadamardMlp;
 pub use hyper_connections::{HyperConnectionsIn, HyperConnectionsOut};
 pub use kernels::RowSplit;
 pub use monarch_mlp::MonarchMlp;
-pub use probe_pool::ProbePool;
+pub use probe_pool::{JointProbePool, ProbePool};
 pub use residual_norm::ResidualNorm;
 pub use sinkhorn::Sinkhorn;
 
@@ -304,6 +304,7 @@ pub fn register_all<R: Registry>(registry: &mut R) -> Result<(), R::Error> {
     registry.add::<HyperConnectionsOut>()?;
     registry.add::<MonarchMlp>()?;
     registry.add::<ProbePool>()?;
+    registry.add::<JointProbePool>()?;
     registry.add::<ResidualNorm>()?;
     registry.add::<Sinkhorn>()
 }

@@ -8,7 +8,7 @@
 
 use crate::{op_error, ElementType, Input, NeedleOp, OpError, RowSplit};
 use graphs::contract::needle_ops;
-use kernels::probe_pool::{probe_pool, Cells, PoolState, ProbeWeights};
+use kernels::probe_pool::{joint_pool, probe_pool, Cells, PoolState, ProbeWeights};
 use kernels::Isa;
 
 pub struct ProbePool {
@@ -27,27 +27,12 @@ impl ProbePool {
         inputs: &[Input<'a>],
     ) -> Result<(Cells<'a>, ProbeWeights<'a>, Option<&'a [f32]>), OpError> {
         let float = |i| Input::get::<Self, f32>(inputs, i);
-        let (_, keep) = Input::get::<Self, i64>(inputs, 0)?;
-        let (cells_shape, _) = float(CELLS_AT)?;
+        let cells = cells::<Self>(inputs, CELLS_AT)?;
         let (probes_shape, probes) = float(1)?;
-        let (&[batch, sequence, _], &[layers, k, d]) = (cells_shape, probes_shape) else {
+        let &[layers, k, d] = probes_shape else {
             return Err(op_error::<Self>(format!(
-                "cells {cells_shape:?} and probes {probes_shape:?} are not [batch, sequence, d] and [layers, k, d]"
+                "probes {probes_shape:?} are not [layers, k, d]"
             )));
-        };
-        let layer_cells = (CELLS_AT..inputs.len())
-            .map(|i| match float(i)? {
-                (shape, cells) if shape == cells_shape => Ok(cells),
-                (shape, _) => Err(op_error::<Self>(format!(
-                    "cells {shape:?} and {cells_shape:?} differ"
-                ))),
-            })
-            .collect::<Result<_, _>>()?;
-        let cells = Cells {
-            layers: layer_cells,
-            keep,
-            batch: batch as usize,
-            sequence: sequence as usize,
         };
         let weights = ProbeWeights {
             probes,
@@ -59,19 +44,75 @@ impl ProbePool {
             d: d as usize,
         };
         weights.queries(&cells).map_err(op_error::<Self>)?;
-        let (past_shape, past) = float(PAST_AT)?;
-        let pools = [cells.batch, weights.layers * weights.k, weights.d + 2].map(|n| n as i64);
-        let past = match past.len() {
-            0 => None,
-            _ if past_shape == pools => Some(past),
-            _ => {
-                return Err(op_error::<Self>(format!(
-                    "past pools {past_shape:?} are not {pools:?} (or empty)"
-                )))
-            }
-        };
+        let pools = [cells.batch, weights.layers * weights.k, weights.d + 2];
+        let past = past_pools::<Self>(inputs, PAST_AT, pools)?;
         Ok((cells, weights, past))
     }
+}
+
+/// The cells from input `at` on (one a layer, `[batch, sequence, d]` each, all alike) and
+/// which tokens are kept (input 0).
+fn cells<'a, Op: NeedleOp>(inputs: &[Input<'a>], at: usize) -> Result<Cells<'a>, OpError> {
+    let (_, keep) = Input::get::<Op, i64>(inputs, 0)?;
+    let (first, _) = Input::get::<Op, f32>(inputs, at)?;
+    let &[batch, sequence, _] = first else {
+        return Err(op_error::<Op>(format!(
+            "cells {first:?} are not [batch, sequence, d]"
+        )));
+    };
+    let layers = (at..inputs.len())
+        .map(|i| match Input::get::<Op, f32>(inputs, i)? {
+            (shape, cells) if shape == first => Ok(cells),
+            (shape, _) => Err(op_error::<Op>(format!(
+                "cells {shape:?} and {first:?} differ"
+            ))),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Cells {
+        layers,
+        keep,
+        batch: batch as usize,
+        sequence: sequence as usize,
+    })
+}
+
+/// Input `at`, the running pools before the call: `None` where it holds no values, else
+/// checked to be `pools` (`[batch, pools, d + 2]`).
+fn past_pools<'a, Op: NeedleOp>(
+    inputs: &[Input<'a>],
+    at: usize,
+    pools: [usize; 3],
+) -> Result<Option<&'a [f32]>, OpError> {
+    let (shape, past) = Input::get::<Op, f32>(inputs, at)?;
+    let pools = pools.map(|n| n as i64);
+    match past.len() {
+        0 => Ok(None),
+        _ if shape == pools => Ok(Some(past)),
+        _ => Err(op_error::<Op>(format!(
+            "past pools {shape:?} are not {pools:?} (or empty)"
+        ))),
+    }
+}
+
+/// The outputs' shapes of a pooling op: the pooled `[batch, width]`, the running pools.
+fn pooled_shapes(batch: usize, width: usize, pools: usize, d: usize) -> Vec<Vec<i64>> {
+    vec![
+        vec![batch as i64, width as i64],
+        [batch, pools, d + 2].map(|n| n as i64).to_vec(),
+    ]
+}
+
+/// The running pools of `outputs` (the optional second) and `past`.
+fn pool_state<'a>(
+    past: Option<&'a [f32]>,
+    outputs: &'a mut [&mut [f32]],
+) -> (&'a mut [f32], PoolState<'a>) {
+    let (out, present) = outputs.split_at_mut(1);
+    let state = PoolState {
+        past,
+        present: present.first_mut().map(|p| &mut **p),
+    };
+    (&mut *out[0], state)
 }
 
 impl NeedleOp for ProbePool {
@@ -95,12 +136,7 @@ impl NeedleOp for ProbePool {
         let (cells, weights, _) = Self::operands(inputs)?;
         let q = weights.queries(&cells).map_err(op_error::<Self>)?;
         let pools = weights.layers * weights.k;
-        Ok(vec![
-            vec![cells.batch as i64, (q * weights.d) as i64],
-            [cells.batch, pools, weights.d + 2]
-                .map(|n| n as i64)
-                .to_vec(),
-        ])
+        Ok(pooled_shapes(cells.batch, q * weights.d, pools, weights.d))
     }
 
     fn compute(
@@ -110,11 +146,73 @@ impl NeedleOp for ProbePool {
         _split: &dyn RowSplit,
     ) -> Result<(), OpError> {
         let (cells, weights, past) = Self::operands(inputs)?;
-        let (out, present) = outputs.split_at_mut(1);
-        let state = PoolState {
-            past,
-            present: present.first_mut().map(|p| &mut **p),
+        let (out, state) = pool_state(past, outputs);
+        probe_pool(&cells, &weights, state, out, self.isa).map_err(op_error::<Self>)
+    }
+}
+
+/// `needle.JointProbePool` (Needle 2's pooling, `kernels::probe_pool::joint_pool`): inputs
+/// `keep` int64 `[batch, sequence]`, `probes` float32 `[P, d]` and `past_pools` float32
+/// `[batch, P, d + 2]` (or no values: no past), then the cells, one variadic input a layer
+/// (the embedding's first), float32 `[batch, sequence, d]` each. Outputs float32
+/// `[batch, P · d]` and, optional, the running pools after the call.
+pub struct JointProbePool {
+    isa: Isa,
+}
+
+impl JointProbePool {
+    /// The cells, the probes, `d` and the past pools, checked against each other.
+    #[allow(clippy::type_complexity)]
+    fn operands<'a>(
+        inputs: &[Input<'a>],
+    ) -> Result<(Cells<'a>, &'a [f32], usize, Option<&'a [f32]>), OpError> {
+        const PAST_AT: usize = 2;
+        let cells = cells::<Self>(inputs, PAST_AT + 1)?;
+        let (shape, probes) = Input::get::<Self, f32>(inputs, 1)?;
+        let &[p, d] = shape else {
+            return Err(op_error::<Self>(format!("probes {shape:?} are not [P, d]")));
         };
-        probe_pool(&cells, &weights, state, out[0], self.isa).map_err(op_error::<Self>)
+        let (p, d) = (p as usize, d as usize);
+        let values = cells.batch * cells.sequence * d;
+        if p * d == 0 || cells.layers.iter().any(|c| c.len() != values) {
+            return Err(op_error::<Self>(format!(
+                "probes {shape:?} and cells of {:?} values are not [P, d] and [batch, sequence, d]",
+                cells.layers.iter().map(|c| c.len()).collect::<Vec<_>>()
+            )));
+        }
+        let past = past_pools::<Self>(inputs, PAST_AT, [cells.batch, p, d + 2])?;
+        Ok((cells, probes, d, past))
+    }
+}
+
+impl NeedleOp for JointProbePool {
+    const NAME: &'static str = needle_ops::JOINT_PROBE_POOL;
+    const INPUTS: &'static [ElementType] = &[
+        ElementType::Int64,   // keep
+        ElementType::Float32, // probes
+        ElementType::Float32, // past_pools
+    ];
+    const VARIADIC: Option<ElementType> = Some(ElementType::Float32); // cells
+    const OPTIONAL_OUTPUTS: usize = 1; // the running pools after the call
+
+    fn new(_attribute: &dyn Fn(&str) -> Option<i64>) -> Result<Self, OpError> {
+        Ok(JointProbePool { isa: Isa::best() })
+    }
+
+    fn output_shapes(&self, inputs: &[Input]) -> Result<Vec<Vec<i64>>, OpError> {
+        let (cells, probes, d, _) = Self::operands(inputs)?;
+        let p = probes.len() / d;
+        Ok(pooled_shapes(cells.batch, p * d, p, d))
+    }
+
+    fn compute(
+        &self,
+        inputs: &[Input],
+        outputs: &mut [&mut [f32]],
+        _split: &dyn RowSplit,
+    ) -> Result<(), OpError> {
+        let (cells, probes, d, past) = Self::operands(inputs)?;
+        let (out, state) = pool_state(past, outputs);
+        joint_pool(&cells, probes, d, state, out, self.isa).map_err(op_error::<Self>)
     }
 }

@@ -111,13 +111,91 @@ pub fn probe_pool(
     isa: Isa,
 ) -> Result<(), ShapeError> {
     let q = w.queries(cells)?;
-    let row = q * w.d;
-    let state_row = w.state_len();
-    if out.len() != cells.batch * row {
+    let pools = w.layers * w.k;
+    each_row(
+        cells.batch,
+        q * w.d,
+        pools,
+        w.d,
+        state,
+        out,
+        |b, pools, out| pool_row(cells, w, b, isa, pools, out),
+    )
+}
+
+/// Needle 2's pooling (upstream 2.x `probe_pool`): each probe `k` of `probes` `[P, d]`
+/// attends over every cell of every layer at once, token by token, each token's layers
+/// in order (upstream's `[t·l, d]` rows):
+///
+/// ```text
+/// a[k,(t,l)] = softmax_(t,l)(cells[t,l]·probes[k] / √d)   (tokens not kept: −∞)      out[k] = Σ_(t,l) a·cells[t,l]
+/// ```
+///
+/// `out` `[batch, P · d]`, over the tokens of `state.past` (`[batch, P, d + 2]`) and of
+/// this call.
+pub fn joint_pool(
+    cells: &Cells,
+    probes: &[f32],
+    d: usize,
+    state: PoolState,
+    out: &mut [f32],
+    isa: Isa,
+) -> Result<(), ShapeError> {
+    let p = probes.len().checked_div(d).unwrap_or(0);
+    let tokens = cells.batch * cells.sequence;
+    let fits = p > 0
+        && probes.len() == p * d
+        && !cells.layers.is_empty()
+        && cells.layers.iter().all(|c| c.len() == tokens * d)
+        && cells.keep.len() == tokens;
+    if !fits {
         return Err(ShapeError(format!(
-            "the output holds {} values, not [{}, {row}]",
+            "probes of {} values, cells of {:?} and keep of {} are not [P, {d}], layers of \
+             [{b}, {s}, {d}] and [{b}, {s}]",
+            probes.len(),
+            cells.layers.iter().map(|c| c.len()).collect::<Vec<_>>(),
+            cells.keep.len(),
+            b = cells.batch,
+            s = cells.sequence,
+        )));
+    }
+    let root_d = (d as f32).sqrt();
+    each_row(cells.batch, p * d, p, d, state, out, |b, pools, out| {
+        let s = cells.sequence;
+        let kept_cells: Vec<&[f32]> = (0..s)
+            .filter(|&t| cells.keep[b * s + t] != 0)
+            .flat_map(|t| cells.layers.iter().map(move |c| &c[(b * s + t) * d..][..d]))
+            .collect();
+        let per_probe = pools.chunks_exact_mut(d + 2).zip(out.chunks_exact_mut(d));
+        for (k, (pool, out)) in per_probe.enumerate() {
+            let probe = &probes[k * d..(k + 1) * d];
+            let scores: Vec<f32> = kept_cells
+                .iter()
+                .map(|c| dot(isa, c, probe) / root_d)
+                .collect();
+            add_tokens(pool, &scores, kept_cells.iter().copied());
+            mean_of(pool, out);
+        }
+    })
+}
+
+/// Runs `pool_row(b, pools, out)` for each of `batch` rows, `row` values of `out` each,
+/// with the row's `pools` (`pools · (d + 2)` values) as `state.past` left them (zeros
+/// without), left in `state.present` where given.
+fn each_row(
+    batch: usize,
+    row: usize,
+    pools: usize,
+    d: usize,
+    state: PoolState,
+    out: &mut [f32],
+    mut pool_row: impl FnMut(usize, &mut [f32], &mut [f32]),
+) -> Result<(), ShapeError> {
+    let state_row = pools * (d + 2);
+    if out.len() != batch * row {
+        return Err(ShapeError(format!(
+            "the output holds {} values, not [{batch}, {row}]",
             out.len(),
-            cells.batch
         )));
     }
     let states = [
@@ -127,16 +205,14 @@ pub fn probe_pool(
     if let Some(bad) = states
         .into_iter()
         .flatten()
-        .find(|&n| n != cells.batch * state_row)
+        .find(|&n| n != batch * state_row)
     {
         return Err(ShapeError(format!(
-            "a pool state holds {bad} values, not [{}, {}, {}]",
-            cells.batch,
-            w.layers * w.k,
-            w.d + 2
+            "a pool state holds {bad} values, not [{batch}, {pools}, {}]",
+            d + 2
         )));
     }
-    // A row's pools are small (layers · k · (d + 2) values) and a call has few rows.
+    // A row's pools are small (pools · (d + 2) values) and a call has few rows.
     let mut scratch = vec![0.0f32; state_row];
     let mut present = state.present;
     for (b, out) in out.chunks_exact_mut(row).enumerate() {
@@ -148,7 +224,7 @@ pub fn probe_pool(
             Some(past) => pools.copy_from_slice(&past[b * state_row..(b + 1) * state_row]),
             None => pools.fill(0.0),
         }
-        pool_row(cells, w, b, isa, pools, out);
+        pool_row(b, pools, out);
     }
     Ok(())
 }
@@ -178,14 +254,8 @@ fn pool_row(
                 *score = dot(isa, cell(t), probe) / root_d;
             }
             add_tokens(pool, &scores, kept.iter().map(|&t| cell(t)));
-            let (total, sum) = (pool[1], &pool[2..]);
             let pooled = &mut r[(li * k + j) * d..(li * k + j + 1) * d];
-            if total > 0.0 {
-                pooled
-                    .iter_mut()
-                    .zip(sum)
-                    .for_each(|(p, &v)| *p = v / total);
-            }
+            mean_of(pool, pooled);
             let root = (dot(isa, pooled, pooled) / d as f32 + RMS_EPSILON).sqrt();
             let gain = w.gain[li * k + j];
             pooled.iter_mut().for_each(|p| *p = *p / root * gain);
@@ -206,6 +276,15 @@ fn pool_row(
         for (&a, r) in weights.iter().zip(r.chunks_exact(d)) {
             out.iter_mut().zip(r).for_each(|(o, &v)| *o += a * v);
         }
+    }
+}
+
+/// The attention-weighted mean of a running `pool` into `out` (zeros before any token).
+fn mean_of(pool: &[f32], out: &mut [f32]) {
+    let (total, sum) = (pool[1], &pool[2..]);
+    match total > 0.0 {
+        true => out.iter_mut().zip(sum).for_each(|(o, &v)| *o = v / total),
+        false => out.fill(0.0),
     }
 }
 
@@ -401,5 +480,82 @@ mod tests {
         // Zeros are the state before the first token.
         let zeros = vec![0.0f32; batch * w.state_len()];
         assert_eq!(run(0, s, Some(&zeros), None), whole);
+    }
+
+    /// Needle 2's joint pooling against the formula in f64, whole and fed in pieces.
+    #[test]
+    fn the_joint_pool_matches_the_formula_whole_and_in_pieces() {
+        let (batch, s, l, p, d) = (2, 4, 3, 2, 8);
+        let layers: Vec<Vec<f32>> = (0..l)
+            .map(|li| values(batch * s * d, 0.09 + 0.03 * li as f64))
+            .collect();
+        let keep = [1, 1, 1, 1, 1, 1, 1, 0];
+        let probes = values(p * d, 0.07);
+        let run = |from: usize, to: usize, past: Option<&[f32]>, present: Option<&mut [f32]>| {
+            let cells: Vec<Vec<f32>> = layers
+                .iter()
+                .map(|c| {
+                    (0..batch)
+                        .flat_map(|b| &c[(b * s + from) * d..(b * s + to) * d])
+                        .copied()
+                        .collect()
+                })
+                .collect();
+            let keep: Vec<i64> = (0..batch)
+                .flat_map(|b| &keep[b * s + from..b * s + to])
+                .copied()
+                .collect();
+            let c = Cells {
+                layers: cells.iter().map(Vec::as_slice).collect(),
+                keep: &keep,
+                batch,
+                sequence: to - from,
+            };
+            let mut out = vec![f32::NAN; batch * p * d];
+            let state = PoolState { past, present };
+            joint_pool(&c, &probes, d, state, &mut out, Isa::best()).unwrap();
+            out
+        };
+        let whole = run(0, s, None, None);
+        for b in 0..batch {
+            let kept: Vec<(usize, usize)> = (0..s)
+                .filter(|&t| keep[b * s + t] != 0)
+                .flat_map(|t| (0..l).map(move |li| (t, li)))
+                .collect();
+            let cell = |(t, li): (usize, usize), i: usize| layers[li][(b * s + t) * d + i] as f64;
+            for k in 0..p {
+                let score = |at: (usize, usize)| {
+                    (0..d)
+                        .map(|i| cell(at, i) * probes[k * d + i] as f64)
+                        .sum::<f64>()
+                        / (d as f64).sqrt()
+                };
+                let z: f64 = kept.iter().map(|&at| score(at).exp()).sum();
+                for i in 0..d {
+                    let want: f64 = kept
+                        .iter()
+                        .map(|&at| score(at).exp() / z * cell(at, i))
+                        .sum();
+                    let got = whole[(b * p + k) * d + i] as f64;
+                    assert!(
+                        (got - want).abs() < 1e-6,
+                        "({b}, {k}, {i}): {got} vs {want}"
+                    );
+                }
+            }
+        }
+        let mut state = vec![0.0f32; batch * p * (d + 2)];
+        let mut out = run(0, 2, None, Some(&mut state));
+        for t in 2..s {
+            let mut next = vec![f32::NAN; state.len()];
+            out = run(t, t + 1, Some(&state), Some(&mut next));
+            state = next;
+        }
+        for (i, (got, want)) in out.iter().zip(&whole).enumerate() {
+            assert!(
+                (got - want).abs() <= 1e-6 * want.abs().max(1.0),
+                "{i}: {got} vs {want}"
+            );
+        }
     }
 }

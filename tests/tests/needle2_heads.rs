@@ -93,6 +93,33 @@ fn the_heads_match_upstream_on_a_padded_batch() {
     assert!(e < 0.05 && c < 0.05, "fp16: {e} {c}");
 }
 
+/// The packed graphs carry the confidence head's pools: each row of case `H` fed alone,
+/// its first tokens in one call and the rest one a call, gives upstream's confidence of
+/// the row whole after its last call.
+#[test]
+fn the_carried_pools_give_each_rows_confidence_fed_in_pieces() {
+    let (ids, lengths, _, want) = case_h();
+    let seq = ids.len() / lengths.len();
+    for kind in [FUSED, Reference] {
+        let mut s = session_with("m48h", kind, MatMulWeights::Packed);
+        assert!(s.carries_confidence_pools(), "{kind:?}");
+        for (row, &n) in lengths.iter().enumerate() {
+            let tokens = &ids[row * seq..row * seq + n as usize];
+            let first = tokens.len().div_ceil(2);
+            let mut step = s
+                .forward(&tokens[..first], 1, s.empty_cache(1).unwrap())
+                .unwrap();
+            for &token in &tokens[first..] {
+                step = s.forward(&[token], 1, step.cache).unwrap();
+            }
+            let got = step.confidence_logit.unwrap()[0];
+            let err = (got - want[row]).abs();
+            println!("m48h {kind:?} packed row {row}, carried: |Δ confidence logit| {err:.1e}");
+            assert!(err <= 1e-5, "{kind:?} row {row}: {got} vs {}", want[row]);
+        }
+    }
+}
+
 #[test]
 fn a_model_without_heads_has_no_head_outputs_and_cannot_rank_tools() {
     for kind in [FUSED, Reference] {

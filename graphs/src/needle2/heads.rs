@@ -9,17 +9,63 @@
 //! contrastive: p = pooled·projᵀ,  p / √(Σp² + 1e-12)                  [batch, contrastive_dim]
 //! confidence:  pooled·projᵀ + bias                                    [batch]
 //! ```
-//! The heads pool over the positions of one call, so they are a sequence's when it is
-//! fed whole with an empty cache.
+//! The stock graphs' heads pool over the positions of one call, so they are a sequence's
+//! when it is fed whole with an empty cache. Graphs with the Needle ops pool in
+//! `needle.JointProbePool` and carry the confidence head's softmax over the tokens as
+//! running pools (`past_confidence_pools` → `present_confidence_pools`), so its logit
+//! after any call covers every token the row has fed.
 
 use crate::blocks::probe_pool::{probe_attention, stack_cells, to_float32, transpose_last};
 use crate::blocks::weights::Tensor;
 use crate::builder::{GraphBuilder, Value};
+use crate::contract::needle_ops;
 use crate::needle2::ProbeHead;
 
-/// Upstream `probe_pool` of Needle 2: `[batch, P·d]`. `cells`: the `L+1` cells
-/// `[batch, sequence, d]`; `keep`: `[batch, sequence]` int64, 1 for the row's real tokens.
-fn probe_pool(b: &mut GraphBuilder, cells: &[Value], keep: &Value, probes: &Tensor) -> Value {
+/// Upstream `probe_pool` of Needle 2: `[batch, P·d]`, and the running pools after the
+/// call where `pools` carries them. `cells`: the `L+1` cells `[batch, sequence, d]`;
+/// `keep`: `[batch, sequence]` int64, 1 for the row's real tokens. Graphs with the Needle
+/// ops pool in one `needle.JointProbePool` node (`Pools::Carried`: from the running pools
+/// before the call; `Pools::OneCall`: this call's tokens alone).
+fn probe_pool(
+    b: &mut GraphBuilder,
+    cells: &[Value],
+    keep: &Value,
+    probes: &Tensor,
+    pools: Pools,
+) -> (Value, Option<Value>) {
+    let past = match pools {
+        Pools::Stock => return (stock_probe_pool(b, cells, keep, probes), None),
+        Pools::OneCall => b.weight("no_past_pools", &[0], &[]),
+        Pools::Carried(past) => past.clone(),
+    };
+    let probes = b.weight("probes", &probes.shape, &probes.data);
+    let mut inputs = vec![keep, &probes, &past];
+    inputs.extend(cells);
+    let outputs = 1 + usize::from(matches!(pools, Pools::Carried(_)));
+    let mut out = b.op_in(
+        needle_ops::DOMAIN,
+        needle_ops::JOINT_PROBE_POOL,
+        &inputs,
+        vec![],
+        outputs,
+    );
+    let present = (outputs == 2).then(|| out.remove(1));
+    (out.remove(0), present)
+}
+
+/// How a head pools.
+#[derive(Clone, Copy)]
+pub enum Pools<'a> {
+    /// In stock nodes, over the call's tokens.
+    Stock,
+    /// In the Needle op, over the call's tokens.
+    OneCall,
+    /// In the Needle op, from the running pools before the call (a graph input).
+    Carried(&'a Value),
+}
+
+/// [`probe_pool`] in stock nodes.
+fn stock_probe_pool(b: &mut GraphBuilder, cells: &[Value], keep: &Value, probes: &Tensor) -> Value {
     let (p, d) = (probes.shape[0], probes.shape[1]);
     let rows = cells.len() as i64;
     let cells = stack_cells(b, cells, 2); // [B, S, L+1, d]
@@ -41,8 +87,9 @@ pub fn contrastive_embedding(
     cells: &[Value],
     keep: &Value,
     head: &ProbeHead,
+    pools: Pools,
 ) -> Value {
-    let pooled = probe_pool(b, cells, keep, &head.probes);
+    let (pooled, _) = probe_pool(b, cells, keep, &head.probes, pools);
     // Upstream's Dense has no bias here; the file's bias is the exporter's zeros.
     let proj_t = projection_t(b, &head.proj);
     let p = b.matmul(&pooled, &proj_t);
@@ -55,20 +102,22 @@ pub fn contrastive_embedding(
     to_float32(b, unit)
 }
 
-/// `ConfidenceHead`: the logit `[batch]`, float32.
+/// `ConfidenceHead`: the logit `[batch]`, float32, and the running pools after the call
+/// where `pools` carries them.
 pub fn confidence_logit(
     b: &mut GraphBuilder,
     cells: &[Value],
     keep: &Value,
     head: &ProbeHead,
-) -> Value {
-    let pooled = probe_pool(b, cells, keep, &head.probes);
+    pools: Pools,
+) -> (Value, Option<Value>) {
+    let (pooled, present) = probe_pool(b, cells, keep, &head.probes, pools);
     let proj_t = projection_t(b, &head.proj);
     let logit = b.matmul(&pooled, &proj_t);
     let bias = b.weight("bias", &head.bias.shape, &head.bias.data);
     let logit = b.add(&logit, &bias);
     let logit = b.squeeze(&logit, &[1]);
-    to_float32(b, logit)
+    (to_float32(b, logit), present)
 }
 
 /// The head's `proj` `[out, P·d]` as the initializer `proj_t` `[P·d, out]`.

@@ -7,7 +7,7 @@ use crate::blocks::norms::ZcNormed;
 use crate::builder::{GraphBuilder, Value};
 use crate::needle2::attention::{attention, attention_ctx, AttentionCtx};
 use crate::needle2::hadamard_mlp::{hadamard_mlp, hadamard_mlp_op};
-use crate::needle2::heads::{confidence_logit, contrastive_embedding};
+use crate::needle2::heads::{confidence_logit, contrastive_embedding, Pools};
 use crate::needle2::{Config, LayerWeights, Weights};
 use crate::stream::{Architecture, BlockNorms, Heads, Inputs, SplitMask, StreamWeights};
 
@@ -102,28 +102,36 @@ impl Architecture for Config {
 
     fn heads(
         b: &mut GraphBuilder,
-        _ctx: &BuildContext<Config>,
+        ctx: &BuildContext<Config>,
         w: &Weights,
         cells: &[Value],
         keep: &Value,
-        _past_pools: Option<&Value>,
+        past_pools: Option<&Value>,
     ) -> Heads {
+        let (one_call, confidence_pools) = match (ctx.kernels.needle_ops, past_pools) {
+            (false, _) => (Pools::Stock, Pools::Stock),
+            (true, None) => (Pools::OneCall, Pools::OneCall),
+            (true, Some(past)) => (Pools::OneCall, Pools::Carried(past)),
+        };
         let contrastive = w.contrastive.as_ref().map(|head| {
             let embedding = b.scope("contrastive_head", |b| {
-                contrastive_embedding(b, cells, keep, head)
+                contrastive_embedding(b, cells, keep, head, one_call)
             });
             (embedding, head.proj.shape[0])
         });
         let confidence = w.confidence.as_ref().map(|head| {
             b.scope("confidence_head", |b| {
-                confidence_logit(b, cells, keep, head)
+                confidence_logit(b, cells, keep, head, confidence_pools)
             })
         });
-        // Needle 2's heads pool in stock nodes, one call's tokens.
+        let (confidence, confidence_pools) = match confidence {
+            Some((logit, pools)) => (Some(logit), pools),
+            None => (None, None),
+        };
         Heads {
             contrastive,
             confidence,
-            confidence_pools: None,
+            confidence_pools,
         }
     }
 }
