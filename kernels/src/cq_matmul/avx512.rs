@@ -139,3 +139,91 @@ pub(super) unsafe fn decoded_dots<const R: usize, const T: usize>(
     }
     std::array::from_fn(|t| std::array::from_fn(|j| _mm512_reduce_add_ps(sums[t][j])))
 }
+
+/// The Walsh–Hadamard rotation of each group of `natural` (one token's padded inputs,
+/// rotated in place) with the same butterflies in the same stage order as
+/// [`crate::hadamard::rotate`], so the same bits, then the 16-lane layout of `per_byte`
+/// codes a byte ([`super::activations::Layout::arrange`]) into `out`.
+///
+/// # Safety
+/// The CPU must have AVX-512F; `group` is a power of two and a multiple of `16 · per_byte`
+/// that divides `natural.len()`, and `out` is as long as `natural`.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn rotate_arrange(
+    natural: &mut [f32],
+    group: usize,
+    per_byte: usize,
+    out: &mut [f32],
+) {
+    debug_assert!(group.is_power_of_two() && group.is_multiple_of(16 * per_byte));
+    debug_assert!(natural.len().is_multiple_of(group) && out.len() == natural.len());
+    // Stages 1, 2, 4 and 8 pair lanes of one vector: each lane's partner by a permute, then
+    // `a + b` where the lane is the pair's first and `a − b` where it is the second.
+    for at in (0..natural.len()).step_by(16) {
+        // Sound: `at + 16 ≤ natural.len()`, a multiple of 16.
+        let p = natural.as_mut_ptr().add(at);
+        let mut x = _mm512_loadu_ps(p);
+        x = butterfly(x, _mm512_permute_ps::<0xB1>(x), 0xAAAA);
+        x = butterfly(x, _mm512_permute_ps::<0x4E>(x), 0xCCCC);
+        x = butterfly(x, _mm512_shuffle_f32x4::<0xB1>(x, x), 0xF0F0);
+        x = butterfly(x, _mm512_shuffle_f32x4::<0x4E>(x, x), 0xFF00);
+        _mm512_storeu_ps(p, x);
+    }
+    // Stages of 16 and more pair whole vectors; a block of `2 · half` never leaves a group.
+    let mut half = 16;
+    while half < group {
+        for block in natural.chunks_exact_mut(2 * half) {
+            let (low, high) = block.split_at_mut(half);
+            for at in (0..half).step_by(16) {
+                // Sound: `at + 16 ≤ half`, the length of both halves.
+                let (a, b) = (low.as_mut_ptr().add(at), high.as_mut_ptr().add(at));
+                let (x, y) = (_mm512_loadu_ps(a), _mm512_loadu_ps(b));
+                _mm512_storeu_ps(a, _mm512_add_ps(x, y));
+                _mm512_storeu_ps(b, _mm512_sub_ps(x, y));
+            }
+        }
+        half *= 2;
+    }
+    let scale = _mm512_set1_ps((1.0 / (group as f64).sqrt()) as f32);
+    match per_byte {
+        2 => arrange_of::<2>(natural, scale, out),
+        4 => arrange_of::<4>(natural, scale, out),
+        8 => arrange_of::<8>(natural, scale, out),
+        _ => unreachable!("1-, 2- and 4-bit codes hold 8, 4 or 2 a byte"),
+    }
+}
+
+/// One butterfly stage within a vector: `x + partner` in the lanes outside `second`,
+/// `partner − x` (the pair's first minus its second) in those inside.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn butterfly(x: __m512, partner: __m512, second: __mmask16) -> __m512 {
+    _mm512_mask_sub_ps(_mm512_add_ps(x, partner), second, partner, x)
+}
+
+/// `rotated · scale` into `out` in chunks of `16 · P`, `out[s·16 + i] = in[i·P + s]`: each
+/// pass splits every pair of vectors into its even and its odd elements, and after
+/// `log2 P` passes vector `s` holds the elements `≡ s (mod P)`.
+#[target_feature(enable = "avx512f")]
+unsafe fn arrange_of<const P: usize>(rotated: &[f32], scale: __m512, out: &mut [f32]) {
+    let evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let odds = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    for (src, dst) in rotated
+        .chunks_exact(16 * P)
+        .zip(out.chunks_exact_mut(16 * P))
+    {
+        // Sound: vector s of a chunk of 16 · P floats ends at 16 · (s + 1) ≤ 16 · P.
+        let mut v: [__m512; P] = std::array::from_fn(|s| {
+            _mm512_mul_ps(_mm512_loadu_ps(src.as_ptr().add(16 * s)), scale)
+        });
+        for _ in 0..P.trailing_zeros() {
+            v = std::array::from_fn(|k| {
+                let (pair, take) = (k % (P / 2), if k < P / 2 { evens } else { odds });
+                _mm512_permutex2var_ps(v[2 * pair], take, v[2 * pair + 1])
+            });
+        }
+        for (s, vector) in v.into_iter().enumerate() {
+            _mm512_storeu_ps(dst.as_mut_ptr().add(16 * s), vector);
+        }
+    }
+}

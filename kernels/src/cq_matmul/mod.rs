@@ -165,14 +165,61 @@ pub fn cq_matmul(
     if let Some(gain) = scale.gain {
         assert_eq!(gain.len(), w.cols, "gain is [cols]");
     }
-    let xt = prepare(w, x, tokens, scale, &layout);
     let table = w.table();
-    let out = Output(y.as_mut_ptr());
-    split.for_each(w.rows.div_ceil(BLOCK_ROWS), &|block| {
-        let first = block * BLOCK_ROWS;
-        let last = (first + BLOCK_ROWS).min(w.rows);
-        rows_block(w, first..last, &xt, tokens, &layout, &table, &out);
-    });
+    // Every row block reads every token, so the tokens go in equal chunks whose prepared
+    // activations a core's L2 cache holds; each chunk is a product of its own (and each
+    // output is summed the same way whatever chunk holds its token).
+    let bytes = tokens * w.groups() * w.group * std::mem::size_of::<f32>();
+    let per_chunk = tokens.div_ceil(bytes.div_ceil(CHUNK_BYTES).max(1)).max(1);
+    for (x, y) in x
+        .chunks(per_chunk * w.cols)
+        .zip(y.chunks_mut(per_chunk * w.rows))
+    {
+        let tokens = x.len() / w.cols;
+        let prepared = prepare(w, x, tokens, scale, &layout);
+        let xt = prepared.as_slice();
+        let out = Output(y.as_mut_ptr());
+        split.for_each(w.rows.div_ceil(BLOCK_ROWS), &|block| {
+            let first = block * BLOCK_ROWS;
+            let last = (first + BLOCK_ROWS).min(w.rows);
+            rows_block(w, first..last, xt, tokens, &layout, &table, &out);
+        });
+    }
+}
+
+/// The most prepared activations (bytes) a product streams through its row blocks at
+/// once: half the L2 cache of the Sapphire Rapids cores measured, where 1024 tokens ran
+/// 1.5–2.3× faster in 1 MiB chunks than whole, and 128 tokens of 1536 or more inputs 2–3%
+/// faster than in 512 KiB ones (which split them in two).
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// Zeroed floats that start on a cache line (64 bytes). The SIMD paths load a token's or
+/// a decoded row's inputs a whole vector at a time from its start (every row a multiple of
+/// 16 floats long), and a vector that straddles two lines costs two loads: the AVX-512
+/// prompt product ran 1.6–2× faster on a Sapphire Rapids core once its activations and
+/// decoded rows started on a line (a `Vec<f32>` starts wherever the allocator puts it).
+pub(super) struct Aligned {
+    buffer: Vec<f32>,
+    start: usize,
+    len: usize,
+}
+
+impl Aligned {
+    pub fn zeroed(len: usize) -> Aligned {
+        const LINE_FLOATS: usize = 64 / std::mem::size_of::<f32>();
+        let buffer = vec![0.0f32; len + LINE_FLOATS - 1];
+        // `align_offset` counts floats; a `Vec<f32>` is 4-byte aligned, so at most 15.
+        let start = buffer.as_ptr().align_offset(64);
+        Aligned { buffer, start, len }
+    }
+
+    pub fn as_slice(&self) -> &[f32] {
+        &self.buffer[self.start..self.start + self.len]
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [f32] {
+        &mut self.buffer[self.start..self.start + self.len]
+    }
 }
 
 /// The output buffer shared by the row blocks. Sound to share: each block writes only
@@ -211,17 +258,17 @@ fn rows_block(
         out,
     };
     // Where a prompt chunk's rows are decoded: one buffer for the block, not one a row.
-    let mut decoded = match tokens >= DECODE_FROM_TOKENS {
-        true => vec![0.0f32; 4 * groups * w.group],
-        false => Vec::new(),
-    };
+    let mut decoded = Aligned::zeroed(match tokens >= DECODE_FROM_TOKENS {
+        true => 4 * groups * w.group,
+        false => 0,
+    });
     let mut r = rows.start;
     while r < rows.end {
         if rows.end - r >= 4 {
-            block.rows::<4>(r, &mut decoded);
+            block.rows::<4>(r, decoded.as_mut_slice());
             r += 4;
         } else {
-            block.rows::<1>(r, &mut decoded);
+            block.rows::<1>(r, decoded.as_mut_slice());
             r += 1;
         }
     }

@@ -203,6 +203,62 @@ fn a_token_gets_the_same_bits_in_a_batch_and_alone() {
     }
 }
 
+#[test]
+fn tokens_past_a_chunk_get_the_same_bits_as_alone() {
+    // Enough tokens for two chunks of the activations' budget, of an odd size each.
+    let case = Case::new(6, 2048, 128, 4, 17);
+    let tokens = CHUNK_BYTES / (case.cols * std::mem::size_of::<f32>()) + 2;
+    let x = tokens_for(&case, tokens, 5);
+    for isa in Isa::available() {
+        let together = run(&case, &x, tokens, isa);
+        for t in 0..tokens {
+            let alone = run(&case, &x[t * case.cols..(t + 1) * case.cols], 1, isa);
+            let bits_of = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits_of(&alone),
+                bits_of(&together[t * case.rows..(t + 1) * case.rows]),
+                "{} token {t} of {tokens}",
+                isa.name()
+            );
+        }
+    }
+}
+
+#[test]
+fn avx512_rotation_is_the_scalar_rotations_bits() {
+    if !Isa::available().contains(&Isa::Avx512) {
+        return;
+    }
+    for bits in [1, 2, 4] {
+        for (cols, group) in [(200, 32), (96, 64), (300, 128), (256, 256), (1000, 1024)] {
+            let case = Case::new(1, cols, group, bits, 23);
+            let layout = Layout::new(Isa::Avx512, bits, group);
+            if layout.isa != Isa::Avx512 {
+                continue; // Chunks of 16 · 8 / bits inputs larger than the group.
+            }
+            let tokens = 3;
+            let x = tokens_for(&case, tokens, 29);
+            let got = prepare(&case.matrix(), &x, tokens, RowScale::default(), &layout);
+            let in_pad = cols.div_ceil(group) * group;
+            for (t, got) in got.as_slice().chunks_exact(in_pad).enumerate() {
+                let mut natural = vec![0.0f32; in_pad];
+                natural[..cols].copy_from_slice(&x[t * cols..(t + 1) * cols]);
+                natural
+                    .chunks_exact_mut(group)
+                    .for_each(crate::hadamard::rotate);
+                let mut want = vec![0.0f32; in_pad];
+                layout.arrange(&natural, &mut want);
+                let bits_of = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits_of(got),
+                    bits_of(&want),
+                    "{bits}-bit group {group} cols {cols} token {t}"
+                );
+            }
+        }
+    }
+}
+
 /// Row blocks on scoped threads, in reverse order.
 struct Threads;
 
