@@ -117,7 +117,7 @@ struct Run {
     /// `type`, `function_calls`, `reasoning` and `text` of the answer, as needle-run
     /// prints them or as its parser reads needle-rs's completion.
     answer: Value,
-    /// Whether needle-run ran the model's confidence head (one more forward).
+    /// Whether needle-run computed the model's confidence head.
     confidence: bool,
 }
 
@@ -278,7 +278,7 @@ pub fn run(root: &Path, model: &Path, plan: &PeerPlan) -> Result<String> {
     };
     let prompt_tokens = (prompt(0)?, prompt(1)?);
     if runs.iter().flatten().flatten().any(|r| r.confidence) {
-        notes.push("needle-run also ran the model's confidence head (one more forward of prompt + answer, for the output's `confidence`); needle-rs's CLI computes none. It is in needle-run's times, prefill's above all.".to_string());
+        notes.push("needle-run also computed the model's confidence head (the output's `confidence`); needle-rs's CLI computes none. The stock graphs (fp32, cq, int4) run one more forward of prompt + answer for it, which is in their times (prefill's above all); the packed graphs carry the head's running pools through prefill and decode and feed the answer's last token in one more step.".to_string());
     }
     let measured = fix_counts(&columns, runs, &mut notes, plan.max_tokens);
     Ok(render(
