@@ -207,6 +207,14 @@ pub(super) struct Aligned {
 impl Aligned {
     pub fn zeroed(len: usize) -> Aligned {
         const LINE_FLOATS: usize = 64 / std::mem::size_of::<f32>();
+        if len == 0 {
+            // A one-token product decodes no rows: no allocation for each of its blocks.
+            return Aligned {
+                buffer: Vec::new(),
+                start: 0,
+                len,
+            };
+        }
         let buffer = vec![0.0f32; len + LINE_FLOATS - 1];
         // `align_offset` counts floats; a `Vec<f32>` is 4-byte aligned, so at most 15.
         let start = buffer.as_ptr().align_offset(64);
@@ -243,10 +251,9 @@ fn rows_block(
     out: &Output,
 ) {
     let groups = w.groups();
-    let norms: Vec<f32> = w.norms[rows.start * groups..rows.end * groups]
-        .iter()
-        .map(|&n| f16::to_f32(n))
-        .collect();
+    let halves = &w.norms[rows.start * groups..rows.end * groups];
+    let mut norms = vec![0.0f32; halves.len()];
+    f16::widen(layout.isa, halves, &mut norms);
     let block = RowBlock {
         w,
         xt,
