@@ -177,7 +177,16 @@ impl NeedleOp for HyperConnectionsOut {
         let s = stream_and_mix::<Self>(inputs, 3)?;
         let [out, u] = Self::block(inputs, s.mix.tokens(), s.width)?;
         let (next, logits) = outputs.split_at_mut(1);
-        stream_update(&s.mix, s.x, out, u, self.iterations, next[0], split);
+        stream_update(
+            &s.mix,
+            s.x,
+            out,
+            u,
+            self.iterations,
+            next[0],
+            self.isa,
+            split,
+        );
         let Some(logits) = logits.first_mut() else {
             return Ok(());
         };

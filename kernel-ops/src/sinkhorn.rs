@@ -3,10 +3,11 @@
 
 use crate::{op_error, size_attribute, ElementType, Input, NeedleOp, OpError, RowSplit};
 use graphs::contract::needle_ops;
-use kernels::sinkhorn;
+use kernels::{sinkhorn, Isa};
 
 pub struct Sinkhorn {
     iterations: usize,
+    isa: Isa,
 }
 
 impl Sinkhorn {
@@ -29,6 +30,7 @@ impl NeedleOp for Sinkhorn {
     fn new(attribute: &dyn Fn(&str) -> Option<i64>) -> Result<Self, OpError> {
         Ok(Sinkhorn {
             iterations: size_attribute::<Self>(attribute, "iterations")?,
+            isa: Isa::best(),
         })
     }
 
@@ -36,7 +38,7 @@ impl NeedleOp for Sinkhorn {
         Self::logits(inputs).map(|(shape, _, _)| vec![shape.to_vec()])
     }
 
-    /// One matrix after another: they are tiny (n = the lanes), so `split` is not used.
+    /// The matrices are tiny (n = the lanes), so `split` is not used.
     fn compute(
         &self,
         inputs: &[Input],
@@ -44,7 +46,7 @@ impl NeedleOp for Sinkhorn {
         _split: &dyn RowSplit,
     ) -> Result<(), OpError> {
         let (_, logits, n) = Self::logits(inputs)?;
-        sinkhorn(logits, n, self.iterations, outputs[0]);
+        sinkhorn(self.isa, logits, n, self.iterations, outputs[0]);
         Ok(())
     }
 }

@@ -10,6 +10,7 @@
 //! ```
 //! Each token's result depends on that token alone, in one order whatever the batch.
 
+use crate::isa::Isa;
 use crate::math::exp;
 use crate::sinkhorn::sinkhorn;
 use crate::split::{token_blocks, RowSplit};
@@ -107,7 +108,8 @@ fn token_input(mix: &LaneMix, t: usize, x: &[f32], u: &mut [f32]) {
 
 /// The next stream `[tokens, n, C]` from the stream `x`, the block's output `out` and
 /// input `u` (`[tokens, C]` each), the residual mix normalised by `iterations` Sinkhorn
-/// steps.
+/// steps, on `isa`.
+#[allow(clippy::too_many_arguments)]
 pub fn stream_update(
     mix: &LaneMix,
     x: &[f32],
@@ -115,6 +117,7 @@ pub fn stream_update(
     u: &[f32],
     iterations: usize,
     next: &mut [f32],
+    isa: Isa,
     split: &dyn RowSplit,
 ) {
     let (n, tokens) = (mix.lanes, mix.tokens());
@@ -125,7 +128,18 @@ pub fn stream_update(
     assert_eq!(next.len(), x.len(), "next is [tokens, n, C]");
     let stream = n * width;
     token_blocks(split, next, stream, BLOCK_TOKENS, &|first, block| {
-        for (t, next) in (first..).zip(block.chunks_exact_mut(stream)) {
+        // The block's residual mixes first, normalised side by side.
+        let count = block.len() / stream;
+        let mut res = vec![0.0f32; count * n * n];
+        for (t, res) in (first..).zip(res.chunks_exact_mut(n * n)) {
+            mix.mixed(t, 2 * n..mix.width(), res);
+        }
+        let mut h_res = vec![0.0f32; res.len()];
+        sinkhorn(isa, &res, n, iterations, &mut h_res);
+        let per_token = block
+            .chunks_exact_mut(stream)
+            .zip(h_res.chunks_exact(n * n));
+        for (t, (next, h_res)) in (first..).zip(per_token) {
             let token = |v: &[f32]| -> std::ops::Range<usize> {
                 t * v.len() / tokens..(t + 1) * v.len() / tokens
             };
@@ -133,7 +147,7 @@ pub fn stream_update(
                 out: &out[token(out)],
                 u: &u[token(u)],
             };
-            token_update(mix, t, &x[token(x)], block_output, iterations, next);
+            token_update(mix, t, &x[token(x)], block_output, h_res, next);
         }
     });
 }
@@ -144,22 +158,19 @@ struct BlockOutput<'a> {
     u: &'a [f32],
 }
 
-/// The next stream `[n, C]` of token `t` from its stream `x`.
+/// The next stream `[n, C]` of token `t` from its stream `x` and its residual mix `h_res`
+/// `[n, n]`.
 fn token_update(
     mix: &LaneMix,
     t: usize,
     x: &[f32],
     block: BlockOutput,
-    iterations: usize,
+    h_res: &[f32],
     next: &mut [f32],
 ) {
     let (n, width) = (mix.lanes, block.u.len());
     let mut post = vec![0.0f32; n];
     mix.mixed(t, n..2 * n, &mut post);
-    let mut res = vec![0.0f32; n * n];
-    mix.mixed(t, 2 * n..mix.width(), &mut res);
-    let mut h_res = vec![0.0f32; n * n];
-    sinkhorn(&res, n, iterations, &mut h_res);
     for ((lane, h_row), &post) in next
         .chunks_exact_mut(width)
         .zip(h_res.chunks_exact(n))
@@ -214,7 +225,7 @@ mod tests {
         let mut u = vec![f32::NAN; TOKENS * C];
         block_input(&mix, &x, &mut u, &Serial);
         let mut next = vec![f32::NAN; x.len()];
-        stream_update(&mix, &x, &out, &u, 0, &mut next, &Serial);
+        stream_update(&mix, &x, &out, &u, 0, &mut next, Isa::best(), &Serial);
         for t in 0..TOKENS {
             let m = |i: usize| logits[t * WIDTH + i] as f64 * gains[i] as f64 + bias[i] as f64;
             let x = |i: usize, c: usize| x[(t * N + i) * C + c] as f64;

@@ -9,21 +9,13 @@ use crate::isa::Isa;
 /// and ∞ from about 88.4 on (where `2ᵏ` overflows), which `σ` and SiLU read correctly.
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
-    const LOG2_E: f32 = std::f32::consts::LOG2_E;
-    // ln 2 split so that `k · LN2_HIGH` is exact for the k that occur.
-    const LN2_HIGH: f32 = 0.693_359_4;
-    const LN2_LOW: f32 = -2.121_944_4e-4;
-    // Adding and subtracting 1.5 · 2²³ rounds to the nearest integer without `roundps`.
-    const ROUND: f32 = 12_582_912.0;
-    let x = x.clamp(-87.3, 88.7);
-    let k = (x * LOG2_E + ROUND) - ROUND;
+    let x = x.clamp(EXP_LOWEST, EXP_HIGHEST);
+    let k = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
     let r = (x - k * LN2_HIGH) - k * LN2_LOW;
-    let mut p = 1.987_569_2e-4f32;
-    p = p * r + 1.398_2e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 0.166_666_65;
-    p = p * r + 0.5;
+    let mut p = EXP_POLYNOMIAL[0];
+    for &coefficient in &EXP_POLYNOMIAL[1..] {
+        p = p * r + coefficient;
+    }
     let e = (p * r * r + r) + 1.0;
     e * f32::from_bits(((k as i32 + 127) << 23) as u32)
 }
@@ -78,6 +70,60 @@ fn lanes<const FUSED: bool>(a: &[f32], b: &[f32]) -> f32 {
     sums.iter().sum::<f32>() + tail
 }
 
+/// ln 2 split so that `k · LN2_HIGH` is exact for the `k` that occur ([`exp`], [`ln`]).
+pub(crate) const LN2_HIGH: f32 = 0.693_359_4;
+pub(crate) const LN2_LOW: f32 = -2.121_944_4e-4;
+/// Adding and subtracting 1.5 · 2²³ rounds to the nearest integer without `roundps`.
+pub(crate) const ROUND: f32 = 12_582_912.0;
+/// The range [`exp`] clamps its argument to.
+pub(crate) const EXP_LOWEST: f32 = -87.3;
+pub(crate) const EXP_HIGHEST: f32 = 88.7;
+
+/// [`ln`]'s polynomial in `m − 1`, highest power first (Cephes' `logf`).
+pub(crate) const LN_POLYNOMIAL: [f32; 9] = [
+    7.037_683_6e-2,
+    -1.151_461e-1,
+    1.167_699_9e-1,
+    -1.242_014_1e-1,
+    1.424_932_3e-1,
+    -1.666_805_8e-1,
+    2.000_071_5e-1,
+    -2.499_999_4e-1,
+    0.333_333_3,
+];
+
+/// [`exp`]'s polynomial in `r`, highest power first (Cephes' `expf`).
+pub(crate) const EXP_POLYNOMIAL: [f32; 6] = [
+    1.987_569_2e-4,
+    1.398_2e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    0.166_666_65,
+    0.5,
+];
+
+/// `ln x` for a positive normal `x`, within 2 ulp (Cephes' `logf`: `x = m · 2ᵉ` with `m`
+/// in [√½, √2), a degree-8 polynomial in `m − 1`), branch-free so that loops over it
+/// vectorize.
+#[inline(always)]
+pub fn ln(x: f32) -> f32 {
+    const SQRT_HALF: f32 = std::f32::consts::FRAC_1_SQRT_2;
+    let bits = x.to_bits();
+    // x = m · 2ᵉ with m in [½, 1).
+    let e = ((bits >> 23) & 0xff) as i32 - 126;
+    let m = f32::from_bits((bits & 0x007f_ffff) | 0x3f00_0000);
+    let small = m < SQRT_HALF;
+    let e = (e - i32::from(small)) as f32;
+    let f = if small { m + m - 1.0 } else { m - 1.0 };
+    let z = f * f;
+    let mut p = LN_POLYNOMIAL[0];
+    for &coefficient in &LN_POLYNOMIAL[1..] {
+        p = p * f + coefficient;
+    }
+    let y = f * (z * p) + LN2_LOW * e - 0.5 * z;
+    (f + y) + LN2_HIGH * e
+}
+
 /// The ε every Needle RMS norm adds to the mean square.
 pub const RMS_EPSILON: f32 = 1e-6;
 
@@ -98,6 +144,20 @@ pub fn softmax(v: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ln_is_within_2_ulp_of_libm() {
+        let mut x = 1.0e-30f32;
+        while x < 1.0e30 {
+            let (got, want) = (ln(x), x.ln());
+            let ulp = want.to_bits().abs_diff(got.to_bits());
+            assert!(
+                ulp <= 2 || (got - want).abs() < 1e-7,
+                "ln({x}) = {got}, libm {want}"
+            );
+            x *= 1.000_37;
+        }
+    }
 
     #[test]
     fn exp_is_within_2_ulp_of_libm() {

@@ -8,14 +8,32 @@
 //! nodes and its Exp with one kernel: the matrices are tiny (n = the lanes, 3 or 4), and
 //! launching 41 nodes a layer cost more than their arithmetic.
 
-/// `out = Sinkhorn(logits)` for every `[n, n]` matrix of `logits`.
-pub fn sinkhorn(logits: &[f32], n: usize, iterations: usize, out: &mut [f32]) {
+use crate::isa::Isa;
+use crate::math::{exp, ln};
+
+/// Matrices from which a call takes the AVX-512 path: below it, one matrix at a time (the
+/// same bits) costs less than whole registers of lanes.
+const VECTOR_FROM: usize = 4;
+
+/// `out = Sinkhorn(logits)` for every `[n, n]` matrix of `logits`. On AVX-512, several
+/// matrices side by side, one in each lane ([`avx512::sinkhorn`]: a prompt's tokens each
+/// have one, and one at a time their `exp` and `ln` were most of a prefill's
+/// hyper-connections). Every path does the same arithmetic in the same order (`exp` and
+/// `ln` are plain arithmetic, never fused), so a matrix gets the same bits alone or among
+/// others, on any path.
+pub fn sinkhorn(isa: Isa, logits: &[f32], n: usize, iterations: usize, out: &mut [f32]) {
     assert!(
         n > 0 && logits.len().is_multiple_of(n * n),
         "logits are [.., n, n]"
     );
     assert_eq!(out.len(), logits.len(), "out is shaped like logits");
     out.copy_from_slice(logits);
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && logits.len() / (n * n) >= VECTOR_FROM {
+        // Sound: `Isa::available` offers AVX-512 only where AVX-512F was detected.
+        return unsafe { avx512::sinkhorn(out, n, iterations) };
+    }
+    let _ = isa;
     for matrix in out.chunks_exact_mut(n * n) {
         for _ in 0..iterations {
             for r in 0..n {
@@ -25,18 +43,143 @@ pub fn sinkhorn(logits: &[f32], n: usize, iterations: usize, out: &mut [f32]) {
                 log_normalize(matrix, c, n, n);
             }
         }
-        matrix.iter_mut().for_each(|v| *v = v.exp());
+        matrix.iter_mut().for_each(|v| *v = exp(*v));
     }
 }
 
-/// `x ← (x − max) − ln Σ exp(x − max)` over the `len` elements `start, start + stride, …`.
+/// `x ← (x − max) − ln Σ exp(x − max)` (as onnxruntime's `LogSoftmax` writes it) over the
+/// `len` elements `start, start + stride, …`.
 fn log_normalize(m: &mut [f32], start: usize, stride: usize, len: usize) {
     let at = |i: usize| start + i * stride;
     let max = (0..len).map(|i| m[at(i)]).fold(f32::NEG_INFINITY, f32::max);
-    let sum: f32 = (0..len).map(|i| (m[at(i)] - max).exp()).sum();
-    let log_sum = sum.ln();
+    let sum: f32 = (0..len).map(|i| exp(m[at(i)] - max)).sum();
+    // The largest term is exp(0) = 1: the sum is a normal number ≥ 1.
+    let log_sum = ln(sum);
     for i in 0..len {
         m[at(i)] = (m[at(i)] - max) - log_sum;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use crate::math::{
+        EXP_HIGHEST, EXP_LOWEST, EXP_POLYNOMIAL, LN2_HIGH, LN2_LOW, LN_POLYNOMIAL, ROUND,
+    };
+    use std::arch::x86_64::*;
+
+    /// Matrices side by side, one in each lane of a register.
+    const LANES: usize = 16;
+    /// Lane groups whose normalisations interleave: each half-step is a chain of dependent
+    /// `exp`, sum and `ln`, so one group alone waits on their latency.
+    const GROUPS: usize = 4;
+
+    /// [`super::sinkhorn`] of the matrices of `m` in place, `LANES · GROUPS` at a time
+    /// (lanes without a matrix hold zeros, which normalise like any other).
+    #[target_feature(enable = "avx512f")]
+    pub fn sinkhorn(m: &mut [f32], n: usize, iterations: usize) {
+        let size = n * n;
+        let mut v = vec![_mm512_setzero_ps(); size * GROUPS];
+        let mut lanes = [0.0f32; LANES];
+        for chunk in m.chunks_mut(size * LANES * GROUPS) {
+            let groups = (chunk.len() / size).div_ceil(LANES);
+            let v = &mut v[..groups * size];
+            // Element e of group g: lane i holds matrix g · LANES + i's.
+            let matrices = |g: usize, i: usize| (g * LANES + i) * size;
+            for (j, v) in v.iter_mut().enumerate() {
+                let (g, e) = (j / size, j % size);
+                for (i, lane) in lanes.iter_mut().enumerate() {
+                    *lane = chunk.get(matrices(g, i) + e).copied().unwrap_or(0.0);
+                }
+                // Sound: `lanes` holds 16 floats.
+                *v = unsafe { _mm512_loadu_ps(lanes.as_ptr()) };
+            }
+            for _ in 0..iterations {
+                for r in 0..n {
+                    for group in v.chunks_exact_mut(size) {
+                        log_normalize(group, r * n, 1, n);
+                    }
+                }
+                for c in 0..n {
+                    for group in v.chunks_exact_mut(size) {
+                        log_normalize(group, c, n, n);
+                    }
+                }
+            }
+            for (j, v) in v.iter().enumerate() {
+                let (g, e) = (j / size, j % size);
+                // Sound: `lanes` holds 16 floats.
+                unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), exp(*v)) };
+                for (i, &lane) in lanes.iter().enumerate() {
+                    if let Some(out) = chunk.get_mut(matrices(g, i) + e) {
+                        *out = lane;
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`super::log_normalize`] in all 16 lanes.
+    #[target_feature(enable = "avx512f")]
+    pub fn log_normalize(m: &mut [__m512], start: usize, stride: usize, len: usize) {
+        let at = |i: usize| start + i * stride;
+        let mut max = _mm512_set1_ps(f32::NEG_INFINITY);
+        for i in 0..len {
+            max = _mm512_max_ps(max, m[at(i)]);
+        }
+        let mut sum = _mm512_setzero_ps();
+        for i in 0..len {
+            sum = _mm512_add_ps(sum, exp(_mm512_sub_ps(m[at(i)], max)));
+        }
+        let log_sum = ln(sum);
+        for i in 0..len {
+            m[at(i)] = _mm512_sub_ps(_mm512_sub_ps(m[at(i)], max), log_sum);
+        }
+    }
+
+    /// `crate::math::exp`, lane by lane.
+    #[target_feature(enable = "avx512f")]
+    pub fn exp(x: __m512) -> __m512 {
+        let c = _mm512_set1_ps;
+        let (mul, add, sub) = (_mm512_mul_ps, _mm512_add_ps, _mm512_sub_ps);
+        let x = _mm512_min_ps(_mm512_max_ps(x, c(EXP_LOWEST)), c(EXP_HIGHEST));
+        let round = c(ROUND);
+        let k = sub(add(mul(x, c(std::f32::consts::LOG2_E)), round), round);
+        let r = sub(sub(x, mul(k, c(LN2_HIGH))), mul(k, c(LN2_LOW)));
+        let mut p = c(EXP_POLYNOMIAL[0]);
+        for &coefficient in &EXP_POLYNOMIAL[1..] {
+            p = add(mul(p, r), c(coefficient));
+        }
+        let e = add(add(mul(mul(p, r), r), r), c(1.0));
+        let two_k = _mm512_slli_epi32::<23>(_mm512_add_epi32(
+            _mm512_cvttps_epi32(k),
+            _mm512_set1_epi32(127),
+        ));
+        mul(e, _mm512_castsi512_ps(two_k))
+    }
+
+    /// `crate::math::ln`, lane by lane.
+    #[target_feature(enable = "avx512f")]
+    pub fn ln(x: __m512) -> __m512 {
+        let c = _mm512_set1_ps;
+        let (mul, add, sub) = (_mm512_mul_ps, _mm512_add_ps, _mm512_sub_ps);
+        let bits = _mm512_castps_si512(x);
+        let e = _mm512_sub_epi32(
+            _mm512_and_si512(_mm512_srli_epi32::<23>(bits), _mm512_set1_epi32(0xff)),
+            _mm512_set1_epi32(126),
+        );
+        let mantissa = _mm512_and_si512(bits, _mm512_set1_epi32(0x007f_ffff));
+        let m = _mm512_castsi512_ps(_mm512_or_si512(mantissa, _mm512_set1_epi32(0x3f00_0000)));
+        let small = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(m, c(std::f32::consts::FRAC_1_SQRT_2));
+        let e = _mm512_mask_sub_epi32(e, small, e, _mm512_set1_epi32(1));
+        let e = _mm512_cvtepi32_ps(e);
+        let f = _mm512_mask_blend_ps(small, sub(m, c(1.0)), sub(add(m, m), c(1.0)));
+        let z = mul(f, f);
+        let mut p = c(LN_POLYNOMIAL[0]);
+        for &coefficient in &LN_POLYNOMIAL[1..] {
+            p = add(mul(p, f), c(coefficient));
+        }
+        let y = sub(add(mul(f, mul(z, p)), mul(c(LN2_LOW), e)), mul(c(0.5), z));
+        add(add(f, y), mul(c(LN2_HIGH), e))
     }
 }
 
@@ -67,7 +210,7 @@ mod tests {
                 .map(|i| ((i * 7919) % 23) as f32 * 0.9 - 9.0)
                 .collect();
             let mut out = vec![0.0; logits.len()];
-            super::sinkhorn(&logits, n, 20, &mut out);
+            super::sinkhorn(crate::Isa::best(), &logits, n, 20, &mut out);
             for (m, matrix) in out.chunks_exact(n * n).enumerate() {
                 let want = reference(&logits[m * n * n..(m + 1) * n * n], n, 20);
                 for (got, want) in matrix.iter().zip(&want) {
@@ -77,6 +220,31 @@ mod tests {
                     let column: f32 = (0..n).map(|r| matrix[r * n + c]).sum();
                     assert!((column - 1.0).abs() < 1e-5, "column {c} sums to {column}");
                 }
+            }
+        }
+    }
+
+    /// A matrix gets the same bits alone, in any lane of a group, and on every path.
+    #[test]
+    fn every_matrix_gets_its_bits_alone_in_any_lane_on_every_path() {
+        let n = 4;
+        let logits: Vec<f32> = (0..37 * n * n)
+            .map(|i| ((i * 7919) % 29) as f32 * 0.7 - 10.0)
+            .collect();
+        let run = |isa, logits: &[f32]| {
+            let mut out = vec![f32::NAN; logits.len()];
+            super::sinkhorn(isa, logits, n, 20, &mut out);
+            out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        let all = run(crate::Isa::Scalar, &logits);
+        for isa in crate::Isa::available() {
+            assert_eq!(run(isa, &logits), all, "{isa:?}");
+            for (m, matrix) in logits.chunks_exact(n * n).enumerate() {
+                assert_eq!(
+                    run(isa, matrix),
+                    all[m * n * n..(m + 1) * n * n],
+                    "{isa:?} {m}"
+                );
             }
         }
     }
