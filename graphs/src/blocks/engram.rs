@@ -130,12 +130,13 @@ pub fn site_kvs<C>(
     if sites.is_empty() {
         return Vec::new();
     }
-    // With the Needle ops, each site hashes, gathers and masks its rows in one node.
+    // With the Needle ops, each site hashes, gathers and masks its rows in one node, from
+    // its CQ codes (Needle 2 keeps them beside its dense tables).
     let codes: Option<Vec<&CqRows>> = sites
         .iter()
         .map(|s| match &s.tables {
             EngramTables::Codes(t) => Some(t),
-            EngramTables::Dense(_) => None,
+            EngramTables::Dense(t) => t.codes.as_deref(),
         })
         .collect();
     if let (true, Some(codes)) = (ctx.kernels.needle_ops, codes) {
