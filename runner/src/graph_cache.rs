@@ -23,7 +23,9 @@ use std::path::{Path, PathBuf};
 /// 6: `needle.HyperConnectionsOut` projects the next layer's mixing logits.
 /// 7: `needle.ProbePool` carries the confidence head's running pools between calls
 ///    (`past_confidence_pools`), so needle-run reads the confidence after the answer.
-const GRAPH_REVISION: u32 = 7;
+/// 8: Needle 2 pools its heads in `needle.JointProbePool` (the confidence head's pools
+///    carried too) and gathers its engram rows in `needle.EngramRows`.
+const GRAPH_REVISION: u32 = 8;
 
 /// Where the cache lives: `$NEEDLE_ONNX_CACHE`, else `$XDG_CACHE_HOME/needle-onnx`, else
 /// `$HOME/.cache/needle-onnx`; `None` when none of them is set.
