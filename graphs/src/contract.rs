@@ -444,6 +444,10 @@ pub mod needle_ops {
     /// Attention's output heads unpadded and gated by the sigmoid of the layer's gate
     /// projection (`kernels/src/attention_gate.rs`).
     pub const ATTENTION_GATE: &str = "AttentionGate";
+    /// [`ATTENTION_GATE`] and the layer's output projection (a [`CQ_MATMUL`] of the gated
+    /// heads) in one kernel (`kernel-ops/src/attention_gate.rs`): what packed graphs
+    /// written before it ran as two nodes still run.
+    pub const ATTENTION_OUT: &str = "AttentionOut";
 }
 
 /// How the weights of the large MatMuls (projections, logits) are stored.

@@ -19,7 +19,7 @@ mod probe_pool;
 mod residual_norm;
 mod sinkhorn;
 
-pub use attention_gate::AttentionGate;
+pub use attention_gate::{AttentionGate, AttentionOut};
 pub use attention_heads::QkvHeads;
 pub use conv_state::ConvState;
 pub use cq_gather::CqGather;
@@ -292,6 +292,7 @@ pub trait Registry {
 /// Hands every op of the domain to `registry`.
 pub fn register_all<R: Registry>(registry: &mut R) -> Result<(), R::Error> {
     registry.add::<AttentionGate>()?;
+    registry.add::<AttentionOut>()?;
     registry.add::<QkvHeads>()?;
     registry.add::<ConvState>()?;
     registry.add::<CqGather>()?;

@@ -49,6 +49,26 @@ pub fn cq_matmul_rms_normed(b: &mut GraphBuilder, x: &Value, w: &CqRows, gain: &
     cq_node(b, needle_ops::CQ_MATMUL, &[x], w, &stored, attrs, &[gain])
 }
 
+/// The attention heads `[out, p]` gated (`attrs`: the gate's layout) and projected by the
+/// layer's output projection `w` in one `needle.AttentionOut` node.
+pub fn attention_out_node(
+    b: &mut GraphBuilder,
+    inputs: [&Value; 2],
+    w: &CqRows,
+    attrs: Attrs,
+) -> Value {
+    let stored = codes_and_norms(b, w);
+    cq_node(
+        b,
+        needle_ops::ATTENTION_OUT,
+        &inputs,
+        w,
+        &stored,
+        attrs,
+        &[],
+    )
+}
+
 /// An engram site's value by `needle.EngramValue` from the window's `rows`, `valid` and
 /// the conv's `taps` (`attrs`: `dilation`, `history`), `value_proj` `w` as stored.
 pub fn engram_value(

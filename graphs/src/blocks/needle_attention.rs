@@ -1,18 +1,24 @@
 //! A layer's attention with the Needle ops (packed graphs over `GroupQueryAttention`), for
 //! both generations: from the one projection `p` = `[q | k | v | gate]`, `needle.QkvHeads`
 //! (the QKV conv, the q/k ZC-RMS norms, RoPE, padding to the core's head width) writes the
-//! packed heads the core reads, and `needle.AttentionGate` unpads the core's output and
-//! gates it by σ(gate): ~25 stock nodes a layer in three.
+//! packed heads the core reads, and `needle.AttentionOut` unpads the core's output, gates
+//! it by σ(gate) and projects it by the layer's `out_proj`: ~26 stock nodes a layer in
+//! three (`needle.AttentionGate` and a product where `out_proj` has no codes).
 //!
 //! ```text
-//! p ─ QkvHeads(state, taps, q/k gains, RoPE tables[, real_new]) ─ GroupQueryAttention(past) ─ AttentionGate(p) ─▶ [B, S, heads · v]
+//! p ─ QkvHeads(state, taps, q/k gains, RoPE tables[, real_new]) ─ GroupQueryAttention(past) ─ AttentionOut(p, out_proj) ─▶ [B, S, d]
 //!            └▶ [next conv state, given real_new]
 //! ```
 //! Needle 2 has no QKV conv: its heads read `p` through a one-tap conv of ones over an
 //! empty state (exact: `1 · v = v`).
 
-use crate::blocks::attention::{gqa_inputs, packed_attention_core, CoreInputs, KvPair, Rope};
+use crate::blocks::attention::{
+    gqa_inputs, packed_attention_core, projection, CoreInputs, KvPair, Rope,
+};
+use crate::blocks::context::BuildContext;
+use crate::blocks::cq_matmul::attention_out_node;
 use crate::blocks::norms::zc_gain;
+use crate::blocks::weights::Tensor;
 use crate::builder::{Attr, GraphBuilder, Value};
 use crate::contract::{needle_ops, HeadShape};
 
@@ -32,12 +38,15 @@ pub fn fits(core: &CoreInputs, rope: &Rope) -> bool {
     matches!(rope, Rope::Kernel { .. }) && gqa_inputs(core).is_some()
 }
 
-/// The gated attention output `[batch, sequence, heads · v]`, the present cache and the
-/// next conv state where `conv` has `real_new`, or `None`, with no node built, where `core` is not `GroupQueryAttention`'s or `rope` not
-/// the kernel's tables. `norms`: the q and k norms' scales (`ZCRMSNorm`: gain `1 + scale`).
+/// The gated attention output through the layer's output projection `out_proj`
+/// `[batch, sequence, d]` (one `needle.AttentionOut` node where it is kept as codes), the
+/// present cache and the next conv state where `conv` has `real_new`, or `None`, with no
+/// node built, where `core` is not `GroupQueryAttention`'s or `rope` not the kernel's
+/// tables. `norms`: the q and k norms' scales (`ZCRMSNorm`: gain `1 + scale`).
 #[allow(clippy::too_many_arguments)]
-pub fn needle_attention(
+pub fn needle_attention<C>(
     b: &mut GraphBuilder,
+    ctx: &BuildContext<C>,
     core: &CoreInputs,
     rope: &Rope,
     p: &Value,
@@ -45,6 +54,7 @@ pub fn needle_attention(
     norms: [&[f32]; 2],
     past: &KvPair,
     shape: HeadShape,
+    out_proj: &Tensor,
 ) -> Option<(Value, KvPair, Option<Value>)> {
     let Rope::Kernel {
         cos_cache,
@@ -92,21 +102,27 @@ pub fn needle_attention(
     let (out, present) = packed_attention_core(b, core, &qkv, past, shape)?;
     // The gate follows the queries', keys' and values' columns of `p`.
     let gate_at = (shape.heads + shape.kv_heads) * shape.qk_dim + shape.kv_heads * shape.v_dim;
-    let attrs = [
+    let attrs = ints([
         ("heads", shape.heads),
         ("head_dim", shape.v_dim),
         ("padded", fused),
         ("offset", gate_at),
-    ];
-    let out = b
-        .op_in(
-            needle_ops::DOMAIN,
-            needle_ops::ATTENTION_GATE,
-            &[&out, p],
-            ints(attrs),
-            1,
-        )
-        .remove(0);
+    ]);
+    let out = match out_proj.codes.as_deref() {
+        Some(w) => b.scope("out_proj", |b| attention_out_node(b, [&out, p], w, attrs)),
+        None => {
+            let gated = b
+                .op_in(
+                    needle_ops::DOMAIN,
+                    needle_ops::ATTENTION_GATE,
+                    &[&out, p],
+                    attrs,
+                    1,
+                )
+                .remove(0);
+            projection(b, ctx, &gated, "out_proj", out_proj)
+        }
+    };
     Some((out, present, next_state))
 }
 

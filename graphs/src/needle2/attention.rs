@@ -116,7 +116,17 @@ fn needle_ops_attention(
         real_new: None,
     };
     let norms = [w.q_norm.data.as_slice(), w.k_norm.data.as_slice()];
-    let (out, present, _) =
-        needle_attention(b, &attn.core, &attn.rope, &p, conv, norms, past, shape)?;
-    Some((projection(b, ctx, &out, "out_proj", &w.out_proj), present))
+    let (out, present, _) = needle_attention(
+        b,
+        ctx,
+        &attn.core,
+        &attn.rope,
+        &p,
+        conv,
+        norms,
+        past,
+        shape,
+        &w.out_proj,
+    )?;
+    Some((out, present))
 }

@@ -254,10 +254,19 @@ fn needle_ops_attention(
     };
     let norms = [w.q_norm.data.as_slice(), w.k_norm.data.as_slice()];
     let shape = cfg.head_shape();
-    let (out, present, next) =
-        needle_attention(b, core, &attn.rope, &p, conv, norms, past.kv, shape)?;
+    let (out, present, next) = needle_attention(
+        b,
+        ctx,
+        core,
+        &attn.rope,
+        &p,
+        conv,
+        norms,
+        past.kv,
+        shape,
+        &w.out_proj,
+    )?;
     let next = next.expect("real_new was given");
     declare_conv_state(b, &next, n, width);
-    let out = projection(b, ctx, &out, "out_proj", &w.out_proj);
     Some((out, present, Some(next)))
 }
