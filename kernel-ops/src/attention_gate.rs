@@ -145,20 +145,8 @@ impl NeedleOp for AttentionOut {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_inputs::{float, values};
     use crate::{CqMatMul, InputData};
-
-    fn float<'a>(shape: &'a [i64], data: &'a [f32]) -> Input<'a> {
-        Input {
-            shape,
-            data: InputData::Float32(data),
-        }
-    }
-
-    fn values(len: usize, scale: f32) -> Vec<f32> {
-        (0..len)
-            .map(|i| ((i * 37 % 17) as f32 - 8.0) * scale)
-            .collect()
-    }
 
     /// `AttentionOut` gives what `AttentionGate` then `CqMatMul` give, bit for bit, and
     /// refuses a product whose width is not the gated heads'.

@@ -206,20 +206,8 @@ impl NeedleOp for HyperConnectionsOut {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_inputs::{float, values};
     use crate::{CqMatMul, InputData};
-
-    fn values(len: usize, scale: f32) -> Vec<f32> {
-        (0..len)
-            .map(|i| ((i * 13 % 17) as f32 - 8.0) * scale)
-            .collect()
-    }
-
-    fn float<'a>(shape: &'a [i64], data: &'a [f32]) -> Input<'a> {
-        Input {
-            shape,
-            data: InputData::Float32(data),
-        }
-    }
 
     /// The next layer's logits from `Out` are what `CqMatMul` (`row_axes` 2, `unit_rows` 1)
     /// gives over `Out`'s stream, bit for bit; asking for them without the projection is

@@ -325,6 +325,27 @@ fn size_attribute<Op: NeedleOp>(
         .ok_or_else(|| op_error::<Op>(format!("no attribute {name}")))
 }
 
+/// What the ops' unit tests build their inputs from.
+#[cfg(test)]
+pub(crate) mod test_inputs {
+    use super::{Input, InputData};
+
+    /// A float32 input.
+    pub fn float<'a>(shape: &'a [i64], data: &'a [f32]) -> Input<'a> {
+        Input {
+            shape,
+            data: InputData::Float32(data),
+        }
+    }
+
+    /// `len` small values of both signs, `scale` apart.
+    pub fn values(len: usize, scale: f32) -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i * 13 % 17) as f32 - 8.0) * scale)
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

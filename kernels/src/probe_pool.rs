@@ -317,6 +317,32 @@ fn add_tokens<'c>(pool: &mut [f32], scores: &[f32], cells: impl Iterator<Item = 
 mod tests {
     use super::*;
 
+    /// One call's output: `run(from, to, past, present)` over tokens `from..to`.
+    type Call<'a> = &'a dyn Fn(usize, usize, Option<&[f32]>, Option<&mut [f32]>) -> Vec<f32>;
+
+    /// The last output when tokens `0..first` go in one call and the rest of `0..s` one a
+    /// call, the pools (`pools` values) carried from call to call.
+    fn fed_in_pieces(pools: usize, first: usize, s: usize, run: Call) -> Vec<f32> {
+        let mut state = vec![0.0f32; pools];
+        let mut out = run(0, first, None, Some(&mut state));
+        for t in first..s {
+            let mut next = vec![f32::NAN; pools];
+            out = run(t, t + 1, Some(&state), Some(&mut next));
+            state = next;
+        }
+        out
+    }
+
+    /// Equal but for the order of the sums.
+    fn assert_close(got: &[f32], want: &[f32]) {
+        for (i, (got, want)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (got - want).abs() <= 1e-6 * want.abs().max(1.0),
+                "{i}: {got} vs {want}"
+            );
+        }
+    }
+
     fn values(len: usize, scale: f64) -> Vec<f32> {
         (0..len)
             .map(|i| (((i * 37 % 23) as f64 - 11.0) * scale) as f32)
@@ -464,19 +490,8 @@ mod tests {
             out
         };
         let whole = run(0, s, None, None);
-        let mut state = vec![0.0f32; batch * w.state_len()];
-        let mut out = run(0, 3, None, Some(&mut state));
-        for t in 3..s {
-            let mut next = vec![f32::NAN; state.len()];
-            out = run(t, t + 1, Some(&state), Some(&mut next));
-            state = next;
-        }
-        for (i, (got, want)) in out.iter().zip(&whole).enumerate() {
-            assert!(
-                (got - want).abs() <= 1e-6 * want.abs().max(1.0),
-                "{i}: {got} vs {want}"
-            );
-        }
+        let out = fed_in_pieces(batch * w.state_len(), 3, s, &run);
+        assert_close(&out, &whole);
         // Zeros are the state before the first token.
         let zeros = vec![0.0f32; batch * w.state_len()];
         assert_eq!(run(0, s, Some(&zeros), None), whole);
@@ -544,18 +559,6 @@ mod tests {
                 }
             }
         }
-        let mut state = vec![0.0f32; batch * p * (d + 2)];
-        let mut out = run(0, 2, None, Some(&mut state));
-        for t in 2..s {
-            let mut next = vec![f32::NAN; state.len()];
-            out = run(t, t + 1, Some(&state), Some(&mut next));
-            state = next;
-        }
-        for (i, (got, want)) in out.iter().zip(&whole).enumerate() {
-            assert!(
-                (got - want).abs() <= 1e-6 * want.abs().max(1.0),
-                "{i}: {got} vs {want}"
-            );
-        }
+        assert_close(&fed_in_pieces(batch * p * (d + 2), 2, s, &run), &whole);
     }
 }
