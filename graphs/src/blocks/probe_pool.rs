@@ -3,7 +3,7 @@
 //! `crate::needle3::confidence`), and what those heads share besides.
 
 use crate::builder::{GraphBuilder, Value};
-use crate::contract::Precision;
+use crate::contract::{needle_ops, Precision};
 use crate::onnx::data_type;
 
 /// Upstream `probe_pool`'s attention: `[batch, rows, k, d]`, for each of `rows` groups
@@ -39,6 +39,34 @@ pub fn probe_attention(
 /// cell) is freed once its lane mean is taken. In the other order every layer's stream
 /// lives until the heads: 9.6 MB a layer for a 784-token forward of the full-size
 /// Needle 3, 200 MB in all.
+/// A probe head's pooling by the Needle op `op` (`needle.ProbePool`, `needle.JointProbePool`)
+/// over `cells`, its `weights` inputs (`keep` first) before the running pools: from
+/// `past_pools` where given, its output then the pooled value and the pools after the call;
+/// else from none (a tensor of no values, the ops' convention) and the pooled value alone.
+pub fn pooling_node(
+    b: &mut GraphBuilder,
+    op: &str,
+    weights: &[&Value],
+    past_pools: Option<&Value>,
+    cells: &[Value],
+) -> (Value, Option<Value>) {
+    let no_past;
+    let past = match past_pools {
+        Some(past) => past,
+        None => {
+            no_past = b.weight("no_past_pools", &[0], &[]);
+            &no_past
+        }
+    };
+    let mut inputs = weights.to_vec();
+    inputs.push(past);
+    inputs.extend(cells);
+    let outputs = 1 + usize::from(past_pools.is_some());
+    let mut out = b.op_in(needle_ops::DOMAIN, op, &inputs, vec![], outputs);
+    let present = (outputs == 2).then(|| out.remove(1));
+    (out.remove(0), present)
+}
+
 pub fn stack_cells(b: &mut GraphBuilder, cells: &[Value], axis: i64) -> Value {
     let mut stacked: Vec<Value> = cells
         .iter()

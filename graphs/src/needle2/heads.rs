@@ -15,7 +15,9 @@
 //! running pools (`past_confidence_pools` → `present_confidence_pools`), so its logit
 //! after any call covers every token the row has fed.
 
-use crate::blocks::probe_pool::{probe_attention, stack_cells, to_float32, transpose_last};
+use crate::blocks::probe_pool::{
+    pooling_node, probe_attention, stack_cells, to_float32, transpose_last,
+};
 use crate::blocks::weights::Tensor;
 use crate::builder::{GraphBuilder, Value};
 use crate::contract::needle_ops;
@@ -35,22 +37,12 @@ fn probe_pool(
 ) -> (Value, Option<Value>) {
     let past = match pools {
         Pools::Stock => return (stock_probe_pool(b, cells, keep, probes), None),
-        Pools::OneCall => b.weight("no_past_pools", &[0], &[]),
-        Pools::Carried(past) => past.clone(),
+        Pools::OneCall => None,
+        Pools::Carried(past) => Some(past),
     };
     let probes = b.weight("probes", &probes.shape, &probes.data);
-    let mut inputs = vec![keep, &probes, &past];
-    inputs.extend(cells);
-    let outputs = 1 + usize::from(matches!(pools, Pools::Carried(_)));
-    let mut out = b.op_in(
-        needle_ops::DOMAIN,
-        needle_ops::JOINT_PROBE_POOL,
-        &inputs,
-        vec![],
-        outputs,
-    );
-    let present = (outputs == 2).then(|| out.remove(1));
-    (out.remove(0), present)
+    let op = needle_ops::JOINT_PROBE_POOL;
+    pooling_node(b, op, &[keep, &probes], past, cells)
 }
 
 /// How a head pools.

@@ -20,7 +20,9 @@
 
 use crate::blocks::context::BuildContext;
 use crate::blocks::norms::rms_unit;
-use crate::blocks::probe_pool::{probe_attention, stack_cells, to_float32, transpose_last};
+use crate::blocks::probe_pool::{
+    pooling_node, probe_attention, stack_cells, to_float32, transpose_last,
+};
 use crate::builder::{GraphBuilder, Value};
 use crate::contract::needle_ops;
 use crate::needle3::{Config, ProbeHead};
@@ -49,27 +51,8 @@ pub fn confidence_logit(
             ]
             .map(|(name, t)| b.weight(name, &t.shape, &t.data));
             let [probes, gain, query, row_bias] = &weights;
-            // No past: a tensor of no values (the op's convention).
-            let no_past;
-            let past = match past_pools {
-                Some(past) => past,
-                None => {
-                    no_past = b.weight("no_past_pools", &[0], &[]);
-                    &no_past
-                }
-            };
-            let mut inputs = vec![keep, probes, gain, query, row_bias, past];
-            inputs.extend(cells);
-            let outputs = 1 + usize::from(past_pools.is_some());
-            let mut out = b.op_in(
-                needle_ops::DOMAIN,
-                needle_ops::PROBE_POOL,
-                &inputs,
-                vec![],
-                outputs,
-            );
-            let pools = (outputs == 2).then(|| out.remove(1));
-            (out.remove(0), pools)
+            let inputs = [keep, probes, gain, query, row_bias];
+            pooling_node(b, needle_ops::PROBE_POOL, &inputs, past_pools, cells)
         }
     };
     // The confidence head has one output: its projection row is a vector.
