@@ -149,8 +149,10 @@ fn newest_trace(dir: &Path, prefix: &Path) -> Result<PathBuf> {
 struct WeightBytes(HashMap<String, f64>);
 
 /// The ops whose initializers are matrices read whole every call.
-const WEIGHT_PRODUCTS: [&str; 6] = [
+const WEIGHT_PRODUCTS: [&str; 8] = [
     "CqMatMul",
+    "AttentionOut",
+    "HyperConnectionsOut",
     "EngramValue",
     "MonarchMlp",
     "HadamardMlp",
