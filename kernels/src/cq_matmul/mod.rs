@@ -271,12 +271,33 @@ fn rows_block(
     });
     let mut r = rows.start;
     while r < rows.end {
+        prefetch_rows(w, r + PREFETCH_ROWS, 4);
         if rows.end - r >= 4 {
             block.rows::<4>(r, decoded.as_mut_slice());
             r += 4;
         } else {
             block.rows::<1>(r, decoded.as_mut_slice());
             r += 1;
+        }
+    }
+}
+
+/// How many rows ahead of the ones being multiplied their codes are fetched into the
+/// cache.
+const PREFETCH_ROWS: usize = 8;
+
+/// Asks the cache for the codes of rows `first..first + count` (those that exist).
+fn prefetch_rows(w: &CqMatrix, first: usize, count: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let (start, end) = (
+            first * w.row_bytes(),
+            ((first + count) * w.row_bytes()).min(w.codes.len()),
+        );
+        for at in (start..end).step_by(64) {
+            // Sound: a prefetch reads nothing architecturally, and `at` is within the codes.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(w.codes.as_ptr().add(at).cast()) };
         }
     }
 }
