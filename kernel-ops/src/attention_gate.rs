@@ -145,8 +145,8 @@ impl NeedleOp for AttentionOut {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_inputs::{float, values};
-    use crate::{CqMatMul, InputData};
+    use crate::test_inputs::{float, values, SmallMatrix};
+    use crate::CqMatMul;
 
     /// `AttentionOut` gives what `AttentionGate` then `CqMatMul` give, bit for bit, and
     /// refuses a product whose width is not the gated heads'.
@@ -155,32 +155,18 @@ mod tests {
         // Two tokens; 2 heads of 8 padded to 8 (the gate after 16 columns of 32), then a
         // 4 × 16 projection of 2-bit codes in one group.
         let (attention, projections) = (values(32, 0.3), values(64, 0.2));
-        let codes: Vec<u8> = (0..16).map(|i| (i * 37 % 256) as u8).collect();
-        let norms = [0x3c00u16, 0x3800, 0x4000, 0x3a00];
-        let codebook = [-1.5f32, -0.5, 0.5, 1.5];
+        let small = SmallMatrix::new();
         let attribute = |name: &str| match name {
             "heads" => Some(2),
             "head_dim" | "padded" => Some(8),
             "offset" => Some(16),
-            "cols" | "group" => Some(16),
-            "bits" => Some(2),
-            _ => None,
+            _ => SmallMatrix::attribute(name),
         };
         let heads = [
             float(&[1, 2, 16], &attention),
             float(&[1, 2, 32], &projections),
         ];
-        let matrix = [
-            Input {
-                shape: &[4, 4],
-                data: InputData::Uint8(&codes),
-            },
-            Input {
-                shape: &[4, 1],
-                data: InputData::Float16(&norms),
-            },
-            float(&[4], &codebook),
-        ];
+        let matrix = small.inputs();
         let mut gated = [f32::NAN; 32];
         AttentionGate::new(&attribute)
             .unwrap()

@@ -206,8 +206,8 @@ impl NeedleOp for HyperConnectionsOut {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_inputs::{float, values};
-    use crate::{CqMatMul, InputData};
+    use crate::test_inputs::{float, values, SmallMatrix};
+    use crate::CqMatMul;
 
     /// The next layer's logits from `Out` are what `CqMatMul` (`row_axes` 2, `unit_rows` 1)
     /// gives over `Out`'s stream, bit for bit; asking for them without the projection is
@@ -217,25 +217,8 @@ mod tests {
         // Two tokens, 2 lanes of 8; the next projection 4 × 16, 2-bit codes in one group.
         let (x, out, u) = (values(32, 0.3), values(16, 0.2), values(16, 0.1));
         let (logits, gains, bias) = (values(16, 0.05), values(8, 0.4), values(8, 0.07));
-        let codes: Vec<u8> = (0..16).map(|i| (i * 37 % 256) as u8).collect();
-        let norms = [0x3c00u16, 0x3800, 0x4000, 0x3a00];
-        let codebook = [-1.5f32, -0.5, 0.5, 1.5];
-        let cq = |name: &str| match name {
-            "cols" | "group" => Some(16),
-            "bits" => Some(2),
-            _ => None,
-        };
-        let matrix = [
-            Input {
-                shape: &[4, 4],
-                data: InputData::Uint8(&codes),
-            },
-            Input {
-                shape: &[4, 1],
-                data: InputData::Float16(&norms),
-            },
-            float(&[4], &codebook),
-        ];
+        let small = SmallMatrix::new();
+        let matrix = small.inputs();
         let mut inputs = vec![
             float(&[1, 2, 2, 8], &x),
             float(&[1, 2, 8], &out),
@@ -252,7 +235,7 @@ mod tests {
         let product = CqMatMul::new(&|name| match name {
             "row_axes" => Some(2),
             "unit_rows" => Some(1),
-            _ => cq(name),
+            _ => SmallMatrix::attribute(name),
         })
         .unwrap();
         let mut product_inputs = vec![float(&[1, 2, 2, 8], &want_next)];
@@ -264,7 +247,7 @@ mod tests {
 
         let fused = HyperConnectionsOut::new(&|name| match name {
             "iterations" => Some(20),
-            _ => cq(name),
+            _ => SmallMatrix::attribute(name),
         })
         .unwrap();
         inputs.extend(matrix);

@@ -338,6 +338,47 @@ pub(crate) mod test_inputs {
         }
     }
 
+    /// A 4 × 16 CQ matrix of 2-bit codes in one group of 16 (norms 1, ½, 2, ¾).
+    pub struct SmallMatrix {
+        codes: Vec<u8>,
+        norms: [u16; 4],
+        codebook: [f32; 4],
+    }
+
+    impl SmallMatrix {
+        pub fn new() -> SmallMatrix {
+            SmallMatrix {
+                codes: (0..16).map(|i| (i * 37 % 256) as u8).collect(),
+                norms: [0x3c00, 0x3800, 0x4000, 0x3a00],
+                codebook: [-1.5, -0.5, 0.5, 1.5],
+            }
+        }
+
+        /// Its `cols`, `group` and `bits` attributes.
+        pub fn attribute(name: &str) -> Option<i64> {
+            match name {
+                "cols" | "group" => Some(16),
+                "bits" => Some(2),
+                _ => None,
+            }
+        }
+
+        /// The codes, norms and codebook inputs.
+        pub fn inputs(&self) -> [Input<'_>; 3] {
+            [
+                Input {
+                    shape: &[4, 4],
+                    data: InputData::Uint8(&self.codes),
+                },
+                Input {
+                    shape: &[4, 1],
+                    data: InputData::Float16(&self.norms),
+                },
+                float(&[4], &self.codebook),
+            ]
+        }
+    }
+
     /// `len` small values of both signs, `scale` apart.
     pub fn values(len: usize, scale: f32) -> Vec<f32> {
         (0..len)
