@@ -188,18 +188,23 @@ fn a_token_gets_the_same_bits_in_a_batch_and_alone() {
             // Together the rows are decoded once; alone each token looks the codes up.
             let tokens = DECODE_FROM_TOKENS + 1;
             let x = tokens_for(&case, tokens, 9);
-            let together = run(&case, &x, tokens, isa);
-            for t in 0..tokens {
-                let alone = run(&case, &x[t * case.cols..(t + 1) * case.cols], 1, isa);
-                let bits_of = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                assert_eq!(
-                    bits_of(&alone),
-                    bits_of(&together[t * case.rows..(t + 1) * case.rows]),
-                    "{} {bits}-bit token {t}",
-                    isa.name()
-                );
-            }
+            let what = format!("{} {bits}-bit", isa.name());
+            assert_each_token_as_alone(&case, &x, tokens, isa, &what);
         }
+    }
+}
+
+/// Every token of `x` (`tokens` of them, run together) gets the bits it gets alone.
+fn assert_each_token_as_alone(case: &Case, x: &[f32], tokens: usize, isa: Isa, what: &str) {
+    let together = run(case, x, tokens, isa);
+    let bits_of = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for t in 0..tokens {
+        let alone = run(case, &x[t * case.cols..(t + 1) * case.cols], 1, isa);
+        assert_eq!(
+            bits_of(&alone),
+            bits_of(&together[t * case.rows..(t + 1) * case.rows]),
+            "{what} token {t} of {tokens}"
+        );
     }
 }
 
@@ -210,17 +215,7 @@ fn tokens_past_a_chunk_get_the_same_bits_as_alone() {
     let tokens = CHUNK_BYTES / (case.cols * std::mem::size_of::<f32>()) + 2;
     let x = tokens_for(&case, tokens, 5);
     for isa in Isa::available() {
-        let together = run(&case, &x, tokens, isa);
-        for t in 0..tokens {
-            let alone = run(&case, &x[t * case.cols..(t + 1) * case.cols], 1, isa);
-            let bits_of = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            assert_eq!(
-                bits_of(&alone),
-                bits_of(&together[t * case.rows..(t + 1) * case.rows]),
-                "{} token {t} of {tokens}",
-                isa.name()
-            );
-        }
+        assert_each_token_as_alone(&case, &x, tokens, isa, isa.name());
     }
 }
 
