@@ -471,6 +471,12 @@ fn an_api_key_guards_every_route_but_health() {
     for route in ["metrics", "models", "unknown_route"] {
         assert_eq!(no_key[route], 401, "{route}: {no_key}");
     }
+    // Refused requests keep their connection open for the next one.
+    assert_eq!(
+        no_key["one_connection"],
+        json!(vec!["HTTP/1.1 401 Unauthorized"; 3]),
+        "{no_key}"
+    );
     assert_eq!(got["health"], 200);
     let with_key = &got["with_key"];
     assert_eq!(with_key["models"], json!(["needle-demo"]));
@@ -480,7 +486,7 @@ fn an_api_key_guards_every_route_but_health() {
     let metrics = json!({"samples": with_key["metrics"]});
     assert_eq!(
         requests(&metrics, "/v1/chat/completions", 401),
-        3.0,
+        6.0,
         "{metrics}"
     );
     assert_eq!(

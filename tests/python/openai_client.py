@@ -10,8 +10,10 @@ import concurrent.futures
 import json
 import os
 import signal
+import socket
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -177,6 +179,31 @@ def raw_get(url, headers=None):
             return {"status": r.status, "content_type": r.headers.get("Content-Type"), "text": r.read().decode()}
     except urllib.error.HTTPError as e:
         return {"status": e.code, "content_type": e.headers.get("Content-Type"), "text": e.read().decode()}
+
+
+def refused_on_one_connection(spec, times=3):
+    """Status lines of `times` keyless chat requests on one kept-alive connection, each
+    body sent a moment after its headers, as clients that write them separately do; a
+    server that answers before reading the body and then drops the connection fails the
+    second request (the way the `openai` client saw "server disconnected")."""
+    host, port = root(spec).removeprefix("http://").rsplit(":", 1)
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode()
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: needle\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    lines = []
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        for _ in range(times):
+            try:
+                s.sendall(head)
+                time.sleep(0.05)
+                s.sendall(body)
+                reply = s.recv(65536)
+                lines.append(reply.split(b"\r\n")[0].decode() if reply else "closed")
+            except OSError as e:
+                lines.append(type(e).__name__)
+    return lines
 
 
 def root(spec):
@@ -406,6 +433,7 @@ def auth(spec):
             "metrics": raw_get(root(spec) + "/metrics")["status"],
             "models": raw_get(spec["base_url"] + "/models")["status"],
             "unknown_route": raw_get(root(spec) + "/v1/nothing")["status"],
+            "one_connection": refused_on_one_connection(spec),
         },
         "health": raw_get(root(spec) + "/health")["status"],
         "with_key": {

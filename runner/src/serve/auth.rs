@@ -43,8 +43,19 @@ impl ApiKey {
     }
 }
 
+/// What the middleware needs: the key, and how much of a refused request's body it reads.
+pub struct Guard {
+    pub key: ApiKey,
+    /// The server's body limit (`--max-body`).
+    pub max_body: usize,
+}
+
 /// The middleware: passes `/health` and requests with the key, answers 401 otherwise.
-pub async fn require_key(State(key): State<Arc<ApiKey>>, request: Request, next: Next) -> Response {
+pub async fn require_key(
+    State(guard): State<Arc<Guard>>,
+    request: Request,
+    next: Next,
+) -> Response {
     if request.uri().path() == "/health" {
         return next.run(request).await;
     }
@@ -53,13 +64,19 @@ pub async fn require_key(State(key): State<Arc<ApiKey>>, request: Request, next:
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    match given {
-        Some(given) if key.matches(given.trim().as_bytes()) => next.run(request).await,
-        Some(_) => unauthorized("Incorrect API key provided."),
-        None => unauthorized(
-            "No API key provided: send the server's --api-key as 'Authorization: Bearer KEY'.",
-        ),
-    }
+    let message = match given {
+        Some(given) if guard.key.matches(given.trim().as_bytes()) => {
+            return next.run(request).await
+        }
+        Some(_) => "Incorrect API key provided.",
+        None => "No API key provided: send the server's --api-key as 'Authorization: Bearer KEY'.",
+    };
+    // Read the refused body (up to the body limit) before answering: a connection closed
+    // with request bytes still unread makes the kernel reset it, and the reset can reach the
+    // client before the 401 does ("server disconnected without sending a response"); read,
+    // the connection also stays open for the client's next request.
+    let _ = axum::body::to_bytes(request.into_body(), guard.max_body).await;
+    unauthorized(message)
 }
 
 fn unauthorized(message: &str) -> Response {

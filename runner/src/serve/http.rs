@@ -3,7 +3,7 @@
 //! ([`models`]), `GET /metrics`, `GET /health`; behind the API key when there is one, every
 //! answer counted. Every refusal is OpenAI's error object (`shared::refuse`).
 
-use crate::serve::auth::{self, ApiKey};
+use crate::serve::auth::{self, ApiKey, Guard};
 use crate::serve::shared::{refuse, AppState, Shared};
 use crate::serve::{chat, metrics, models, responses};
 use axum::extract::State;
@@ -37,7 +37,7 @@ pub fn router(shared: Arc<Shared>, max_body: usize, api_key: Option<ApiKey>) -> 
         .with_state(shared);
     if let Some(key) = api_key {
         app = app.layer(middleware::from_fn_with_state(
-            Arc::new(key),
+            Arc::new(Guard { key, max_body }),
             auth::require_key,
         ));
     }
