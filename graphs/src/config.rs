@@ -73,6 +73,19 @@ impl ModelConfig {
         }
     }
 
+    /// The keys any layer's query sees, its own among them, when every layer attends
+    /// within a window that binds (Needle 2's `kv_window`; a Needle 3 without global
+    /// layers): no query reads a key further back, so a cache may drop older ones. `None`
+    /// when some layer reads the whole past.
+    pub fn window_of_every_layer(&self) -> Option<usize> {
+        match self {
+            ModelConfig::Needle2(c) => c.sliding_window(),
+            ModelConfig::Needle3(c) => (0..c.common.num_layers)
+                .map(|l| c.window_of(l))
+                .try_fold(0, |widest, w| w.map(|w| w.max(widest))),
+        }
+    }
+
     /// `(slots, width)` of each layer's QKV-conv state (Needle 3 with conv taps).
     pub fn qkv_conv_state(&self) -> Option<(usize, usize)> {
         match self {

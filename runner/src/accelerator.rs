@@ -193,6 +193,7 @@ impl AcceleratorGraphs {
             layers,
             states,
             len: 0,
+            slid: 0,
             capacity: Some(self.max_positions),
             fixed: Some(FixedSlots {
                 mask: zeros(names::ATTENTION_MASK)?,

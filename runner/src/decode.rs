@@ -140,11 +140,16 @@ pub fn check_prompt(prompt_ids: &[u32], max_len: usize) -> Result<()> {
     Ok(())
 }
 
-/// Runs the prompt `ids` (batch 1) from an empty cache with room for `capacity` tokens,
-/// in the pieces the run plan says ([`crate::plan::RunPlan::prefill_chunk`]). The logits
-/// are those of the last piece.
+/// Runs the prompt `ids` (batch 1) from an empty cache with room for `capacity` tokens
+/// (as the plan's [`crate::plan::RunPlan::cache_room`] has it), in the pieces the run plan
+/// says ([`crate::plan::RunPlan::prefill_chunk`]). The logits are those of the last piece.
 pub fn prefill(session: &mut NeedleSession, ids: &[i64], capacity: usize) -> Result<StepOutput> {
-    let cache = session.preallocated_cache(1, capacity)?;
+    let first = session
+        .plan
+        .prefill_chunk
+        .unwrap_or(ids.len())
+        .min(ids.len());
+    let cache = session.preallocated_cache(1, session.plan.cache_room(first, capacity))?;
     prefill_after(session, ids, cache)
 }
 
@@ -158,8 +163,8 @@ pub fn prefill_after(session: &mut NeedleSession, ids: &[i64], cache: Cache) -> 
     let chunk = session
         .plan
         .prefill_chunk
-        .unwrap_or(cache.len() + ids.len());
-    let (first, rest) = ids.split_at((chunk - cache.len() % chunk).min(ids.len()));
+        .unwrap_or(cache.seen() + ids.len());
+    let (first, rest) = ids.split_at((chunk - cache.seen() % chunk).min(ids.len()));
     let mut step = session.forward(first, 1, cache)?;
     for piece in rest.chunks(chunk) {
         step = session.forward(piece, 1, step.cache)?;

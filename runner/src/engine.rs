@@ -13,7 +13,7 @@
 
 use crate::cache::prefix::PrefixStore;
 use crate::cache::rows::{self, padded_mask, RowCache};
-use crate::cache::Cache;
+use crate::cache::{slide, Cache};
 use crate::decode::{self, check_prompt, Decoded, GenerateOptions, Sampler, TokenFilter};
 use crate::session::NeedleSession;
 use crate::step::{StepInputs, StepOutput};
@@ -217,7 +217,12 @@ impl<F: TokenFilter> Engine<F> {
         let (prefilled, lasts, cached) =
             prefill(session, &prompts, most_new.unwrap_or(0), prefixes)?;
         let prefill_secs = start.elapsed().as_secs_f64();
-        let width = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
+        // A lone prompt's cache may have slid ([`slide`]): its columns, all real, are the
+        // prompt's last tokens.
+        let width = match &prefilled {
+            Prefilled::Cache(cache) => cache.len(),
+            Prefilled::Rows(rows) => rows::width(rows),
+        };
         let ids: Vec<RowId> = (self.next_id..).take(admissions.len()).collect();
         self.next_id += admissions.len() as RowId;
         let newcomers: Vec<Slot<F>> = admissions
@@ -329,16 +334,23 @@ impl<F: TokenFilter> Engine<F> {
             self.cache = None;
             return Ok(finished);
         }
+        // A full cache slides where the plan says so and it is wider than the window, else
+        // it is laid out anew with more room (as is one whose slots are half free).
+        let window = session.plan.sliding_window;
+        let full = |c: &Cache| c.len() + 1 > c.capacity().unwrap_or(max_len);
+        let can_slide = |c: &Cache| window.is_some_and(|w| c.len() > w);
         let cache = self.cache.as_ref().expect("a running batch has a cache");
-        let limit = cache.capacity().unwrap_or(max_len);
-        let live = self.live();
-        if live.len() * 2 <= self.slots.len() || cache.len() + 1 > limit {
+        if self.live().len() * 2 <= self.slots.len() || (full(cache) && !can_slide(cache)) {
             self.compact(session)?;
             fed = self
                 .slots
                 .iter()
                 .map(|s| s.row.as_ref().and_then(Row::last_generated))
                 .collect();
+        }
+        let cache = self.cache.as_ref().expect("a running batch has a cache");
+        if let Some(window) = window.filter(|_| full(cache) && can_slide(cache)) {
+            self.slide(window)?;
         }
         let pad = i64::from(session.description.tokenizer.pad_id);
         let inputs = StepInputs {
@@ -387,6 +399,22 @@ impl<F: TokenFilter> Engine<F> {
         Ok(finished)
     }
 
+    /// Slides the running cache down to `window` columns ([`slide`]): each row keeps its
+    /// last `window` tokens (their count is its mask's ones, the fused graph's layout).
+    fn slide(&mut self, window: usize) -> Result<()> {
+        let cache = self.cache.as_mut().expect("a running batch has a cache");
+        let counts: Vec<usize> = self
+            .slots
+            .iter()
+            .map(|s| s.mask.iter().filter(|&&m| m == 1).count())
+            .collect();
+        let kept = slide::slide(cache, &counts, window)?;
+        for (slot, kept) in self.slots.iter_mut().zip(kept) {
+            slot.mask = padded_mask(kept, window);
+        }
+        Ok(())
+    }
+
     /// The slots with a row generating.
     fn live(&self) -> Vec<usize> {
         (0..self.slots.len())
@@ -420,11 +448,13 @@ impl<F: TokenFilter> Engine<F> {
     }
 
     /// Puts `parts` (the rows of `self.slots`, in order) into one cache, with room for
-    /// every row to finish: between two layouts all rows grow together, so the batch
-    /// never gets wider than its widest row's prompt and budget.
+    /// every row to finish (between two layouts all rows grow together, so the batch
+    /// never gets wider than its widest row's prompt and budget), or where the cache
+    /// slides, for the window and a prefill piece.
     fn rejoin(&mut self, session: &NeedleSession, parts: Vec<RowCache>) -> Result<()> {
-        let capacity = rows_budget(&self.slots);
-        let zeroed = session.zeroed_cache(parts.len(), rows::width(&parts), capacity)?;
+        let width = rows::width(&parts);
+        let capacity = session.plan.cache_room(width + 1, rows_budget(&self.slots));
+        let zeroed = session.zeroed_cache(parts.len(), width, capacity)?;
         let (cache, masks) = rows::join(zeroed, &parts)?;
         for (slot, mask) in self.slots.iter_mut().zip(masks) {
             slot.mask = mask;
@@ -551,10 +581,12 @@ fn prefill_one(
         .as_deref_mut()
         .and_then(|p| p.longest_prefix(prompt));
     let (out, cached) = match continued {
-        Some(row) => {
-            let cached = row.len();
-            let zeroed = session.zeroed_cache(1, cached, capacity)?;
-            let (cache, _) = rows::join(zeroed, std::slice::from_ref(row))?;
+        Some((cached, row)) => {
+            // `forward` slides the row when its next piece does not fit.
+            let room = session.plan.cache_room(row.len(), capacity);
+            let zeroed = session.zeroed_cache(1, row.len(), room)?;
+            let (mut cache, _) = rows::join(zeroed, std::slice::from_ref(row))?;
+            cache.slid = cached - row.len();
             (
                 decode::prefill_after(session, &ids[cached..], cache)?,
                 cached,
@@ -564,7 +596,8 @@ fn prefill_one(
     };
     if let Some(prefixes) = prefixes {
         let attention = session.description.variant.attention;
-        let mask = padded_mask(prompt.len(), prompt.len());
+        // Every column is the prompt's (its last tokens, where the cache slid).
+        let mask = padded_mask(prompt.len(), out.cache.len());
         let mut row = rows::split(&out.cache, attention, &[&mask], &[0])?;
         prefixes.remember(prompt.to_vec(), row.pop().expect("one row"));
     }
@@ -589,7 +622,8 @@ fn prefill_together(
     let pad = i64::from(session.description.tokenizer.pad_id);
     let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
     let inputs = StepInputs::right_padded(prompts, pad);
-    let cache = session.preallocated_cache(prompts.len(), longest + most_new)?;
+    let room = session.plan.cache_room(longest, longest + most_new);
+    let cache = session.preallocated_cache(prompts.len(), room)?;
     let step = session.step(inputs, cache)?;
     let lasts = prompts
         .iter()

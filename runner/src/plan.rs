@@ -37,6 +37,13 @@ pub struct RunPlan {
     /// tokens). Only where the graph takes shared buffers and the buffers live where the
     /// provider computes (host memory: the CPU).
     pub in_place_cache: bool,
+    /// `Some(window)`: the in-place cache slides. Every layer reads only the last
+    /// `window` keys, so when the next call does not fit, each row's oldest tokens are
+    /// slid out down to `window` ([`crate::cache::slide`]) and a row needs room for the
+    /// window and one prefill piece ([`RunPlan::cache_room`]), not its whole conversation
+    /// (Needle 2 as published: 55 KB a token). Only the fused graph, whose attention finds
+    /// each row's keys packed from slot 0, and only with the cache in place.
+    pub sliding_window: Option<usize>,
     /// onnxruntime intra-op threads; 0 lets onnxruntime choose.
     pub threads: usize,
     /// Most rows decoded together; `None`: as many as the caller asks. The accelerator
@@ -60,17 +67,33 @@ impl RunPlan {
                 prefill_chunk: Some(PREFILL_CHUNK),
                 prefill_group_logits_bytes: PREFILL_GROUP_LOGITS_BYTES,
                 in_place_cache: false,
+                sliding_window: None,
                 threads,
                 max_rows: Some(1),
             };
         }
+        let in_place_cache = cpu && description.past_present_share_buffer;
+        let fused = description.variant.attention.is_fused();
         RunPlan {
             provider,
             prefill_chunk: cpu.then_some(CPU_PREFILL_CHUNK),
             prefill_group_logits_bytes: PREFILL_GROUP_LOGITS_BYTES,
-            in_place_cache: cpu && description.past_present_share_buffer,
+            in_place_cache,
+            sliding_window: (in_place_cache && fused)
+                .then(|| description.config.window_of_every_layer())
+                .flatten(),
             threads,
             max_rows: None,
+        }
+    }
+
+    /// Positions to preallocate for rows that feed `budget` tokens in all, `now` of them
+    /// in the next call: `budget`, or where the cache slides, at most the window and one
+    /// prefill piece (or the next call, when that is longer).
+    pub fn cache_room(&self, now: usize, budget: usize) -> usize {
+        match (self.sliding_window, self.prefill_chunk) {
+            (Some(window), Some(chunk)) => budget.min((window + chunk).max(now)),
+            _ => budget,
         }
     }
 }

@@ -4,6 +4,7 @@
 //! [`crate::accelerator`]).
 
 use crate::accelerator::AcceleratorGraphs;
+use crate::cache::slide::slide;
 use crate::cache::{Cache, LayerKv};
 use crate::plan::RunPlan;
 use crate::provider::{self, Provider, Registered};
@@ -338,15 +339,30 @@ impl NeedleSession {
             layers,
             states,
             len: 0,
+            slid: 0,
             capacity,
             fixed: None,
         })
     }
 
     /// Runs `input_ids` (`[batch, sequence]`, row-major) after `cache`; every token is real
-    /// (all-ones attention mask, positions continuing each row).
-    pub fn forward(&mut self, input_ids: &[i64], batch: usize, cache: Cache) -> Result<StepOutput> {
-        let step = StepInputs::dense(input_ids, batch, cache.len);
+    /// (all-ones attention mask, positions continuing each row). Where the plan slides the
+    /// cache and the call does not fit it, the rows' oldest tokens are slid out first.
+    pub fn forward(
+        &mut self,
+        input_ids: &[i64],
+        batch: usize,
+        mut cache: Cache,
+    ) -> Result<StepOutput> {
+        let seq = input_ids.len().checked_div(batch).unwrap_or(0);
+        if let (Some(window), Some(capacity)) = (self.plan.sliding_window, cache.capacity) {
+            if cache.len + seq > capacity && cache.len > window {
+                let (len, dropped) = (cache.len, cache.len - window);
+                slide(&mut cache, &vec![len; batch], window)?;
+                cache.slid += dropped;
+            }
+        }
+        let step = StepInputs::dense(input_ids, batch, cache.len, cache.seen());
         self.step(step, cache)
     }
 
@@ -362,7 +378,7 @@ impl NeedleSession {
             bail!("the confidence head reads at least one token");
         }
         let cache = self.new_cache(1, None)?;
-        let tensors = self.input_tensors(StepInputs::dense(ids, 1, 0), &cache)?;
+        let tensors = self.input_tensors(StepInputs::dense(ids, 1, 0, 0), &cache)?;
         let inputs = exact_length_inputs(&self.layer_names, &self.carried, tensors, cache);
         let only = OutputSelector::no_default().with(names::CONFIDENCE_LOGIT);
         let options = RunOptions::new()?.with_outputs(only);
@@ -382,6 +398,7 @@ impl NeedleSession {
         let heads = inputs.heads;
         // Valid once `input_tensors` has checked the rows.
         let total = cache.len + inputs.position_ids.len() / inputs.batch.max(1);
+        let slid = cache.slid;
         let [ids, mask, positions] = self.input_tensors(inputs, &cache)?;
         if cache.capacity.is_some() {
             return self.forward_in_place(ids, mask, positions, cache, total, heads);
@@ -429,6 +446,7 @@ impl NeedleSession {
                 layers,
                 states,
                 len: total,
+                slid,
                 capacity: None,
                 fixed: None,
             },

@@ -21,11 +21,13 @@ pub struct StepInputs {
 }
 
 impl StepInputs {
-    /// `batch` rows of equal length after `past` real tokens each: every token real.
-    /// ([`crate::session::NeedleSession::step`] reports ids that do not split into `batch` rows.)
-    pub fn dense(input_ids: &[i64], batch: usize, past: usize) -> Self {
+    /// `batch` rows of equal length after `past` real tokens each in the cache, the first
+    /// new one at position `first`: every token real. (`first` exceeds `past` by the
+    /// tokens slid out of the cache; [`crate::session::NeedleSession::step`] reports ids
+    /// that do not split into `batch` rows.)
+    pub fn dense(input_ids: &[i64], batch: usize, past: usize, first: usize) -> Self {
         let seq = input_ids.len().checked_div(batch).unwrap_or(0);
-        let row: Vec<i64> = (past..past + seq).map(|p| p as i64).collect();
+        let row: Vec<i64> = (first..first + seq).map(|p| p as i64).collect();
         StepInputs {
             input_ids: input_ids.to_vec(),
             attention_mask: vec![1; batch * (past + seq)],

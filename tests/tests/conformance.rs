@@ -199,3 +199,42 @@ fn the_fused_graph_for_onnxruntime_1_20_matches_upstream_here_too() {
         assert!(err <= TOLERANCE, "{model}: cached path vs upstream {err}");
     }
 }
+
+/// The sliding cache (`RunPlan::sliding_window`): m64w's every layer reads its last 24
+/// keys, so with 8-token prefill pieces the in-place cache holds 32 positions and
+/// `forward` slides each row's oldest tokens out when the next call does not fit. Fed
+/// case W (120 tokens) in pieces, then one token a call, float and packed weights: every
+/// position's logits are upstream's windowed decode.
+#[test]
+fn a_sliding_cache_gives_upstreams_windowed_decode() {
+    use graphs::contract::MatMulWeights;
+    use needle_tests::session_with;
+    const WINDOW: usize = 24;
+    const PIECE: usize = 8;
+    let case = cases("m64w").into_iter().find(|c| c.name == "W").unwrap();
+    let ids = &case.input_ids[..case.lengths[0]];
+    for weights in [MatMulWeights::Float, MatMulWeights::Packed] {
+        let mut s = session_with("m64w", FUSED, weights);
+        assert_eq!(s.plan.sliding_window, Some(WINDOW));
+        s.plan.prefill_chunk = Some(PIECE);
+        let vocab = s.config().output_vocab();
+        let room = s.plan.cache_room(PIECE, ids.len());
+        assert_eq!(room, WINDOW + PIECE);
+        let mut cache = s.preallocated_cache(1, room).unwrap();
+        let mut got = Vec::new();
+        let (pieces, steps) = ids.split_at(ids.len() / 2);
+        for call in pieces.chunks(PIECE).chain(steps.chunks(1)) {
+            let step = s.forward(call, 1, cache).unwrap();
+            got.extend_from_slice(&step.logits);
+            cache = step.cache;
+            assert_eq!(cache.capacity(), Some(room), "{weights:?}");
+        }
+        assert_eq!(cache.seen(), ids.len());
+        let err = row_error(&got, &case.logits, ids.len(), vocab);
+        println!(
+            "m64w {weights:?}, a cache of {room} sliding over {}: {err:.2e}",
+            ids.len()
+        );
+        assert!(err <= TOLERANCE, "{weights:?}: relative error {err}");
+    }
+}

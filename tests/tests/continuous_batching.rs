@@ -18,13 +18,14 @@
 //!
 //! That padded rows in one graph call are their single runs is `padded_batch.rs`.
 
-use graphs::contract::AttentionKind;
-use needle_tests::{repo_root, row_error, session, MODELS};
+use graphs::contract::{AttentionKind, MatMulWeights};
+use needle_tests::{repo_root, row_error, session, session_with, MODELS};
 use runner::answer::{Runner, ToolQuery, ToolResponse};
 use runner::decode::{GenerateOptions, Sampling, TokenFilter};
 use runner::engine::{Admission, Engine, RowId};
 use runner::generate::generate_filtered;
 use runner::load::{LoadOptions, ModelSource};
+use runner::session::NeedleSession;
 use serde_json::Value;
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -93,69 +94,135 @@ fn rows_joining_and_leaving_a_running_batch_match_their_single_runs() {
             if let Some(bytes) = group_bytes {
                 s.plan.prefill_group_logits_bytes = bytes;
             }
-            let vocab = s.config().output_vocab();
-            let prompts: Vec<Vec<u32>> = ROWS
-                .iter()
-                .enumerate()
-                .map(|(r, &(len, _, _))| prompt(r, len, vocab))
-                .collect();
-            let recorders: Vec<Recorder> = ROWS.iter().map(|_| Recorder::default()).collect();
-            let mut engine = Engine::default();
-            let mut ids: Vec<Option<RowId>> = vec![None; ROWS.len()];
-            let mut generated = vec![Vec::new(); ROWS.len()];
-            let mut widest = 0;
-            for step in 0.. {
-                let joining: Vec<usize> = (0..ROWS.len()).filter(|&r| ROWS[r].2 == step).collect();
-                let admissions = joining
-                    .iter()
-                    .map(|&r| Admission {
-                        prompt: prompts[r].clone(),
-                        opts: options(ROWS[r].1),
-                        filter: Some(recorders[r].clone()),
-                    })
-                    .collect();
-                for (&r, id) in joining
-                    .iter()
-                    .zip(engine.admit(&mut s, admissions).unwrap())
-                {
-                    ids[r] = Some(id);
-                }
-                widest = widest.max(engine.len());
-                if engine.is_empty() && ids.iter().all(Option::is_some) {
-                    break;
-                }
-                for done in engine.step(&mut s).unwrap() {
-                    let r = ids.iter().position(|&id| id == Some(done.id)).unwrap();
-                    generated[r] = done.decoded.unwrap().generated_ids;
-                }
-            }
+            let what = format!("{model} {attention}");
+            let (rows, widest) = run_schedule(&mut s, &ROWS);
             assert!(widest >= 4, "{model}: the schedule should overlap rows");
-            let mut worst = 0f32;
-            for (r, &(len, budget, _)) in ROWS.iter().enumerate() {
-                let mut alone = Recorder::default();
-                let single =
-                    generate_filtered(&mut s, &prompts[r], &options(budget), Some(&mut alone))
-                        .unwrap();
-                assert_eq!(
-                    generated[r], single.generated_ids,
-                    "{model} {attention} row {r}: tokens"
-                );
-                let (got, want) = (recorders[r].0.borrow(), alone.0.borrow());
-                assert_eq!(got.len(), want.len(), "{model} {attention} row {r}: steps");
-                for (step, (g, w)) in got.iter().zip(want.iter()).enumerate() {
-                    let err = row_error(g, w, 1, vocab);
-                    assert!(
-                        err <= BOUND,
-                        "{model} {attention} row {r} (prompt {len}) step {step}: relative error {err:.2e}"
-                    );
-                    worst = worst.max(err);
-                }
-            }
+            let worst = assert_single_runs(&mut s, &ROWS, &rows, &what);
             println!(
-                "{model} {attention}, prefill group budget {group_bytes:?}: {} rows, up to {widest} at once, worst step {worst:.2e}",
+                "{what}, prefill group budget {group_bytes:?}: {} rows, up to {widest} at once, worst step {worst:.2e}",
                 ROWS.len()
             );
         }
+    }
+}
+
+/// Row `r`'s prompt for `schedule` in a model of `vocab` tokens.
+fn prompts(schedule: &[(usize, usize, usize)], vocab: usize) -> Vec<Vec<u32>> {
+    schedule
+        .iter()
+        .enumerate()
+        .map(|(r, &(len, _, _))| prompt(r, len, vocab))
+        .collect()
+}
+
+/// Runs `schedule` (rows as [`ROWS`] has them) through an engine on `s`: each row's
+/// generated tokens and the logits of its steps, and the most rows decoded at once.
+fn run_schedule(
+    s: &mut NeedleSession,
+    schedule: &[(usize, usize, usize)],
+) -> (Vec<(Vec<u32>, Recorder)>, usize) {
+    let prompts = prompts(schedule, s.config().output_vocab());
+    let recorders: Vec<Recorder> = schedule.iter().map(|_| Recorder::default()).collect();
+    let mut engine = Engine::default();
+    let mut ids: Vec<Option<RowId>> = vec![None; schedule.len()];
+    let mut generated = vec![Vec::new(); schedule.len()];
+    let mut widest = 0;
+    for step in 0.. {
+        let joining: Vec<usize> = (0..schedule.len())
+            .filter(|&r| schedule[r].2 == step)
+            .collect();
+        let admissions = joining
+            .iter()
+            .map(|&r| Admission {
+                prompt: prompts[r].clone(),
+                opts: options(schedule[r].1),
+                filter: Some(recorders[r].clone()),
+            })
+            .collect();
+        for (&r, id) in joining.iter().zip(engine.admit(s, admissions).unwrap()) {
+            ids[r] = Some(id);
+        }
+        widest = widest.max(engine.len());
+        if engine.is_empty() && ids.iter().all(Option::is_some) {
+            break;
+        }
+        for done in engine.step(s).unwrap() {
+            let r = ids.iter().position(|&id| id == Some(done.id)).unwrap();
+            generated[r] = done.decoded.unwrap().generated_ids;
+        }
+    }
+    (generated.into_iter().zip(recorders).collect(), widest)
+}
+
+/// Asserts that each row `run_schedule` decoded generated the tokens of its single run on
+/// `alone`, seeing its logits at every step; returns the worst step's error.
+fn assert_single_runs(
+    alone: &mut NeedleSession,
+    schedule: &[(usize, usize, usize)],
+    rows: &[(Vec<u32>, Recorder)],
+    what: &str,
+) -> f32 {
+    let vocab = alone.config().output_vocab();
+    let prompts = prompts(schedule, vocab);
+    let mut worst = 0f32;
+    for (r, ((generated, recorder), &(len, budget, _))) in rows.iter().zip(schedule).enumerate() {
+        let mut single = Recorder::default();
+        let decoded =
+            generate_filtered(alone, &prompts[r], &options(budget), Some(&mut single)).unwrap();
+        assert_eq!(generated, &decoded.generated_ids, "{what} row {r}: tokens");
+        let (got, want) = (recorder.0.borrow(), single.0.borrow());
+        assert_eq!(got.len(), want.len(), "{what} row {r}: steps");
+        for (step, (g, w)) in got.iter().zip(want.iter()).enumerate() {
+            let err = row_error(g, w, 1, vocab);
+            assert!(
+                err <= BOUND,
+                "{what} row {r} (prompt {len}) step {step}: relative error {err:.2e}"
+            );
+            worst = worst.max(err);
+        }
+    }
+    worst
+}
+
+/// A sliding cache (`RunPlan::sliding_window`): m64w's layers read the last 24 keys, so
+/// with 8-token prefill pieces the engine's cache holds 32 columns and slides every row's
+/// oldest tokens out when full, rows of different lengths by different counts, newcomers
+/// prefilled together or alone (sliding while they prefill) joining it. Each row sees, at
+/// every step, the logits of its single run through a cache that never slides (the plan
+/// without the window; that cache against upstream is `conformance.rs`), as does a
+/// prompt continuing a remembered one whose cache slid.
+#[test]
+fn rows_of_a_sliding_cache_see_the_logits_of_a_cache_that_never_slides() {
+    const SCHEDULE: [(usize, usize, usize); 6] = [
+        (30, 40, 0),
+        (9, 50, 0),
+        (45, 20, 3),
+        (5, 30, 3),
+        (70, 12, 10),
+        (12, 25, 30),
+    ];
+    for weights in [MatMulWeights::Float, MatMulWeights::Packed] {
+        for group_bytes in [None, Some(1)] {
+            let mut sliding = session_with("m64w", AttentionKind::FUSED, weights);
+            assert_eq!(sliding.plan.sliding_window, Some(24));
+            sliding.plan.prefill_chunk = Some(8);
+            if let Some(bytes) = group_bytes {
+                sliding.plan.prefill_group_logits_bytes = bytes;
+            }
+            let mut whole = session_with("m64w", AttentionKind::FUSED, weights);
+            whole.plan.sliding_window = None;
+            let what = format!("m64w {weights:?} sliding, prefill group budget {group_bytes:?}");
+            let (rows, widest) = run_schedule(&mut sliding, &SCHEDULE);
+            assert!(widest >= 3, "{what}: the schedule should overlap rows");
+            let worst = assert_single_runs(&mut whole, &SCHEDULE, &rows, &what);
+            println!("{what}: up to {widest} rows at once, worst step {worst:.2e}");
+        }
+        let mut sliding = session_with("m64w", AttentionKind::FUSED, weights);
+        sliding.plan.prefill_chunk = Some(8);
+        let mut whole = session_with("m64w", AttentionKind::FUSED, weights);
+        whole.plan.sliding_window = None;
+        let what = format!("m64w {weights:?} sliding");
+        assert_continuations(&mut sliding, &mut whole, (40, 30), &what);
     }
 }
 
@@ -169,41 +236,52 @@ fn a_prompt_continuing_a_remembered_one_sees_its_single_run() {
     for model in MODELS {
         for attention in [AttentionKind::FUSED, AttentionKind::Reference] {
             let mut s = session(model, attention);
-            let vocab = s.config().output_vocab();
-            let max = s.config().max_seq_len();
-            let first = prompt(0, (max / 3).min(150), vocab);
-            let mut continuing = first.clone();
-            continuing.extend(prompt(1, (max / 3).min(150), vocab));
-            let other = prompt(2, 20, vocab);
-            let mut engine = Engine::with_prefix_reuse(4);
-            for (p, cached) in [(&first, 0), (&continuing, first.len()), (&other, 0)] {
-                let recorder = Recorder::default();
-                let admission = Admission {
-                    prompt: p.clone(),
-                    opts: options(5),
-                    filter: Some(recorder.clone()),
-                };
-                engine.admit(&mut s, vec![admission]).unwrap();
-                let mut decoded = None;
-                while decoded.is_none() {
-                    decoded = engine.step(&mut s).unwrap().pop();
-                }
-                let decoded = decoded.unwrap().decoded.unwrap();
-                let what = format!("{model} {attention}, prompt of {}", p.len());
-                assert_eq!(decoded.cached_prompt_tokens, cached, "{what}");
-                let mut alone = Recorder::default();
-                let single = generate_filtered(&mut s, p, &options(5), Some(&mut alone)).unwrap();
-                assert_eq!(
-                    decoded.generated_ids, single.generated_ids,
-                    "{what}: tokens"
-                );
-                let (got, want) = (recorder.0.borrow(), alone.0.borrow());
-                assert_eq!(got.len(), want.len(), "{what}: steps");
-                for (step, (g, w)) in got.iter().zip(want.iter()).enumerate() {
-                    let err = row_error(g, w, 1, vocab);
-                    assert!(err <= BOUND, "{what} step {step}: relative error {err:.2e}");
-                }
-            }
+            let mut alone = session(model, attention);
+            let third = (s.config().max_seq_len() / 3).min(150);
+            let what = format!("{model} {attention}");
+            assert_continuations(&mut s, &mut alone, (third, third), &what);
+        }
+    }
+}
+
+/// An engine on `s` that remembers prompts prefills a prompt of `first` tokens, then one
+/// continuing it with `added` more (after the first's cache), then one continuing
+/// neither (whole): each generates its single run's tokens on `alone`, seeing its logits.
+fn assert_continuations(
+    s: &mut NeedleSession,
+    alone: &mut NeedleSession,
+    (first, added): (usize, usize),
+    what: &str,
+) {
+    let vocab = s.config().output_vocab();
+    let first = prompt(0, first, vocab);
+    let mut continuing = first.clone();
+    continuing.extend(prompt(1, added, vocab));
+    let other = prompt(2, 20, vocab);
+    let mut engine = Engine::with_prefix_reuse(4);
+    for (p, cached) in [(&first, 0), (&continuing, first.len()), (&other, 0)] {
+        let recorder = Recorder::default();
+        let admission = Admission {
+            prompt: p.clone(),
+            opts: options(5),
+            filter: Some(recorder.clone()),
+        };
+        engine.admit(s, vec![admission]).unwrap();
+        let mut decoded = None;
+        while decoded.is_none() {
+            decoded = engine.step(s).unwrap().pop();
+        }
+        let decoded = decoded.unwrap().decoded.unwrap();
+        let what = format!("{what}, prompt of {}", p.len());
+        assert_eq!(decoded.cached_prompt_tokens, cached, "{what}");
+        let mut single = Recorder::default();
+        let want = generate_filtered(alone, p, &options(5), Some(&mut single)).unwrap();
+        assert_eq!(decoded.generated_ids, want.generated_ids, "{what}: tokens");
+        let (got, want) = (recorder.0.borrow(), single.0.borrow());
+        assert_eq!(got.len(), want.len(), "{what}: steps");
+        for (step, (g, w)) in got.iter().zip(want.iter()).enumerate() {
+            let err = row_error(g, w, 1, vocab);
+            assert!(err <= BOUND, "{what} step {step}: relative error {err:.2e}");
         }
     }
 }

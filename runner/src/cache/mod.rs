@@ -1,13 +1,15 @@
 //! The state a Needle graph carries between steps ([`Cache`]: every layer's keys and
 //! values, the token history, Needle 3's QKV-conv state and confidence pools), and its row relayouts
 //! ([`rows`]), which let rows join and leave a running batch; the rows of prompts a
-//! conversation may continue ([`prefix`]); the accelerator graphs' fixed-capacity form of
+//! conversation may continue ([`prefix`]); its oldest tokens slid out where every layer
+//! attends within a window ([`slide`]); the accelerator graphs' fixed-capacity form of
 //! it ([`fixed`]).
 
 pub mod fixed;
 mod host;
 pub mod prefix;
 pub mod rows;
+pub mod slide;
 
 use anyhow::Result;
 use ort::value::DynValue;
@@ -28,6 +30,11 @@ pub struct Cache {
     /// graph carries them.
     pub(crate) states: Vec<DynValue>,
     pub(crate) len: usize,
+    /// Tokens slid out of every row before column 0 ([`slide`]) by
+    /// [`crate::session::NeedleSession::forward`], whose rows are all as long: its
+    /// positions go on from `slid + len`. (The engine's rows, of different lengths, count
+    /// their own positions.)
+    pub(crate) slid: usize,
     /// `Some(tokens)`: the key/value tensors are buffers of that many positions, bound as
     /// both `past_*` and `present.*` so attention appends in place (see
     /// [`crate::plan::RunPlan::in_place_cache`]), or the accelerator graphs' buffers, which
@@ -49,6 +56,12 @@ impl Cache {
     /// The preallocated positions, when the session updates the cache in place.
     pub fn capacity(&self) -> Option<usize> {
         self.capacity
+    }
+
+    /// Tokens each row has fed, those slid out included (for caches whose rows are all
+    /// as long; see `slid`).
+    pub fn seen(&self) -> usize {
+        self.slid + self.len
     }
 
     /// True before the first token.

@@ -23,9 +23,10 @@ impl PrefixStore {
         }
     }
 
-    /// The row of the longest remembered prompt that `prompt` continues with at least one
-    /// more token (the logits that follow a prompt come from running its last token).
-    pub fn longest_prefix(&mut self, prompt: &[u32]) -> Option<&RowCache> {
+    /// The longest remembered prompt that `prompt` continues with at least one more token
+    /// (the logits that follow a prompt come from running its last token): its length and
+    /// its row (fewer tokens where the cache slid, [`super::slide`]: the prompt's last).
+    pub fn longest_prefix(&mut self, prompt: &[u32]) -> Option<(usize, &RowCache)> {
         let (best, _) = self
             .entries
             .iter()
@@ -34,7 +35,7 @@ impl PrefixStore {
             .max_by_key(|(_, (p, _))| p.len())?;
         let entry = self.entries.remove(best);
         self.entries.push(entry);
-        self.entries.last().map(|(_, row)| row)
+        self.entries.last().map(|(p, row)| (p.len(), row))
     }
 
     /// Remembers `prompt`'s `row`. The prompts it continues are forgotten (their rows are
@@ -73,9 +74,14 @@ mod tests {
         let mut store = PrefixStore::new(4);
         store.remember(vec![1, 2], row(2));
         store.remember(vec![7, 8, 9], row(3));
-        assert_eq!(store.longest_prefix(&[1, 2, 3]).map(RowCache::len), Some(2));
         assert_eq!(
-            store.longest_prefix(&[7, 8, 9, 1]).map(RowCache::len),
+            store.longest_prefix(&[1, 2, 3]).map(|(_, row)| row.len()),
+            Some(2)
+        );
+        assert_eq!(
+            store
+                .longest_prefix(&[7, 8, 9, 1])
+                .map(|(_, row)| row.len()),
             Some(3)
         );
         assert!(store.longest_prefix(&[7, 8, 9]).is_none());
@@ -90,7 +96,9 @@ mod tests {
         store.remember(vec![1, 2, 3, 4], row(4));
         assert_eq!(store.len(), 1);
         assert_eq!(
-            store.longest_prefix(&[1, 2, 3, 4, 5]).map(RowCache::len),
+            store
+                .longest_prefix(&[1, 2, 3, 4, 5])
+                .map(|(_, row)| row.len()),
             Some(4)
         );
         assert!(store.longest_prefix(&[1, 2, 9]).is_none());
