@@ -11,16 +11,18 @@
 use crate::isa::Isa;
 use crate::math::{exp, ln};
 
-/// Matrices from which a call takes the AVX-512 path: below it, one matrix at a time (the
-/// same bits) costs less than whole registers of lanes.
+/// Matrices from which a call takes the AVX-512 path of a matrix in each lane: below it,
+/// one matrix at a time (the same bits) costs less than whole registers of lanes.
 const VECTOR_FROM: usize = 4;
 
 /// `out = Sinkhorn(logits)` for every `[n, n]` matrix of `logits`. On AVX-512, several
 /// matrices side by side, one in each lane ([`avx512::sinkhorn`]: a prompt's tokens each
 /// have one, and one at a time their `exp` and `ln` were most of a prefill's
-/// hyper-connections). Every path does the same arithmetic in the same order (`exp` and
-/// `ln` are plain arithmetic, never fused), so a matrix gets the same bits alone or among
-/// others, on any path.
+/// hyper-connections); fewer, each matrix whole in one register when it fits
+/// ([`avx512::sinkhorn_in_register`]: a decode step's one token, whose scalar `exp` and
+/// `ln` were 3–4% of a Needle 2 decode). Every path does the same arithmetic in the same
+/// order (`exp` and `ln` are plain arithmetic, never fused), so a matrix gets the same
+/// bits alone or among others, on any path.
 pub fn sinkhorn(isa: Isa, logits: &[f32], n: usize, iterations: usize, out: &mut [f32]) {
     assert!(
         n > 0 && logits.len().is_multiple_of(n * n),
@@ -32,6 +34,14 @@ pub fn sinkhorn(isa: Isa, logits: &[f32], n: usize, iterations: usize, out: &mut
     if isa == Isa::Avx512 && logits.len() / (n * n) >= VECTOR_FROM {
         // Sound: `Isa::available` offers AVX-512 only where AVX-512F was detected.
         return unsafe { avx512::sinkhorn(out, n, iterations) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && n * n <= avx512::LANES {
+        for matrix in out.chunks_exact_mut(n * n) {
+            // Sound: as above.
+            unsafe { avx512::sinkhorn_in_register(matrix, n, iterations) };
+        }
+        return;
     }
     let _ = isa;
     for matrix in out.chunks_exact_mut(n * n) {
@@ -68,7 +78,7 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     /// Matrices side by side, one in each lane of a register.
-    const LANES: usize = 16;
+    pub const LANES: usize = 16;
     /// Lane groups whose normalisations interleave: each half-step is a chain of dependent
     /// `exp`, sum and `ln`, so one group alone waits on their latency.
     const GROUPS: usize = 4;
@@ -116,6 +126,57 @@ mod avx512 {
                 }
             }
         }
+    }
+
+    /// [`super::sinkhorn`] of one `[n, n]` matrix that fits a register (`n² ≤ 16`), element
+    /// `(r, c)` in lane `r · n + c`: every row (then every column) normalised at once, each
+    /// lane reading its row's (column's) elements through permutes in the scalar order.
+    #[target_feature(enable = "avx512f")]
+    pub fn sinkhorn_in_register(m: &mut [f32], n: usize, iterations: usize) {
+        let size = n * n;
+        assert!(
+            size <= LANES && m.len() == size,
+            "one matrix of at most 16 elements"
+        );
+        // `picks(element)[k]`: lane (r, c) reads element(r, c, k); lanes past the matrix
+        // read themselves (they hold zeros, which normalise harmlessly).
+        let picks = |element: fn(usize, usize, usize, usize) -> usize| -> [__m512i; 4] {
+            std::array::from_fn(|k| {
+                let lanes: [i32; LANES] = std::array::from_fn(|l| match l < size {
+                    true => element(n, l / n, l % n, k.min(n - 1)) as i32,
+                    false => l as i32,
+                });
+                // Sound: `lanes` holds 16 ints.
+                unsafe { _mm512_loadu_si512(lanes.as_ptr().cast()) }
+            })
+        };
+        // The k-th element of the lane's row, of its column.
+        let rows = picks(|n, r, _, k| r * n + k);
+        let columns = picks(|n, _, c, k| k * n + c);
+        let mask: __mmask16 = ((1u32 << size) - 1) as __mmask16;
+        // Sound: the masked lanes are `m`'s `size` floats.
+        let mut v = unsafe { _mm512_maskz_loadu_ps(mask, m.as_ptr()) };
+        for _ in 0..iterations {
+            v = normalize_picked(v, &rows[..n]);
+            v = normalize_picked(v, &columns[..n]);
+        }
+        // Sound: as the load.
+        unsafe { _mm512_mask_storeu_ps(m.as_mut_ptr(), mask, exp(v)) };
+    }
+
+    /// [`super::log_normalize`] of every lane over the elements `picks` give it, in order.
+    #[target_feature(enable = "avx512f")]
+    fn normalize_picked(v: __m512, picks: &[__m512i]) -> __m512 {
+        let mut max = _mm512_set1_ps(f32::NEG_INFINITY);
+        for &pick in picks {
+            max = _mm512_max_ps(max, _mm512_permutexvar_ps(pick, v));
+        }
+        let e = exp(_mm512_sub_ps(v, max));
+        let mut sum = _mm512_setzero_ps();
+        for &pick in picks {
+            sum = _mm512_add_ps(sum, _mm512_permutexvar_ps(pick, e));
+        }
+        _mm512_sub_ps(_mm512_sub_ps(v, max), ln(sum))
     }
 
     /// [`super::log_normalize`] in all 16 lanes.
@@ -227,7 +288,12 @@ mod tests {
     /// A matrix gets the same bits alone, in any lane of a group, and on every path.
     #[test]
     fn every_matrix_gets_its_bits_alone_in_any_lane_on_every_path() {
-        let n = 4;
+        for n in [3, 4] {
+            bits_alone_in_any_lane_on_every_path(n);
+        }
+    }
+
+    fn bits_alone_in_any_lane_on_every_path(n: usize) {
         let logits: Vec<f32> = (0..37 * n * n)
             .map(|i| ((i * 7919) % 29) as f32 * 0.7 - 10.0)
             .collect();

@@ -6,7 +6,8 @@
 //! (a pad token, mask 0), so leaving copies nothing, and a newcomer takes a free slot,
 //! copying only its own part of the cache. The cache is laid out anew (every live row
 //! copied) only when the batch must grow, when as many slots are free as taken, or when
-//! its columns would outgrow it. Each row stops, samples and is constrained exactly as
+//! its columns would outgrow it; where every layer attends within a window, a full cache
+//! slides instead ([`crate::cache::slide`]: each row's oldest tokens out). Each row stops, samples and is constrained exactly as
 //! its single run, and its logits are its single run's (the graphs are batch-exact), so
 //! its answer is the one it gets alone. `needle-run --batch` and single runs are the case
 //! where every row is admitted at once; `needle-run serve` admits requests as they come.
