@@ -448,6 +448,10 @@ pub mod needle_ops {
     /// heads) in one kernel (`kernel-ops/src/attention_gate.rs`): what packed graphs
     /// written before it ran as two nodes still run.
     pub const ATTENTION_OUT: &str = "AttentionOut";
+    /// Grouped-query attention over each row's cache within the layer's window, appending
+    /// this call's keys and values in place (`kernels/src/attention.rs`): the packed
+    /// graphs' core in place of `GroupQueryAttention`.
+    pub const ATTENTION: &str = "Attention";
 }
 
 /// How the weights of the large MatMuls (projections, logits) are stored.

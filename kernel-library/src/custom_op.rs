@@ -199,7 +199,7 @@ unsafe extern "system" fn compute<Op: NeedleOp>(
             .map(|(i, t)| unsafe { api.input(ctx, i, t) })
             .collect::<Result<Vec<_>, _>>()
             .map_err(op_error::<Op>)?;
-        let inputs: Vec<Input> = read
+        let mut inputs: Vec<Input> = read
             .iter()
             .map(|(shape, data)| Input { shape, data: *data })
             .collect();
@@ -211,6 +211,8 @@ unsafe extern "system" fn compute<Op: NeedleOp>(
             .map(|(i, shape)| unsafe { api.output(ctx, i, shape) })
             .collect::<Result<Vec<_>, _>>()
             .map_err(op_error::<Op>)?;
+        // A cache bound as both past and present: the op reads it from the output alone.
+        kernel_ops::unalias::<Op>(&mut inputs, &outputs);
         let threads = SessionThreads { api, ctx };
         Ok(kernel_ops::compute(
             &kernel.op,

@@ -4,6 +4,7 @@
 //! `needle-run`'s in-process domain (`runner/src/needle_ops.rs`, through the `ort` crate)
 //! and the library any onnxruntime loads (`kernel-library/`, through the raw C API).
 
+mod attention;
 mod attention_gate;
 mod attention_heads;
 mod conv_state;
@@ -19,6 +20,7 @@ mod probe_pool;
 mod residual_norm;
 mod sinkhorn;
 
+pub use attention::Attention;
 pub use attention_gate::{AttentionGate, AttentionOut};
 pub use attention_heads::QkvHeads;
 pub use conv_state::ConvState;
@@ -180,6 +182,10 @@ pub trait NeedleOp: Sized + Send + Sync + 'static {
     const OUTPUTS: usize = 1;
     /// How many optional outputs may follow them.
     const OPTIONAL_OUTPUTS: usize = 0;
+    /// `(input, output)` pairs the host may give the same memory (a cache bound as both
+    /// past and present, updated in place): it then hands the op that input with no
+    /// elements (its shape kept, [`unalias`]), and the op reads it from the output.
+    const IN_PLACE: &'static [(usize, usize)] = &[];
 
     /// The kernel of one node, from its integer attributes (`attribute(name)`, `None` where
     /// the node has none).
@@ -231,6 +237,22 @@ pub fn compute<Op: NeedleOp>(
         }
     }
     op.compute(inputs, outputs, split)
+}
+
+/// Empties each input of `Op::IN_PLACE` whose elements are its output's memory, so that
+/// no input borrows what the op writes (the host calls this before the op runs, and holds
+/// no other borrow of such an input's elements).
+pub fn unalias<Op: NeedleOp>(inputs: &mut [Input], outputs: &[&mut [f32]]) {
+    for &(i, o) in Op::IN_PLACE {
+        let (Some(input), Some(output)) = (inputs.get_mut(i), outputs.get(o)) else {
+            continue;
+        };
+        if let InputData::Float32(data) = input.data {
+            if !data.is_empty() && std::ptr::eq(data.as_ptr(), output.as_ptr()) {
+                input.data = InputData::Float32(&[]);
+            }
+        }
+    }
 }
 
 /// The element types of `Op`'s inputs when a node gives it `count`: [`NeedleOp::INPUTS`],
@@ -291,6 +313,7 @@ pub trait Registry {
 
 /// Hands every op of the domain to `registry`.
 pub fn register_all<R: Registry>(registry: &mut R) -> Result<(), R::Error> {
+    registry.add::<Attention>()?;
     registry.add::<AttentionGate>()?;
     registry.add::<AttentionOut>()?;
     registry.add::<QkvHeads>()?;

@@ -5,6 +5,7 @@
 //! Every op has a scalar path, the reference each SIMD path is tested against, and the
 //! SIMD paths this machine can run beside it; [`Isa::best`] picks one at run time.
 
+pub mod attention;
 pub mod attention_gate;
 pub mod attention_heads;
 pub mod conv_state;

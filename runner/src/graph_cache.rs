@@ -26,7 +26,8 @@ use std::path::{Path, PathBuf};
 /// 8: Needle 2 pools its heads in `needle.JointProbePool` (the confidence head's pools
 ///    carried too) and gathers its engram rows in `needle.EngramRows`.
 /// 9: `needle.AttentionOut` gates the attention heads and projects them by `out_proj`.
-const GRAPH_REVISION: u32 = 9;
+/// 10: `needle.Attention` is the packed graphs' core in place of `GroupQueryAttention`.
+const GRAPH_REVISION: u32 = 10;
 
 /// Where the cache lives: `$NEEDLE_ONNX_CACHE`, else `$XDG_CACHE_HOME/needle-onnx`, else
 /// `$HOME/.cache/needle-onnx`; `None` when none of them is set.

@@ -109,7 +109,7 @@ impl<Op: NeedleOp> Kernel for OrtKernel<Op> {
                     .ok_or_else(|| ort::Error::new(op_error::<Op>(format!("input {i} missing"))))
             })
             .collect::<ort::Result<Vec<_>>>()?;
-        let inputs = values
+        let mut inputs = values
             .iter()
             .zip(types)
             .map(|(value, t)| input(value, t))
@@ -128,6 +128,8 @@ impl<Op: NeedleOp> Kernel for OrtKernel<Op> {
             .iter_mut()
             .map(|y| y.try_extract_tensor_mut::<f32>().map(|(_, y)| y))
             .collect::<ort::Result<Vec<_>>>()?;
+        // A cache bound as both past and present: the op reads it from the output alone.
+        kernel_ops::unalias::<Op>(&mut inputs, &outputs);
         kernel_ops::compute(
             &self.0,
             &inputs,

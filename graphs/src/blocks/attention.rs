@@ -18,7 +18,9 @@ use crate::blocks::norms::{zc_gain, ZcNormed};
 use crate::blocks::weights::{CqRows, Tensor};
 use crate::builder::{Attr, Dim, GraphBuilder, Value, MS_DOMAIN};
 use crate::contract::dims::{BATCH, SEQUENCE, TOTAL_SEQUENCE};
-use crate::contract::{AttentionKind, FusedOp, HeadShape, MatMulWeights, Precision, RuntimeTarget};
+use crate::contract::{
+    needle_ops, AttentionKind, FusedOp, HeadShape, MatMulWeights, Precision, RuntimeTarget,
+};
 use crate::onnx::data_type;
 
 /// How rotary embeddings are applied.
@@ -45,6 +47,10 @@ pub enum CoreInputs {
         total_len: Value,
         /// `local_window_size` as the build's onnxruntime releases count it.
         local_window: Option<usize>,
+        /// The attention mask `[batch, total_sequence]` and the window's keys, which
+        /// `needle.Attention` (the packed graphs' core) reads instead.
+        mask: Value,
+        window: Option<usize>,
     },
     /// `[batch, 1, 1, sequence, total_sequence]` bool: causal, in window, key not padding.
     Reference { visible: Value },
@@ -134,6 +140,8 @@ pub fn core_inputs<C>(
                     seqlens_k: seqlens_k.clone(),
                     total_len: total.clone(),
                     local_window: window.map(|keys| local_window_size(keys, ctx.variant.runtime)),
+                    mask: mask.clone(),
+                    window: *window,
                 })
                 .collect()
         }
@@ -223,6 +231,7 @@ pub fn attention_core(
             seqlens_k,
             total_len,
             local_window,
+            ..
         } => b.scope("gqa", |b| {
             gqa_core(b, qkv, past, seqlens_k, total_len, *local_window, shape)
         }),
@@ -444,18 +453,42 @@ pub fn packed_attention_core(
     past: &KvPair,
     shape: HeadShape,
 ) -> Option<(Value, KvPair)> {
-    let (seqlens_k, total_len, local_window) = gqa_inputs(inputs)?;
-    let none = Value::absent();
-    Some(b.scope("gqa", |b| {
-        gqa_node(
-            b,
-            [qkv, &none, &none],
-            past,
-            seqlens_k,
-            total_len,
-            local_window,
-            shape,
-        )
+    let CoreInputs::Fused { mask, window, .. } = inputs else {
+        return None;
+    };
+    gqa_inputs(inputs)?;
+    let fused = shape.fused_dim();
+    let attrs = [
+        ("heads", shape.heads),
+        ("kv_heads", shape.kv_heads),
+        ("head_dim", fused),
+        ("qk_head_dim", shape.qk_dim),
+        ("window", window.unwrap_or(0)),
+    ]
+    .map(|(name, v)| (name, Attr::Int(v as i64)))
+    .to_vec();
+    Some(b.scope("attention", |b| {
+        let mut outs = b.op_in(
+            needle_ops::DOMAIN,
+            needle_ops::ATTENTION,
+            &[qkv, &past.key, &past.value, mask],
+            attrs,
+            3,
+        );
+        let pair = KvPair {
+            value: outs.pop().unwrap(),
+            key: outs.pop().unwrap(),
+        };
+        let out = outs.pop().unwrap();
+        let float = b.precision().data_type();
+        let dims = [
+            Dim::Named(BATCH),
+            Dim::Named(SEQUENCE),
+            Dim::Fixed(shape.heads * fused),
+        ];
+        b.declare(&out, float, &dims);
+        declare_present(b, &pair, shape.kv_heads, [fused, fused]);
+        (out, pair)
     }))
 }
 
@@ -468,6 +501,7 @@ pub fn gqa_inputs(inputs: &CoreInputs) -> Option<(&Value, &Value, Option<usize>)
             seqlens_k,
             total_len,
             local_window,
+            ..
         } => Some((seqlens_k, total_len, *local_window)),
         _ => None,
     }

@@ -1,12 +1,13 @@
-//! A layer's attention with the Needle ops (packed graphs over `GroupQueryAttention`), for
-//! both generations: from the one projection `p` = `[q | k | v | gate]`, `needle.QkvHeads`
-//! (the QKV conv, the q/k ZC-RMS norms, RoPE, padding to the core's head width) writes the
-//! packed heads the core reads, and `needle.AttentionOut` unpads the core's output, gates
-//! it by σ(gate) and projects it by the layer's `out_proj`: ~26 stock nodes a layer in
-//! three (`needle.AttentionGate` and a product where `out_proj` has no codes).
+//! A layer's attention with the Needle ops (packed graphs, where the stock ones would run
+//! `GroupQueryAttention`), for both generations: from the one projection `p` = `[q | k |
+//! v | gate]`, `needle.QkvHeads` (the QKV conv, the q/k ZC-RMS norms, RoPE, padding to the
+//! core's head width) writes the packed heads, `needle.Attention` attends within the
+//! layer's window and appends them to the cache, and `needle.AttentionOut` unpads its
+//! output, gates it by σ(gate) and projects it by the layer's `out_proj`: ~26 stock nodes
+//! a layer in three (`needle.AttentionGate` and a product where `out_proj` has no codes).
 //!
 //! ```text
-//! p ─ QkvHeads(state, taps, q/k gains, RoPE tables[, real_new]) ─ GroupQueryAttention(past) ─ AttentionOut(p, out_proj) ─▶ [B, S, d]
+//! p ─ QkvHeads(state, taps, q/k gains, RoPE tables[, real_new]) ─ Attention(past, mask) ─ AttentionOut(p, out_proj) ─▶ [B, S, d]
 //!            └▶ [next conv state, given real_new]
 //! ```
 //! Needle 2 has no QKV conv: its heads read `p` through a one-tap conv of ones over an

@@ -1,0 +1,588 @@
+//! `needle.Attention`: grouped-query attention over each row's cache, which it appends this
+//! call's keys and values to, as `GroupQueryAttention` does with a shared past/present
+//! buffer (the packed graphs' core; `kernel-ops/src/attention.rs` states the op).
+//!
+//! A row's keys are packed from slot 0 and counted by its attention mask: with `total`
+//! real keys after this call and `sequence` new tokens, the new ones go to slots
+//! `past = total − sequence` on (from 0 in a prompt's first call, when the mask has no
+//! past columns and shorter rows are padded on the right). The query at slot `p` sees the
+//! keys `p − window + 1 ..= p` (the window counting its own key; all earlier keys without
+//! one), and query head `h` reads kv head `h / (heads / kv_heads)`.
+//!
+//! Why not onnxruntime's kernel: it scores every query head against every key of the
+//! buffer, each head reading its kv head's keys again, and masks afterwards; here a kv
+//! head's keys are read once for all the query heads that share it, and only within the
+//! window. Scores are dot products ([`crate::math::dot`]) scaled, a softmax with the
+//! maximum subtracted, and the values summed in key order.
+
+use crate::isa::Isa;
+use crate::math::{dot, exp};
+use crate::small_matmul::matmul;
+use crate::split::RowSplit;
+use crate::ShapeError;
+
+/// The heads and the window.
+#[derive(Clone, Copy, Debug)]
+pub struct Heads {
+    pub heads: usize,
+    pub kv_heads: usize,
+    /// Each head's width in the projections and the cache (the model's, or padded).
+    pub width: usize,
+    /// The scores' factor (`1 / √(query/key width)`).
+    pub scale: f32,
+    /// The keys a query sees, its own among them; `None`: every earlier key.
+    pub window: Option<usize>,
+}
+
+impl Heads {
+    /// One token's projections: its query heads, then its key heads, then its value heads.
+    pub fn projections_width(&self) -> usize {
+        (self.heads + 2 * self.kv_heads) * self.width
+    }
+
+    fn check(&self) -> Result<(), ShapeError> {
+        if self.heads == 0 || self.kv_heads == 0 || self.width == 0 {
+            return Err(ShapeError(
+                "attention needs heads, kv heads and a width".into(),
+            ));
+        }
+        if !self.heads.is_multiple_of(self.kv_heads) {
+            return Err(ShapeError(format!(
+                "{} query heads do not share {} kv heads evenly",
+                self.heads, self.kv_heads
+            )));
+        }
+        if self.window == Some(0) {
+            return Err(ShapeError("a window of no keys".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Where each row's tokens are in the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowKeys {
+    /// Keys before this call's tokens (the first new token's slot).
+    pub past: usize,
+    /// Real keys after this call.
+    pub total: usize,
+}
+
+impl RowKeys {
+    /// Each row's keys from its attention-mask row (`[total_sequence]`: 1 for a real
+    /// token) and this call's `sequence` new tokens: a mask as wide as the call is a
+    /// prompt's first call, whose rows start at slot 0. A row of no real token counts one
+    /// key, as `GroupQueryAttention`'s graphs clamp it (its outputs are padding).
+    pub fn of_mask(mask: &[i64], sequence: usize) -> RowKeys {
+        let total = (mask.iter().filter(|&&m| m != 0).count()).max(1);
+        let first_call = mask.len() == sequence;
+        RowKeys {
+            past: match first_call {
+                true => 0,
+                false => total.saturating_sub(sequence),
+            },
+            total,
+        }
+    }
+}
+
+/// The cache of one side (keys or values): `[batch, kv_heads, capacity, width]`.
+pub struct CacheSide<'a> {
+    pub data: &'a mut [f32],
+    pub capacity: usize,
+}
+
+/// Attention for `rows.len()` rows of `sequence` tokens: `projections` `[batch, sequence,
+/// heads.projections_width()]`; the new keys and values written into `keys` and `values`
+/// (which hold each row's past); `out` `[batch, sequence, heads · width]`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    isa: Isa,
+    heads: &Heads,
+    projections: &[f32],
+    rows: &[RowKeys],
+    sequence: usize,
+    keys: CacheSide,
+    values: CacheSide,
+    out: &mut [f32],
+    split: &dyn RowSplit,
+) -> Result<(), ShapeError> {
+    heads.check()?;
+    let (batch, width) = (rows.len(), heads.width);
+    let capacity = keys.capacity;
+    let side = batch * heads.kv_heads * capacity * width;
+    if projections.len() != batch * sequence * heads.projections_width()
+        || out.len() != batch * sequence * heads.heads * width
+        || keys.data.len() != side
+        || values.data.len() != side
+        || values.capacity != capacity
+    {
+        return Err(ShapeError(format!(
+            "projections of {}, out of {}, caches of {} and {} values are not {batch} rows of \
+             {sequence} tokens of {heads:?} with {capacity} slots",
+            projections.len(),
+            out.len(),
+            keys.data.len(),
+            values.data.len()
+        )));
+    }
+    if let Some(row) = rows.iter().find(|r| r.past + sequence > capacity) {
+        return Err(ShapeError(format!(
+            "{} past keys and {sequence} new ones do not fit {capacity} slots",
+            row.past
+        )));
+    }
+    append(
+        heads,
+        projections,
+        rows,
+        sequence,
+        keys.data,
+        values.data,
+        capacity,
+    );
+    let cache = Cache {
+        keys: keys.data,
+        values: values.data,
+        capacity,
+    };
+    let out_rows = Output(out.as_mut_ptr());
+    split.for_each(batch * heads.kv_heads, &|task| {
+        let (b, g) = (task / heads.kv_heads, task % heads.kv_heads);
+        let group = Group {
+            isa,
+            heads,
+            projections,
+            row: rows[b],
+            b,
+            g,
+            sequence,
+            cache: &cache,
+            out: &out_rows,
+        };
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // Sound: `Isa::available` offers AVX-512 only where AVX-512F was detected.
+            Isa::Avx512 => unsafe { attend_avx512(&group) },
+            #[cfg(target_arch = "x86_64")]
+            // Sound: and AVX2 only where AVX2 and FMA were.
+            Isa::Avx2 => unsafe { attend_avx2(&group) },
+            _ => group.attend(),
+        }
+    });
+    Ok(())
+}
+
+/// [`Group::attend`] compiled for AVX-512: its softmax's `exp`, the scaling and the key
+/// transposition vectorize 16 wide (the same arithmetic, so the same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn attend_avx512(group: &Group) {
+    group.attend()
+}
+
+/// [`Group::attend`] compiled for AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_avx2(group: &Group) {
+    group.attend()
+}
+
+/// From this many tokens a call on, queries score their keys a block at a time as matrix
+/// products ([`Group::attend_in_blocks`]): a prompt piece's 128 tokens one by one ran at
+/// four fifths of onnxruntime's speed; one token at a time (decode) dots each key.
+const BLOCKED_FROM: usize = 8;
+
+/// Queries of a prompt that score together: the block's keys are those of its first
+/// query's window to its last query.
+const QUERY_BLOCK: usize = 32;
+
+/// Writes each row's new keys and values at its slots.
+fn append(
+    heads: &Heads,
+    projections: &[f32],
+    rows: &[RowKeys],
+    sequence: usize,
+    keys: &mut [f32],
+    values: &mut [f32],
+    capacity: usize,
+) {
+    let width = heads.width;
+    let token_width = heads.projections_width();
+    for (b, row) in rows.iter().enumerate() {
+        for i in 0..sequence {
+            let token = &projections[(b * sequence + i) * token_width..][..token_width];
+            for g in 0..heads.kv_heads {
+                let slot = ((b * heads.kv_heads + g) * capacity + row.past + i) * width;
+                let key = (heads.heads + g) * width;
+                let value = (heads.heads + heads.kv_heads + g) * width;
+                keys[slot..slot + width].copy_from_slice(&token[key..key + width]);
+                values[slot..slot + width].copy_from_slice(&token[value..value + width]);
+            }
+        }
+    }
+}
+
+/// The caches once this call's keys are in, read by every task.
+struct Cache<'a> {
+    keys: &'a [f32],
+    values: &'a [f32],
+    capacity: usize,
+}
+
+/// `out`, written by the tasks at disjoint heads.
+struct Output(*mut f32);
+// Sound: each task writes only its own row's tokens' heads of kv group `g`.
+unsafe impl Sync for Output {}
+
+/// Row `b`'s query heads of kv head `g` (the `group` heads that share it), for each of its
+/// `sequence` tokens.
+struct Group<'a> {
+    isa: Isa,
+    heads: &'a Heads,
+    projections: &'a [f32],
+    row: RowKeys,
+    b: usize,
+    g: usize,
+    sequence: usize,
+    cache: &'a Cache<'a>,
+    out: &'a Output,
+}
+
+impl Group<'_> {
+    /// Query heads sharing the kv head.
+    #[inline(always)]
+    fn size(&self) -> usize {
+        self.heads.heads / self.heads.kv_heads
+    }
+
+    /// Where slot `slot` of the kv head starts in the cache.
+    #[inline(always)]
+    fn slot(&self, slot: usize) -> usize {
+        ((self.b * self.heads.kv_heads + self.g) * self.cache.capacity + slot) * self.heads.width
+    }
+
+    /// Query head `t` of the group for token `i`.
+    #[inline(always)]
+    fn query(&self, i: usize, t: usize) -> &[f32] {
+        let width = self.heads.width;
+        let token = (self.b * self.sequence + i) * self.heads.projections_width();
+        &self.projections[token + (self.g * self.size() + t) * width..][..width]
+    }
+
+    /// The keys token `i` sees: `first..=last`, empty where `first > last`.
+    #[inline(always)]
+    fn seen(&self, i: usize) -> (usize, usize) {
+        let query = self.row.past + i;
+        let first = self
+            .heads
+            .window
+            .map_or(0, |w| (query + 1).saturating_sub(w));
+        (first, query.min(self.row.total - 1))
+    }
+
+    /// Writes token `i`'s heads of the group.
+    #[inline(always)]
+    fn write(&self, i: usize, heads: &[f32]) {
+        let width = self.heads.width;
+        let at =
+            (self.b * self.sequence + i) * self.heads.heads * width + self.g * self.size() * width;
+        // Sound: heads `g · size ..` of token `i` of row `b` are this task's alone, within
+        // `out` (checked to be `[batch, sequence, heads · width]`).
+        let dst = unsafe { std::slice::from_raw_parts_mut(self.out.0.add(at), heads.len()) };
+        dst.copy_from_slice(heads);
+    }
+
+    /// The group's heads for every token of the call.
+    #[inline(always)]
+    fn attend(&self) {
+        match self.sequence >= BLOCKED_FROM {
+            true => self.attend_in_blocks(),
+            false => self.attend_each(),
+        }
+    }
+
+    /// Each token alone: every key of its window dotted with each query head.
+    #[inline(always)]
+    fn attend_each(&self) {
+        let (width, group) = (self.heads.width, self.size());
+        let mut scores = vec![0.0f32; group * self.cache.capacity];
+        let mut sums = vec![0.0f32; group * width];
+        for i in 0..self.sequence {
+            let (first, last) = self.seen(i);
+            sums.fill(0.0);
+            if first <= last {
+                let seen = last + 1 - first;
+                for (j, slot) in (first..=last).enumerate() {
+                    let key = &self.cache.keys[self.slot(slot)..][..width];
+                    for t in 0..group {
+                        let score = dot(self.isa, self.query(i, t), key);
+                        scores[t * seen + j] = score * self.heads.scale;
+                    }
+                }
+                for t in 0..group {
+                    softmax(&mut scores[t * seen..(t + 1) * seen]);
+                }
+                for (j, slot) in (first..=last).enumerate() {
+                    let value = &self.cache.values[self.slot(slot)..][..width];
+                    for t in 0..group {
+                        let p = scores[t * seen + j];
+                        let sum = &mut sums[t * width..(t + 1) * width];
+                        sum.iter_mut().zip(value).for_each(|(s, &v)| *s += p * v);
+                    }
+                }
+            }
+            self.write(i, &sums);
+        }
+    }
+
+    /// [`QUERY_BLOCK`] tokens at a time: their query heads times the block's keys
+    /// (transposed), each row's window softmaxed (0 outside it), times the block's values.
+    #[inline(always)]
+    fn attend_in_blocks(&self) {
+        let (width, group) = (self.heads.width, self.size());
+        let (mut keys_t, mut queries, mut scores, mut heads) = (vec![], vec![], vec![], vec![]);
+        for start in (0..self.sequence).step_by(QUERY_BLOCK) {
+            let n = QUERY_BLOCK.min(self.sequence - start);
+            let (lo, _) = self.seen(start);
+            let (_, hi) = self.seen(start + n - 1);
+            let rows = n * group;
+            heads.clear();
+            heads.resize(rows * width, 0.0);
+            if lo <= hi {
+                let m = hi + 1 - lo;
+                keys_t.resize(width * m, 0.0);
+                for j in 0..m {
+                    let key = &self.cache.keys[self.slot(lo + j)..][..width];
+                    key.iter()
+                        .enumerate()
+                        .for_each(|(d, &k)| keys_t[d * m + j] = k);
+                }
+                queries.clear();
+                for i in start..start + n {
+                    (0..group).for_each(|t| queries.extend_from_slice(self.query(i, t)));
+                }
+                scores.resize(rows * m, 0.0);
+                matmul(self.isa, &queries, &keys_t, &mut scores, rows, width, m);
+                for (r, row) in scores.chunks_exact_mut(m).enumerate() {
+                    let (first, last) = self.seen(start + r / group);
+                    let from = first.clamp(lo, hi + 1);
+                    let to = (last + 1).clamp(from, hi + 1);
+                    let (before, rest) = row.split_at_mut(from - lo);
+                    let (seen, after) = rest.split_at_mut(to - from);
+                    before.fill(0.0);
+                    after.fill(0.0);
+                    if !seen.is_empty() {
+                        seen.iter_mut().for_each(|s| *s *= self.heads.scale);
+                        softmax(seen);
+                    }
+                }
+                let values = &self.cache.values[self.slot(lo)..][..m * width];
+                matmul(self.isa, &scores, values, &mut heads, rows, m, width);
+            }
+            for (i, token) in heads.chunks_exact(group * width).enumerate() {
+                self.write(start + i, token);
+            }
+        }
+    }
+}
+
+/// `v ← softmax(v)`, the maximum subtracted first.
+#[inline(always)]
+fn softmax(v: &mut [f32]) {
+    let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    v.iter_mut().for_each(|x| *x = exp(*x - max));
+    let sum: f32 = v.iter().sum();
+    v.iter_mut().for_each(|x| *x /= sum);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::split::Serial;
+
+    /// Attention in f64 from the definition: each real query over its window's keys.
+    fn reference(
+        heads: &Heads,
+        projections: &[f32],
+        masks: &[Vec<i64>],
+        sequence: usize,
+    ) -> Vec<f64> {
+        let (w, tw) = (heads.width, heads.projections_width());
+        let group = heads.heads / heads.kv_heads;
+        let mut out = vec![0.0; masks.len() * sequence * heads.heads * w];
+        for (b, mask) in masks.iter().enumerate() {
+            let row = RowKeys::of_mask(mask, sequence);
+            // The row's past keys are projections of earlier tokens, given beside.
+            for i in 0..sequence {
+                let query = row.past + i;
+                if query >= row.total {
+                    continue;
+                }
+                let first = heads
+                    .window
+                    .map_or(0, |win| (query + 1).saturating_sub(win));
+                let token = |t: usize| &projections[(b * sequence + t) * tw..][..tw];
+                for h in 0..heads.heads {
+                    let g = h / group;
+                    let q = &token(i)[h * w..(h + 1) * w];
+                    let keys: Vec<usize> = (first..=query).collect();
+                    let scores: Vec<f64> = keys
+                        .iter()
+                        .map(|&s| {
+                            let k = &token(s - row.past)[(heads.heads + g) * w..][..w];
+                            q.iter()
+                                .zip(k)
+                                .map(|(&a, &b)| a as f64 * b as f64)
+                                .sum::<f64>()
+                                * heads.scale as f64
+                        })
+                        .collect();
+                    let max = scores.iter().cloned().fold(f64::MIN, f64::max);
+                    let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                    let total: f64 = e.iter().sum();
+                    for (&s, p) in keys.iter().zip(&e) {
+                        let v = &token(s - row.past)[(heads.heads + heads.kv_heads + g) * w..][..w];
+                        for d in 0..w {
+                            out[((b * sequence + i) * heads.heads + h) * w + d] +=
+                                p / total * v[d] as f64;
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// A prompt's first call (rows of unequal length, right-padded) of every head layout
+    /// and window, on every path: within float rounding of the definition, and the cache
+    /// holding each row's keys from slot 0.
+    #[test]
+    fn a_first_call_attends_within_the_window_on_every_path() {
+        // 7 tokens one at a time, 40 in blocks.
+        for sequence in [7, 40] {
+            first_call_on_every_path(sequence);
+        }
+    }
+
+    fn first_call_on_every_path(sequence: usize) {
+        for (h, kv, window) in [
+            (4, 2, None),
+            (4, 2, Some(3)),
+            (3, 1, Some(1)),
+            (2, 2, Some(64)),
+        ] {
+            let heads = Heads {
+                heads: h,
+                kv_heads: kv,
+                width: 20,
+                scale: 0.3,
+                window,
+            };
+            let masks = vec![
+                vec![1; sequence],
+                [vec![1; sequence - 3], vec![0; 3]].concat(),
+            ];
+            let projections: Vec<f32> = (0..2 * sequence * heads.projections_width())
+                .map(|i| ((i * 7919) % 61) as f32 * 0.05 - 1.5)
+                .collect();
+            let want = reference(&heads, &projections, &masks, sequence);
+            let rows: Vec<RowKeys> = masks
+                .iter()
+                .map(|m| RowKeys::of_mask(m, sequence))
+                .collect();
+            for isa in Isa::available() {
+                let capacity = sequence + 2;
+                let mut keys = vec![0.0; 2 * kv * capacity * 20];
+                let mut values = keys.clone();
+                let mut out = vec![0.0; 2 * sequence * h * 20];
+                attention(
+                    isa,
+                    &heads,
+                    &projections,
+                    &rows,
+                    sequence,
+                    CacheSide {
+                        data: &mut keys,
+                        capacity,
+                    },
+                    CacheSide {
+                        data: &mut values,
+                        capacity,
+                    },
+                    &mut out,
+                    &Serial,
+                )
+                .unwrap();
+                for (b, row) in rows.iter().enumerate() {
+                    for i in 0..row.total {
+                        let at = ((b * sequence + i) * h) * 20;
+                        for (x, y) in out[at..at + h * 20].iter().zip(&want[at..at + h * 20]) {
+                            assert!(
+                                (*x as f64 - y).abs() < 1e-5,
+                                "{isa:?} {heads:?} row {b} token {i}: {x} vs {y}"
+                            );
+                        }
+                    }
+                }
+                // Row 0's second token's key of kv head 0 is in slot 1.
+                let token = &projections[heads.projections_width()..][..heads.projections_width()];
+                assert_eq!(&keys[20..40], &token[h * 20..h * 20 + 20]);
+            }
+        }
+    }
+
+    /// Tokens fed one call at a time after the cache's past give the first call's outputs.
+    #[test]
+    fn one_token_calls_after_the_past_equal_the_whole_call() {
+        let heads = Heads {
+            heads: 4,
+            kv_heads: 2,
+            width: 16,
+            scale: 0.25,
+            window: Some(4),
+        };
+        let sequence = 9;
+        let tw = heads.projections_width();
+        let projections: Vec<f32> = (0..sequence * tw)
+            .map(|i| ((i * 104_729) % 53) as f32 * 0.04 - 1.0)
+            .collect();
+        let capacity = 12;
+        let run = |calls: &[std::ops::Range<usize>]| {
+            let mut keys = vec![0.0; 2 * capacity * 16];
+            let mut values = keys.clone();
+            let mut out = Vec::new();
+            for call in calls {
+                let n = call.len();
+                let mask = vec![1; call.end];
+                let rows = [RowKeys::of_mask(&mask, n)];
+                let mut part = vec![0.0; n * 4 * 16];
+                attention(
+                    Isa::Scalar,
+                    &heads,
+                    &projections[call.start * tw..call.end * tw],
+                    &rows,
+                    n,
+                    CacheSide {
+                        data: &mut keys,
+                        capacity,
+                    },
+                    CacheSide {
+                        data: &mut values,
+                        capacity,
+                    },
+                    &mut part,
+                    &Serial,
+                )
+                .unwrap();
+                out.extend(part);
+            }
+            out
+        };
+        let whole = run(std::slice::from_ref(&(0..sequence)));
+        let pieces = run(&[0..3, 3..4, 4..8, 8..9]);
+        for (a, b) in whole.iter().zip(&pieces) {
+            assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+        }
+    }
+}
