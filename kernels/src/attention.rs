@@ -401,6 +401,38 @@ mod tests {
     use super::*;
     use crate::split::Serial;
 
+    /// [`attention`] on one thread into `cache` (keys, values, their slots a kv head).
+    fn run(
+        isa: Isa,
+        heads: &Heads,
+        projections: &[f32],
+        rows: &[RowKeys],
+        sequence: usize,
+        (keys, values, capacity): (&mut [f32], &mut [f32], usize),
+        out: &mut [f32],
+    ) {
+        let keys = CacheSide {
+            data: keys,
+            capacity,
+        };
+        let values = CacheSide {
+            data: values,
+            capacity,
+        };
+        attention(
+            isa,
+            heads,
+            projections,
+            rows,
+            sequence,
+            keys,
+            values,
+            out,
+            &Serial,
+        )
+        .unwrap();
+    }
+
     /// Attention in f64 from the definition: each real query over its window's keys.
     fn reference(
         heads: &Heads,
@@ -496,24 +528,8 @@ mod tests {
                 let mut keys = vec![0.0; 2 * kv * capacity * 20];
                 let mut values = keys.clone();
                 let mut out = vec![0.0; 2 * sequence * h * 20];
-                attention(
-                    isa,
-                    &heads,
-                    &projections,
-                    &rows,
-                    sequence,
-                    CacheSide {
-                        data: &mut keys,
-                        capacity,
-                    },
-                    CacheSide {
-                        data: &mut values,
-                        capacity,
-                    },
-                    &mut out,
-                    &Serial,
-                )
-                .unwrap();
+                let cache = (&mut keys[..], &mut values[..], capacity);
+                run(isa, &heads, &projections, &rows, sequence, cache, &mut out);
                 for (b, row) in rows.iter().enumerate() {
                     for i in 0..row.total {
                         let at = ((b * sequence + i) * h) * 20;
@@ -557,24 +573,9 @@ mod tests {
                 let mask = vec![1; call.end];
                 let rows = [RowKeys::of_mask(&mask, n)];
                 let mut part = vec![0.0; n * 4 * 16];
-                attention(
-                    Isa::Scalar,
-                    &heads,
-                    &projections[call.start * tw..call.end * tw],
-                    &rows,
-                    n,
-                    CacheSide {
-                        data: &mut keys,
-                        capacity,
-                    },
-                    CacheSide {
-                        data: &mut values,
-                        capacity,
-                    },
-                    &mut part,
-                    &Serial,
-                )
-                .unwrap();
+                let tokens = &projections[call.start * tw..call.end * tw];
+                let cache = (&mut keys[..], &mut values[..], capacity);
+                run(Isa::Scalar, &heads, tokens, &rows, n, cache, &mut part);
                 out.extend(part);
             }
             out
