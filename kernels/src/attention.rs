@@ -181,6 +181,27 @@ unsafe fn attend_avx512(group: &Group) {
     group.attend()
 }
 
+/// [`Group::dot`]'s AVX-512 form.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn avx512_dot(q: &[f32], k: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    debug_assert!(q.len() == k.len() && q.len().is_multiple_of(16));
+    let mut sums = _mm512_setzero_ps();
+    for at in (0..q.len()).step_by(16) {
+        // Sound: `at + 16 ≤ len` of both (the caller's promise).
+        let (a, b) = unsafe {
+            (
+                _mm512_loadu_ps(q.as_ptr().add(at)),
+                _mm512_loadu_ps(k.as_ptr().add(at)),
+            )
+        };
+        sums = _mm512_fmadd_ps(a, b, sums);
+    }
+    _mm512_reduce_add_ps(sums)
+}
+
 /// [`Group::attend`] compiled for AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
@@ -302,6 +323,20 @@ impl Group<'_> {
         }
     }
 
+    /// `Σ q·k`: on AVX-512 one register of partial sums reduced as a tree, inlined into
+    /// [`attend_avx512`] (the call and the sixteen sums added in a row of [`dot`] were most
+    /// of a decode step's attention); elsewhere [`dot`].
+    #[inline(always)]
+    fn dot(&self, q: &[f32], k: &[f32]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if self.isa == Isa::Avx512 && q.len().is_multiple_of(16) {
+            // Sound: the AVX-512 path runs only where AVX-512F was detected; `q` and `k`
+            // are as long, a multiple of 16.
+            return unsafe { avx512_dot(q, k) };
+        }
+        dot(self.isa, q, k)
+    }
+
     /// Each token alone: every key of its window dotted with each query head.
     #[inline(always)]
     fn attend_each(&self) {
@@ -316,7 +351,7 @@ impl Group<'_> {
                 for (j, slot) in (first..=last).enumerate() {
                     let key = &self.cache.keys[self.slot(slot)..][..width];
                     for t in 0..group {
-                        let score = dot(self.isa, self.query(i, t), key);
+                        let score = self.dot(self.query(i, t), key);
                         scores[t * seen + j] = score * self.heads.scale;
                     }
                 }
@@ -498,16 +533,17 @@ mod tests {
     }
 
     fn first_call_on_every_path(sequence: usize) {
-        for (h, kv, window) in [
-            (4, 2, None),
-            (4, 2, Some(3)),
-            (3, 1, Some(1)),
-            (2, 2, Some(64)),
+        // Widths of 20 (a tail past 16 lanes) and 32 (AVX-512's whole registers).
+        for (h, kv, window, w) in [
+            (4, 2, None, 20),
+            (4, 2, Some(3), 32),
+            (3, 1, Some(1), 20),
+            (2, 2, Some(64), 32),
         ] {
             let heads = Heads {
                 heads: h,
                 kv_heads: kv,
-                width: 20,
+                width: w,
                 scale: 0.3,
                 window,
             };
@@ -525,15 +561,15 @@ mod tests {
                 .collect();
             for isa in Isa::available() {
                 let capacity = sequence + 2;
-                let mut keys = vec![0.0; 2 * kv * capacity * 20];
+                let mut keys = vec![0.0; 2 * kv * capacity * w];
                 let mut values = keys.clone();
-                let mut out = vec![0.0; 2 * sequence * h * 20];
+                let mut out = vec![0.0; 2 * sequence * h * w];
                 let cache = (&mut keys[..], &mut values[..], capacity);
                 run(isa, &heads, &projections, &rows, sequence, cache, &mut out);
                 for (b, row) in rows.iter().enumerate() {
                     for i in 0..row.total {
-                        let at = ((b * sequence + i) * h) * 20;
-                        for (x, y) in out[at..at + h * 20].iter().zip(&want[at..at + h * 20]) {
+                        let at = ((b * sequence + i) * h) * w;
+                        for (x, y) in out[at..at + h * w].iter().zip(&want[at..at + h * w]) {
                             assert!(
                                 (*x as f64 - y).abs() < 1e-5,
                                 "{isa:?} {heads:?} row {b} token {i}: {x} vs {y}"
@@ -543,7 +579,7 @@ mod tests {
                 }
                 // Row 0's second token's key of kv head 0 is in slot 1.
                 let token = &projections[heads.projections_width()..][..heads.projections_width()];
-                assert_eq!(&keys[20..40], &token[h * 20..h * 20 + 20]);
+                assert_eq!(&keys[w..2 * w], &token[h * w..(h + 1) * w]);
             }
         }
     }
