@@ -381,6 +381,11 @@ fn models_by_id_unknown_models_and_metrics() {
         assert_eq!(r["exception"], "NotFoundError", "{r}");
     }
     assert_eq!(got["no_route"], 404);
+    // A refused POST keeps its connection open for the next request.
+    assert_eq!(
+        got["no_route_one_connection"],
+        json!(vec!["HTTP/1.1 404 Not Found"; 3])
+    );
 
     let (before, after, end) = (&got["before"], &got["after"], &got["end"]);
     assert!(

@@ -181,15 +181,15 @@ def raw_get(url, headers=None):
         return {"status": e.code, "content_type": e.headers.get("Content-Type"), "text": e.read().decode()}
 
 
-def refused_on_one_connection(spec, times=3):
-    """Status lines of `times` keyless chat requests on one kept-alive connection, each
+def refused_on_one_connection(spec, path="/v1/chat/completions", times=3):
+    """Status lines of `times` keyless POSTs to `path` on one kept-alive connection, each
     body sent a moment after its headers, as clients that write them separately do; a
     server that answers before reading the body and then drops the connection fails the
     second request (the way the `openai` client saw "server disconnected")."""
     host, port = root(spec).removeprefix("http://").rsplit(":", 1)
     body = json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode()
     head = (
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: needle\r\nContent-Type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: needle\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode()
     lines = []
@@ -365,6 +365,8 @@ def models_and_metrics(spec):
     out["seen"] = seen
     out["before"] = before
     out["end"] = scrape(spec)
+    # After the last scrape, so that the counts above stay as they are.
+    out["no_route_one_connection"] = refused_on_one_connection(spec, "/v1/embeddings")
     return out
 
 

@@ -25,7 +25,10 @@ pub fn router(shared: Arc<Shared>, max_body: usize, api_key: Option<ApiKey>) -> 
         .route("/v1/models/{id}", get(models::retrieve))
         .route("/metrics", get(metrics_text))
         .route("/health", get(health))
-        .fallback(|| async {
+        .fallback(move |request: axum::extract::Request| async move {
+            // Read the body first, as the key check does: answering with it unread drops
+            // the connection the client may send its next request on.
+            let _ = axum::body::to_bytes(request.into_body(), max_body).await;
             refuse(
                 StatusCode::NOT_FOUND,
                 "no such endpoint (POST /v1/chat/completions, POST /v1/responses, GET /v1/models, GET /v1/models/{id}, \
