@@ -442,7 +442,7 @@ fn gqa_core(
     (unpad_heads(b, &out, shape), present)
 }
 
-/// The core over packed query, key and value heads already padded to
+/// `needle.Attention`, the packed graphs' core, over query, key and value heads already padded to
 /// [`HeadShape::fused_dim`] (`[B, S, (heads + 2 · kv_heads) · fused]`), its output left
 /// padded (`[B, S, heads · fused]`), or `None` where `inputs` are not
 /// `GroupQueryAttention`'s.
@@ -453,10 +453,15 @@ pub fn packed_attention_core(
     past: &KvPair,
     shape: HeadShape,
 ) -> Option<(Value, KvPair)> {
-    let CoreInputs::Fused { mask, window, .. } = inputs else {
+    let CoreInputs::Fused {
+        op: FusedOp::GroupQueryAttention,
+        mask,
+        window,
+        ..
+    } = inputs
+    else {
         return None;
     };
-    gqa_inputs(inputs)?;
     let fused = shape.fused_dim();
     let attrs = [
         ("heads", shape.heads),

@@ -1,8 +1,9 @@
 //! Sliding a cache whose every layer attends within a window
 //! ([`crate::plan::RunPlan::sliding_window`]): when the next call would not fit the
 //! buffers, each row's oldest tokens are dropped so that it keeps its last `keep`. The
-//! fused graph's layout only: each row's tokens packed from column 0, which
-//! `GroupQueryAttention` finds by their count (the attention mask's ones), so a row's keys
+//! fused graph's layout only: each row's tokens packed from column 0, which its attention
+//! core (`GroupQueryAttention`, packed graphs' `needle.Attention`) finds by their count
+//! (the attention mask's ones), so a row's keys
 //! and values (token history included) move down by the tokens it drops and nothing else
 //! changes. Positions are not stored in the cache: RoPE takes `position_ids`, which go on
 //! counting every token a row has fed.

@@ -71,11 +71,7 @@ pub async fn require_key(
         Some(_) => "Incorrect API key provided.",
         None => "No API key provided: send the server's --api-key as 'Authorization: Bearer KEY'.",
     };
-    // Read the refused body (up to the body limit) before answering: a connection closed
-    // with request bytes still unread makes the kernel reset it, and the reset can reach the
-    // client before the 401 does ("server disconnected without sending a response"); read,
-    // the connection also stays open for the client's next request.
-    let _ = axum::body::to_bytes(request.into_body(), guard.max_body).await;
+    response::discard_body(request, guard.max_body).await;
     unauthorized(message)
 }
 

@@ -5,7 +5,7 @@
 
 use crate::serve::auth::{self, ApiKey, Guard};
 use crate::serve::shared::{refuse, AppState, Shared};
-use crate::serve::{chat, metrics, models, responses};
+use crate::serve::{chat, metrics, models, response, responses};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::middleware;
@@ -26,9 +26,7 @@ pub fn router(shared: Arc<Shared>, max_body: usize, api_key: Option<ApiKey>) -> 
         .route("/metrics", get(metrics_text))
         .route("/health", get(health))
         .fallback(move |request: axum::extract::Request| async move {
-            // Read the body first, as the key check does: answering with it unread drops
-            // the connection the client may send its next request on.
-            let _ = axum::body::to_bytes(request.into_body(), max_body).await;
+            response::discard_body(request, max_body).await;
             refuse(
                 StatusCode::NOT_FOUND,
                 "no such endpoint (POST /v1/chat/completions, POST /v1/responses, GET /v1/models, GET /v1/models/{id}, \

@@ -196,3 +196,11 @@ pub fn chunk(
 pub fn error(message: &str, kind: &str, param: Option<&str>) -> Value {
     json!({"error": {"message": message, "type": kind, "param": param, "code": null}})
 }
+
+/// Reads and drops a request being refused, up to `max_body` bytes, before it is answered:
+/// a connection closed with request bytes still unread is reset, and the reset can reach
+/// the client before the answer does ("server disconnected without sending a response");
+/// read, the connection also stays open for the client's next request.
+pub async fn discard_body(request: axum::extract::Request, max_body: usize) {
+    let _ = axum::body::to_bytes(request.into_body(), max_body).await;
+}
