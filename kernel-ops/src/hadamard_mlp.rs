@@ -5,6 +5,7 @@
 use crate::{op_error, ElementType, Input, NeedleOp, OpError, RowSplit};
 use graphs::contract::needle_ops;
 use kernels::hadamard_mlp::HadamardMlp as Mlp;
+use kernels::isa::Isa;
 
 pub struct HadamardMlp;
 
@@ -18,6 +19,7 @@ impl HadamardMlp {
         let diagonal = |i| Input::get::<Self, f32>(inputs, i).map(|(_, d)| d);
         let mlp = Mlp {
             diagonals: [diagonal(1)?, diagonal(2)?, diagonal(3)?],
+            isa: Isa::best(),
         };
         let d_model = x_shape.last().copied().unwrap_or(0) as usize;
         let gain = diagonal(4)?;

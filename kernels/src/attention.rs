@@ -16,7 +16,7 @@
 //! maximum subtracted, and the values summed in key order.
 
 use crate::isa::Isa;
-use crate::math::{dot, exp};
+use crate::math::{dot, softmax};
 use crate::small_matmul::matmul;
 use crate::split::RowSplit;
 use crate::ShapeError;
@@ -420,15 +420,6 @@ impl Group<'_> {
             }
         }
     }
-}
-
-/// `v ← softmax(v)`, the maximum subtracted first.
-#[inline(always)]
-fn softmax(v: &mut [f32]) {
-    let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    v.iter_mut().for_each(|x| *x = exp(*x - max));
-    let sum: f32 = v.iter().sum();
-    v.iter_mut().for_each(|x| *x /= sum);
 }
 
 #[cfg(test)]

@@ -141,9 +141,9 @@ pub(super) unsafe fn decoded_dots<const R: usize, const T: usize>(
 }
 
 /// The Walsh–Hadamard rotation of each group of `natural` (one token's padded inputs,
-/// rotated in place) with the same butterflies in the same stage order as
-/// [`crate::hadamard::rotate`], so the same bits, then the 16-lane layout of `per_byte`
-/// codes a byte ([`super::activations::Layout::arrange`]) into `out`.
+/// rotated in place; [`crate::hadamard::rotate_groups`]'s bits), then the 16-lane layout of
+/// `per_byte` codes a byte ([`super::activations::Layout::arrange`]) into `out`, the scale
+/// applied on the way.
 ///
 /// # Safety
 /// The CPU must have AVX-512F; `group` is a power of two and a multiple of `16 · per_byte`
@@ -157,48 +157,14 @@ pub(super) unsafe fn rotate_arrange(
 ) {
     debug_assert!(group.is_power_of_two() && group.is_multiple_of(16 * per_byte));
     debug_assert!(natural.len().is_multiple_of(group) && out.len() == natural.len());
-    // Stages 1, 2, 4 and 8 pair lanes of one vector: each lane's partner by a permute, then
-    // `a + b` where the lane is the pair's first and `a − b` where it is the second.
-    for at in (0..natural.len()).step_by(16) {
-        // Sound: `at + 16 ≤ natural.len()`, a multiple of 16.
-        let p = natural.as_mut_ptr().add(at);
-        let mut x = _mm512_loadu_ps(p);
-        x = butterfly(x, _mm512_permute_ps::<0xB1>(x), 0xAAAA);
-        x = butterfly(x, _mm512_permute_ps::<0x4E>(x), 0xCCCC);
-        x = butterfly(x, _mm512_shuffle_f32x4::<0xB1>(x, x), 0xF0F0);
-        x = butterfly(x, _mm512_shuffle_f32x4::<0x4E>(x, x), 0xFF00);
-        _mm512_storeu_ps(p, x);
-    }
-    // Stages of 16 and more pair whole vectors; a block of `2 · half` never leaves a group.
-    let mut half = 16;
-    while half < group {
-        for block in natural.chunks_exact_mut(2 * half) {
-            let (low, high) = block.split_at_mut(half);
-            for at in (0..half).step_by(16) {
-                // Sound: `at + 16 ≤ half`, the length of both halves.
-                let (a, b) = (low.as_mut_ptr().add(at), high.as_mut_ptr().add(at));
-                let (x, y) = (_mm512_loadu_ps(a), _mm512_loadu_ps(b));
-                _mm512_storeu_ps(a, _mm512_add_ps(x, y));
-                _mm512_storeu_ps(b, _mm512_sub_ps(x, y));
-            }
-        }
-        half *= 2;
-    }
-    let scale = _mm512_set1_ps((1.0 / (group as f64).sqrt()) as f32);
+    crate::hadamard::avx512::butterflies(natural, group);
+    let scale = _mm512_set1_ps(crate::hadamard::scale(group));
     match per_byte {
         2 => arrange_of::<2>(natural, scale, out),
         4 => arrange_of::<4>(natural, scale, out),
         8 => arrange_of::<8>(natural, scale, out),
         _ => unreachable!("1-, 2- and 4-bit codes hold 8, 4 or 2 a byte"),
     }
-}
-
-/// One butterfly stage within a vector: `x + partner` in the lanes outside `second`,
-/// `partner − x` (the pair's first minus its second) in those inside.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn butterfly(x: __m512, partner: __m512, second: __mmask16) -> __m512 {
-    _mm512_mask_sub_ps(_mm512_add_ps(x, partner), second, partner, x)
 }
 
 /// `rotated · scale` into `out` in chunks of `16 · P`, `out[s·16 + i] = in[i·P + s]`: each
