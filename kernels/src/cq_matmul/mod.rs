@@ -14,15 +14,23 @@
 //! `Y[t, r] = Σ_g norm[r, g] · (codebook[idx[r, g]] · (H X[t, g]))`: the rotation moves onto
 //! the activation, once per token for every row, and the weights are read as codes.
 //!
-//! Each output element is summed in one fixed order (per group, then the groups in order)
-//! whatever the number of tokens, the row blocking or the threads, so a row of a batch
-//! gets the value it gets alone. The order differs between instruction-set paths.
+//! Each output element is summed in one fixed order whatever the row blocking or the
+//! threads. On the scalar and AVX2 paths it is the same order (per group, then the groups
+//! in order) for one token and for a prompt, so a token gets the bits it gets alone. The
+//! AVX-512 path multiplies a prompt (from [`DECODE_FROM_TOKENS`] tokens on) in panels of
+//! tokens, one running sum an output in input order ([`panels`]: FMA-bound, where dot
+//! products of decoded rows were held up by their loads and by a reduction across lanes a
+//! sum); there a token gets the same bits in any prompt, and within rounding (1e-5 of its
+//! outputs' scale, tested) what its one-token lookups give. The order differs between
+//! instruction-set paths.
 
 mod activations;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod panels;
 mod rows;
 mod scalar;
 
@@ -177,12 +185,12 @@ pub fn cq_matmul(
     {
         let tokens = x.len() / w.cols;
         let prepared = prepare(w, x, tokens, scale, &layout);
-        let xt = prepared.as_slice();
+        let xt = Tokens::of(prepared.as_slice(), tokens, w.groups() * w.group, &layout);
         let out = Output(y.as_mut_ptr());
         split.for_each(w.rows.div_ceil(BLOCK_ROWS), &|block| {
             let first = block * BLOCK_ROWS;
             let last = (first + BLOCK_ROWS).min(w.rows);
-            rows_block(w, first..last, xt, tokens, &layout, &table, &out);
+            rows_block(w, first..last, &xt, tokens, &layout, &table, &out);
         });
     }
 }
@@ -241,10 +249,31 @@ unsafe impl Sync for Output {}
 /// per token: decoding a row costs about as much as a few direct dots of it.
 const DECODE_FROM_TOKENS: usize = 4;
 
+/// A product's prepared tokens as its row blocks read them.
+enum Tokens<'a> {
+    /// `[tokens, padded inputs]`, a token after another.
+    Rows(&'a [f32]),
+    /// The AVX-512 prompt product's panels.
+    #[cfg(target_arch = "x86_64")]
+    Panels(panels::Panels),
+}
+
+impl<'a> Tokens<'a> {
+    /// Panels where the layout is AVX-512's and the rows are decoded (a prompt chunk).
+    fn of(prepared: &'a [f32], tokens: usize, len: usize, layout: &Layout) -> Tokens<'a> {
+        #[cfg(target_arch = "x86_64")]
+        if layout.isa == Isa::Avx512 && tokens >= DECODE_FROM_TOKENS {
+            return Tokens::Panels(panels::Panels::of(prepared, tokens, len));
+        }
+        let _ = (tokens, len, layout);
+        Tokens::Rows(prepared)
+    }
+}
+
 fn rows_block(
     w: &CqMatrix,
     rows: std::ops::Range<usize>,
-    xt: &[f32],
+    xt: &Tokens,
     tokens: usize,
     layout: &Layout,
     table: &Table,
@@ -256,6 +285,15 @@ fn rows_block(
         norms.clear();
         norms.resize(halves.len(), 0.0);
         f16::widen(layout.isa, halves, norms);
+        let xt = match xt {
+            Tokens::Rows(xt) => xt,
+            #[cfg(target_arch = "x86_64")]
+            // Sound: panels are made only for the AVX-512 layout, which `Isa::available`
+            // offered.
+            Tokens::Panels(panels) => {
+                return unsafe { panels::rows_block(w, rows, panels, table, norms, out) }
+            }
+        };
         let block = RowBlock {
             w,
             xt,
@@ -357,22 +395,15 @@ impl RowBlock<'_> {
             self.decode_row(codes[row], values);
         }
         let values: [&[f32]; R] = std::array::from_fn(|j| &decoded[j * in_pad..(j + 1) * in_pad]);
-        // Tokens in tiles as wide as the path's registers hold (R · T sums and partial sums).
+        // Tokens in tiles as wide as the path's registers hold (R · T sums and partial sums;
+        // AVX-512 multiplies prompts in panels instead).
         let tile = match self.layout.isa {
-            Isa::Avx512 => 3,
             Isa::Avx2 => 2,
-            Isa::Scalar => 1,
+            _ => 1,
         };
         let tiled = self.tokens / tile * tile;
         for t in (0..tiled).step_by(tile) {
             match tile {
-                3 => {
-                    let xts = std::array::from_fn(|i| token(t + i));
-                    let sums = decoded_dots::<R, 3>(w, self.layout, values, norms, xts);
-                    sums.into_iter()
-                        .enumerate()
-                        .for_each(|(i, s)| write(t + i, s));
-                }
                 2 => {
                     let xts = std::array::from_fn(|i| token(t + i));
                     let sums = decoded_dots::<R, 2>(w, self.layout, values, norms, xts);
@@ -402,10 +433,7 @@ impl RowBlock<'_> {
             // Sound: a layout picks an x86 path only where `Isa::available` detected it, and
             // only for widths whose chunks fit a group.
             Isa::Avx2 => unsafe { avx2::decode(codes, w.bits, self.table, values) },
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => unsafe { avx512::decode(codes, w.bits, &self.table.values, values) },
-            #[cfg(not(target_arch = "x86_64"))]
-            _ => unreachable!("no x86 path off x86-64"),
+            _ => unreachable!("AVX-512 decodes rows in panels::rows_block"),
         }
     }
 }
@@ -444,10 +472,7 @@ fn decoded_dots<const R: usize, const T: usize>(
         #[cfg(target_arch = "x86_64")]
         // Sound: a layout picks an x86 path only where `Isa::available` detected it.
         Isa::Avx2 => unsafe { avx2::decoded_dots(values, norms, xts, w.group) },
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { avx512::decoded_dots(values, norms, xts, w.group) },
-        #[cfg(not(target_arch = "x86_64"))]
-        _ => unreachable!("no x86 path off x86-64"),
+        _ => unreachable!("AVX-512 multiplies decoded rows in panels"),
     }
 }
 

@@ -1,0 +1,125 @@
+//! The AVX-512 prompt product: the prepared tokens transposed into panels of 32 (an
+//! input's 32 activations side by side, one per lane), each row block's weights decoded
+//! with their norms once, and every panel multiplied by them with tokens in lanes
+//! ([`super::avx512::panel_dots`]). Each output is one running multiply-add over the inputs
+//! in order, whatever the panel or the thread: a token gets the same bits in any prompt
+//! chunk, and within rounding what the one-token lookups give it (which sum sixteen lanes
+//! a group, then scale by the norm).
+
+use super::{Aligned, CqMatrix, Output, Table};
+use std::ops::Range;
+
+/// Tokens a panel holds: two registers of lanes.
+pub(super) const PANEL_TOKENS: usize = 32;
+
+/// Rows multiplied with a panel at once: `2 · ROWS` sums and two panel registers fit the
+/// 32 registers, and a broadcast weight feeds two multiply-adds.
+const ROWS: usize = 8;
+
+/// The prepared tokens `[tokens, len]` as panels: panel `p` holds tokens `32p…` input by
+/// input, `width` lanes each (32, or 16 for a last panel of at most 16 tokens), padded
+/// with zeros.
+pub(super) struct Panels {
+    data: Aligned,
+    tokens: usize,
+    len: usize,
+}
+
+impl Panels {
+    pub fn of(prepared: &[f32], tokens: usize, len: usize) -> Panels {
+        debug_assert_eq!(prepared.len(), tokens * len);
+        let full = tokens / PANEL_TOKENS * PANEL_TOKENS;
+        let last = match tokens - full {
+            0 => 0,
+            1..=16 => 16,
+            _ => PANEL_TOKENS,
+        };
+        let mut data = Aligned::zeroed((full + last) * len);
+        let out = data.as_mut_slice();
+        // Blocks of 16 tokens by 16 inputs, so that the reads and the writes of a block
+        // each stay within 16 cache lines (token by token, every write was to another line).
+        for first in (0..tokens).step_by(PANEL_TOKENS) {
+            let width = if first < full { PANEL_TOKENS } else { last };
+            let panel = &mut out[first * len..];
+            let count = PANEL_TOKENS.min(tokens - first);
+            for lanes in (0..count).step_by(16) {
+                for inputs in (0..len).step_by(16) {
+                    for lane in lanes..(lanes + 16).min(count) {
+                        let token = &prepared[(first + lane) * len..][..len];
+                        for k in inputs..(inputs + 16).min(len) {
+                            panel[k * width + lane] = token[k];
+                        }
+                    }
+                }
+            }
+        }
+        Panels { data, tokens, len }
+    }
+
+    /// Each panel: its first token, its tokens, its width and its values.
+    fn each(&self) -> impl Iterator<Item = (usize, usize, usize, &[f32])> {
+        let data = self.data.as_slice();
+        (0..self.tokens).step_by(PANEL_TOKENS).map(move |first| {
+            let count = PANEL_TOKENS.min(self.tokens - first);
+            let width = if count > 16 { PANEL_TOKENS } else { 16 };
+            let start = first * self.len;
+            (first, count, width, &data[start..start + width * self.len])
+        })
+    }
+}
+
+/// Rows `rows` of `w` times every token of `panels` into `out` (`[tokens, w.rows]`);
+/// `norms` are the block's group norms as f32 (`[rows, groups]`).
+///
+/// # Safety
+/// The CPU must have AVX-512F, and the matrix's layout must be the 16-lane one (1-, 2- or
+/// 4-bit codes in groups of whole chunks), which the panels' tokens are arranged in.
+pub(super) unsafe fn rows_block(
+    w: &CqMatrix,
+    rows: Range<usize>,
+    panels: &Panels,
+    table: &Table,
+    norms: &[f32],
+    out: &Output,
+) {
+    let (groups, len) = (w.groups(), panels.len);
+    let mut weights = Aligned::zeroed(ROWS * len);
+    let mut sums = [[0.0f32; PANEL_TOKENS]; ROWS];
+    for first in rows.clone().step_by(ROWS) {
+        let count = ROWS.min(rows.end - first);
+        for (j, row) in weights
+            .as_mut_slice()
+            .chunks_exact_mut(len)
+            .take(count)
+            .enumerate()
+        {
+            let at = (first + j - rows.start) * groups;
+            super::avx512::decode_weights(
+                w.row_codes(first + j),
+                w.bits,
+                &table.values,
+                &norms[at..at + groups],
+                w.group,
+                row,
+            );
+        }
+        // Rows past `count` keep the block's earlier weights; their sums are not written.
+        let weights: [&[f32]; ROWS] =
+            std::array::from_fn(|j| &weights.as_slice()[j * len..(j + 1) * len]);
+        for (first_token, tokens, width, panel) in panels.each() {
+            match width {
+                PANEL_TOKENS => super::avx512::panel_dots::<ROWS, 2>(weights, panel, &mut sums),
+                _ => super::avx512::panel_dots::<ROWS, 1>(weights, panel, &mut sums),
+            }
+            for t in 0..tokens {
+                // A token's rows lie side by side in `out`: written one token at a time.
+                let at = (first_token + t) * w.rows + first;
+                for (j, row_sums) in sums.iter().enumerate().take(count) {
+                    // Sound: row first + j belongs to this block alone, and the token is
+                    // one of the product's.
+                    *out.0.add(at + j) = row_sums[t];
+                }
+            }
+        }
+    }
+}
