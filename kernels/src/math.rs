@@ -10,14 +10,20 @@ use crate::isa::Isa;
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
     let x = x.clamp(EXP_LOWEST, EXP_HIGHEST);
-    let k = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let shifted = x * std::f32::consts::LOG2_E + ROUND;
+    let k = shifted - ROUND;
     let r = (x - k * LN2_HIGH) - k * LN2_LOW;
     let mut p = EXP_POLYNOMIAL[0];
     for &coefficient in &EXP_POLYNOMIAL[1..] {
         p = p * r + coefficient;
     }
     let e = (p * r * r + r) + 1.0;
-    e * f32::from_bits(((k as i32 + 127) << 23) as u32)
+    // `shifted` lies in [2²³, 2²⁴), where floats are the integers: its bits are ROUND's
+    // plus `k`. Integer arithmetic on them gives `k` without `k as i32`, whose saturating
+    // conversion compiles to a compare and a select a lane and kept loops over `exp` from
+    // vectorizing.
+    let k_bits = shifted.to_bits() as i32 - ROUND.to_bits() as i32;
+    e * f32::from_bits(((k_bits + 127) << 23) as u32)
 }
 
 /// `x · σ(x)`.
@@ -166,7 +172,7 @@ pub fn max(v: &[f32]) -> f32 {
         maxima
             .iter_mut()
             .zip(chunk)
-            .for_each(|(m, &x)| *m = if x > *m { x } else { *m });
+            .for_each(|(m, &x)| *m = m.max(x));
     }
     maxima.iter().copied().fold(tail, f32::max)
 }
