@@ -17,8 +17,9 @@
 
 use crate::isa::Isa;
 use crate::math::{dot, softmax};
-use crate::small_matmul::matmul;
+use crate::small_matmul::{matmul, matmul_strided};
 use crate::split::RowSplit;
+use crate::transpose::{transpose, Strided};
 use crate::ShapeError;
 
 /// The heads and the window.
@@ -376,7 +377,18 @@ impl Group<'_> {
     #[inline(always)]
     fn attend_in_blocks(&self) {
         let (width, group) = (self.heads.width, self.size());
-        let (mut keys_t, mut queries, mut scores, mut heads) = (vec![], vec![], vec![], vec![]);
+        let (mut queries, mut scores, mut heads) = (vec![], vec![], vec![]);
+        // Every key a query of the call sees, transposed once: each block's keys are a run
+        // of its columns (transposing them a block at a time cost as much as the scores).
+        let (first, _) = self.seen(0);
+        let (_, last) = self.seen(self.sequence - 1);
+        let all = (last + 1).saturating_sub(first);
+        let mut keys_t = vec![0.0f32; width * all];
+        let keys = Strided {
+            data: &self.cache.keys[self.slot(first)..][..all * width],
+            stride: width,
+        };
+        transpose(self.isa, keys, all, width, &mut keys_t, all);
         for start in (0..self.sequence).step_by(QUERY_BLOCK) {
             let n = QUERY_BLOCK.min(self.sequence - start);
             let (lo, _) = self.seen(start);
@@ -386,19 +398,13 @@ impl Group<'_> {
             heads.resize(rows * width, 0.0);
             if lo <= hi {
                 let m = hi + 1 - lo;
-                keys_t.resize(width * m, 0.0);
-                for j in 0..m {
-                    let key = &self.cache.keys[self.slot(lo + j)..][..width];
-                    key.iter()
-                        .enumerate()
-                        .for_each(|(d, &k)| keys_t[d * m + j] = k);
-                }
                 queries.clear();
                 for i in start..start + n {
                     (0..group).for_each(|t| queries.extend_from_slice(self.query(i, t)));
                 }
                 scores.resize(rows * m, 0.0);
-                matmul(self.isa, &queries, &keys_t, &mut scores, rows, width, m);
+                let keys = (&keys_t[lo - first..], all);
+                matmul_strided(self.isa, &queries, keys, &mut scores, rows, width, m);
                 for (r, row) in scores.chunks_exact_mut(m).enumerate() {
                     let (first, last) = self.seen(start + r / group);
                     let from = first.clamp(lo, hi + 1);

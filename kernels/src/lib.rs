@@ -25,6 +25,7 @@ pub mod residual_norm;
 pub mod sinkhorn;
 pub mod small_matmul;
 pub mod split;
+mod transpose;
 
 pub use cq_matmul::{cq_matmul, CqMatrix};
 pub use isa::Isa;

@@ -7,25 +7,57 @@ use crate::isa::Isa;
 
 /// `c [m, n] = a [m, k] · b [k, n]` on `isa`.
 pub fn matmul(isa: Isa, a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize) {
-    assert_eq!(a.len(), m * k, "a is [m, k]");
     assert_eq!(b.len(), k * n, "b is [k, n]");
+    matmul_strided(isa, a, (b, n), c, m, k, n);
+}
+
+/// [`matmul`] with `b`'s rows `stride` apart: `b` `[k, n]` is columns of a wider matrix
+/// (attention's keys, transposed once for a call and read a window at a time).
+pub fn matmul_strided(
+    isa: Isa,
+    a: &[f32],
+    (b, stride): (&[f32], usize),
+    c: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+) {
+    assert_eq!(a.len(), m * k, "a is [m, k]");
+    assert!(
+        stride >= n && (k == 0 || b.len() >= (k - 1) * stride + n),
+        "b is [k, n], rows {stride} apart"
+    );
     assert_eq!(c.len(), m * n, "c is [m, n]");
+    let b = B { data: b, stride };
     match isa {
-        Isa::Scalar => rows::<false>(a, b, c, k, n),
+        Isa::Scalar => rows::<false>(a, &b, c, k, n),
         #[cfg(target_arch = "x86_64")]
         // Sound: `Isa::available` offers the x86 paths only where AVX2 and FMA were detected.
-        Isa::Avx2 => unsafe { fused_rows(a, b, c, k, n) },
+        Isa::Avx2 => unsafe { fused_rows(a, &b, c, k, n) },
         #[cfg(target_arch = "x86_64")]
         // Sound: `Isa::available` offers AVX-512 only where AVX-512F was detected.
-        Isa::Avx512 => unsafe { avx512::rows(a, b, c, k, n) },
+        Isa::Avx512 => unsafe { avx512::rows(a, &b, c, k, n) },
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("no x86 path off x86-64"),
     }
 }
 
+/// The right-hand matrix: row `l` starts at `l · stride`.
+struct B<'a> {
+    data: &'a [f32],
+    stride: usize,
+}
+
+impl B<'_> {
+    #[inline(always)]
+    fn row(&self, l: usize, n: usize) -> &[f32] {
+        &self.data[l * self.stride..l * self.stride + n]
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn fused_rows(a: &[f32], b: &[f32], c: &mut [f32], k: usize, n: usize) {
+unsafe fn fused_rows(a: &[f32], b: &B, c: &mut [f32], k: usize, n: usize) {
     rows::<true>(a, b, c, k, n)
 }
 
@@ -35,7 +67,7 @@ const TILE: usize = 32;
 /// Two rows of `C` at a time, `TILE` columns at a time, each tile's sums in registers over
 /// the whole of `k` (summed through memory, each step would wait on the last one's store).
 #[inline(always)]
-fn rows<const FUSED: bool>(a: &[f32], b: &[f32], c: &mut [f32], k: usize, n: usize) {
+fn rows<const FUSED: bool>(a: &[f32], b: &B, c: &mut [f32], k: usize, n: usize) {
     let mut a_rows = a.chunks_exact(2 * k);
     let mut c_rows = c.chunks_exact_mut(2 * n);
     for (a2, c2) in (&mut a_rows).zip(&mut c_rows) {
@@ -44,8 +76,8 @@ fn rows<const FUSED: bool>(a: &[f32], b: &[f32], c: &mut [f32], k: usize, n: usi
         for col in (0..n).step_by(TILE) {
             let width = TILE.min(n - col);
             let mut sums = [[0.0f32; TILE]; 2];
-            for (l, b_row) in b.chunks_exact(n).enumerate() {
-                let b_tile = &b_row[col..col + width];
+            for l in 0..k {
+                let b_tile = &b.row(l, n)[col..col + width];
                 tile_step::<FUSED>(&mut sums[0], a0[l], b_tile);
                 tile_step::<FUSED>(&mut sums[1], a1[l], b_tile);
             }
@@ -61,8 +93,8 @@ fn rows<const FUSED: bool>(a: &[f32], b: &[f32], c: &mut [f32], k: usize, n: usi
         for col in (0..n).step_by(TILE) {
             let width = TILE.min(n - col);
             let mut sums = [0.0f32; TILE];
-            for (l, b_row) in b.chunks_exact(n).enumerate() {
-                tile_step::<FUSED>(&mut sums, a_row[l], &b_row[col..col + width]);
+            for (l, &a) in a_row.iter().enumerate() {
+                tile_step::<FUSED>(&mut sums, a, &b.row(l, n)[col..col + width]);
             }
             c_row[col..col + width].copy_from_slice(&sums[..width]);
         }
@@ -92,6 +124,7 @@ fn tile_step<const FUSED: bool>(sums: &mut [f32; TILE], s: f32, b: &[f32]) {
 /// fused multiply-adds as on the AVX2 path: the same bits.
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
+    use super::B;
     use std::arch::x86_64::*;
 
     /// Rows of `C` a pass takes.
@@ -100,7 +133,7 @@ mod avx512 {
     /// # Safety
     /// The CPU must have AVX-512F; `a` `[m, k]`, `b` `[k, n]`, `c` `[m, n]`.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn rows(a: &[f32], b: &[f32], c: &mut [f32], k: usize, n: usize) {
+    pub unsafe fn rows(a: &[f32], b: &B, c: &mut [f32], k: usize, n: usize) {
         let m = c.len() / n.max(1);
         let mut r = 0;
         while r < m {
@@ -131,7 +164,7 @@ mod avx512 {
     #[target_feature(enable = "avx512f")]
     unsafe fn tile<const R: usize>(
         a: &[f32],
-        b: &[f32],
+        b: &B,
         c: &mut [f32],
         k: usize,
         n: usize,
@@ -143,7 +176,7 @@ mod avx512 {
         let mut sums = [[_mm512_setzero_ps(); 2]; R];
         for l in 0..k {
             // Sound: row l of b holds columns col.. where the masks have lanes.
-            let row = b.as_ptr().add(l * n + col);
+            let row = b.data.as_ptr().add(l * b.stride + col);
             let b0 = _mm512_maskz_loadu_ps(low, row);
             let b1 = _mm512_maskz_loadu_ps(high, row.wrapping_add(16));
             for (i, sum) in sums.iter_mut().enumerate() {

@@ -7,6 +7,8 @@
 //! a group, then scale by the norm).
 
 use super::{Aligned, CqMatrix, Output, Table};
+use crate::isa::Isa;
+use crate::transpose::{transpose, Strided};
 use std::ops::Range;
 
 /// Tokens a panel holds: two registers of lanes.
@@ -36,22 +38,21 @@ impl Panels {
         };
         let mut data = Aligned::zeroed((full + last) * len);
         let out = data.as_mut_slice();
-        // Blocks of 16 tokens by 16 inputs, so that the reads and the writes of a block
-        // each stay within 16 cache lines (token by token, every write was to another line).
         for first in (0..tokens).step_by(PANEL_TOKENS) {
             let width = if first < full { PANEL_TOKENS } else { last };
-            let panel = &mut out[first * len..];
             let count = PANEL_TOKENS.min(tokens - first);
-            for lanes in (0..count).step_by(16) {
-                for inputs in (0..len).step_by(16) {
-                    for lane in lanes..(lanes + 16).min(count) {
-                        let token = &prepared[(first + lane) * len..][..len];
-                        for k in inputs..(inputs + 16).min(len) {
-                            panel[k * width + lane] = token[k];
-                        }
-                    }
-                }
-            }
+            let tokens = Strided {
+                data: &prepared[first * len..(first + count) * len],
+                stride: len,
+            };
+            transpose(
+                Isa::Avx512,
+                tokens,
+                count,
+                len,
+                &mut out[first * len..],
+                width,
+            );
         }
         Panels { data, tokens, len }
     }
