@@ -37,6 +37,11 @@ impl<'a> LaneMix<'a> {
         gains: &'a [f32],
         bias: &'a [f32],
     ) -> Result<Self, ShapeError> {
+        if lanes > MAX_LANES {
+            return Err(ShapeError(format!(
+                "{lanes} lanes: at most {MAX_LANES} are supported"
+            )));
+        }
         let width = 2 * lanes + lanes * lanes;
         if lanes == 0 || gains.len() != width || bias.len() != width {
             return Err(ShapeError(format!(
@@ -81,26 +86,36 @@ impl<'a> LaneMix<'a> {
     }
 }
 
-/// The block's input `u` `[tokens, C]` from the stream `x` `[tokens, n, C]`.
-pub fn block_input(mix: &LaneMix, x: &[f32], u: &mut [f32], split: &dyn RowSplit) {
+/// The block's input `u` `[tokens, C]` from the stream `x` `[tokens, n, C]`, on `isa`.
+pub fn block_input(mix: &LaneMix, x: &[f32], u: &mut [f32], isa: Isa, split: &dyn RowSplit) {
     let (n, tokens) = (mix.lanes, mix.tokens());
     let width = u.len() / tokens.max(1);
     assert_eq!(u.len(), tokens * width, "u is [tokens, C]");
     assert_eq!(x.len(), tokens * n * width, "x is [tokens, n, C]");
     let stream = n * width;
     token_blocks(split, u, width, BLOCK_TOKENS, &|first, block| {
-        for (t, u) in (first..).zip(block.chunks_exact_mut(width)) {
-            token_input(mix, t, &x[t * stream..(t + 1) * stream], u);
+        let mut inputs = move || {
+            for (t, u) in (first..).zip(block.chunks_exact_mut(width)) {
+                token_input(mix, t, &x[t * stream..(t + 1) * stream], u);
+            }
+        };
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // Sound: `Isa::available` offers AVX-512 only where AVX-512F was detected.
+            Isa::Avx512 => unsafe { avx512(inputs) },
+            _ => inputs(),
         }
     });
 }
 
 /// `u` of token `t` from its stream `x` `[n, C]`.
+#[inline(always)]
 fn token_input(mix: &LaneMix, t: usize, x: &[f32], u: &mut [f32]) {
-    let mut pre = vec![0.0f32; mix.lanes];
-    mix.mixed(t, 0..mix.lanes, &mut pre);
+    let mut pre = [0.0f32; MAX_LANES];
+    let pre = &mut pre[..mix.lanes];
+    mix.mixed(t, 0..mix.lanes, pre);
     u.fill(0.0);
-    for (lane, &logit) in x.chunks_exact(u.len()).zip(&pre) {
+    for (lane, &logit) in x.chunks_exact(u.len()).zip(pre.iter()) {
         let weight = sigmoid(logit);
         u.iter_mut().zip(lane).for_each(|(u, &x)| *u += weight * x);
     }
@@ -128,6 +143,41 @@ pub fn stream_update(
     assert_eq!(next.len(), x.len(), "next is [tokens, n, C]");
     let stream = n * width;
     token_blocks(split, next, stream, BLOCK_TOKENS, &|first, block| {
+        let mut update = move || update_block(mix, x, out, u, iterations, (first, block), isa);
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // Sound: `Isa::available` offers AVX-512 only where AVX-512F was detected.
+            Isa::Avx512 => unsafe { avx512(update) },
+            _ => update(),
+        }
+    });
+}
+
+/// Runs `f` compiled for AVX-512: the per-value loops inlined into it vectorize 16 wide
+/// (the same arithmetic in the same order, so the same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn avx512(f: impl FnOnce()) {
+    f()
+}
+
+/// The most lanes a stream has (Needle uses 3 or 4).
+const MAX_LANES: usize = 8;
+
+/// [`stream_update`] of the tokens `first..` whose next streams are `block`.
+#[inline(always)]
+fn update_block(
+    mix: &LaneMix,
+    x: &[f32],
+    out: &[f32],
+    u: &[f32],
+    iterations: usize,
+    (first, block): (usize, &mut [f32]),
+    isa: Isa,
+) {
+    let (n, tokens) = (mix.lanes, mix.tokens());
+    let stream = x.len() / tokens;
+    {
         // The block's residual mixes first, normalised side by side.
         let count = block.len() / stream;
         let mut res = vec![0.0f32; count * n * n];
@@ -149,7 +199,7 @@ pub fn stream_update(
             };
             token_update(mix, t, &x[token(x)], block_output, h_res, next);
         }
-    });
+    }
 }
 
 /// A token's block input `u` and output `out`, `[C]` each.
@@ -160,6 +210,7 @@ struct BlockOutput<'a> {
 
 /// The next stream `[n, C]` of token `t` from its stream `x` and its residual mix `h_res`
 /// `[n, n]`.
+#[inline(always)]
 fn token_update(
     mix: &LaneMix,
     t: usize,
@@ -169,8 +220,8 @@ fn token_update(
     next: &mut [f32],
 ) {
     let (n, width) = (mix.lanes, block.u.len());
-    let mut post = vec![0.0f32; n];
-    mix.mixed(t, n..2 * n, &mut post);
+    let mut post = [0.0f32; MAX_LANES];
+    mix.mixed(t, n..2 * n, &mut post[..n]);
     for ((lane, h_row), &post) in next
         .chunks_exact_mut(width)
         .zip(h_res.chunks_exact(n))
@@ -187,6 +238,7 @@ fn token_update(
     }
 }
 
+#[inline(always)]
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + exp(-x))
 }
@@ -223,7 +275,7 @@ mod tests {
         let mix = LaneMix::new(N, &logits, &gains, &bias).unwrap();
         let (x, out) = (values(TOKENS * N * C, 0.3), values(TOKENS * C, 0.2));
         let mut u = vec![f32::NAN; TOKENS * C];
-        block_input(&mix, &x, &mut u, &Serial);
+        block_input(&mix, &x, &mut u, Isa::best(), &Serial);
         let mut next = vec![f32::NAN; x.len()];
         stream_update(&mix, &x, &out, &u, 0, &mut next, Isa::best(), &Serial);
         for t in 0..TOKENS {

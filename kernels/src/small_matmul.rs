@@ -118,17 +118,18 @@ fn tile_step<const FUSED: bool>(sums: &mut [f32; TILE], s: f32, b: &[f32]) {
     }
 }
 
-/// The AVX-512 path: four rows of `C` at a time, 32 columns (two registers) a tile, so
-/// eight independent sums are in flight (two rows of 16-lane sums would leave the FMA
-/// units waiting on each other's latency). Every element is the same `k`-ordered chain of
+/// The AVX-512 path: eight rows of `C` at a time, 32 columns (two registers) a tile, so
+/// sixteen independent sums are in flight (fewer leave the FMA units waiting on each
+/// other's latency). Every element is the same `k`-ordered chain of
 /// fused multiply-adds as on the AVX2 path: the same bits.
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::B;
     use std::arch::x86_64::*;
 
-    /// Rows of `C` a pass takes.
-    const ROWS: usize = 4;
+    /// Rows of `C` a pass takes: sixteen sums in flight (eight left the FMA units waiting
+    /// on their latency), ten loads for sixteen multiply-adds.
+    const ROWS: usize = 8;
 
     /// # Safety
     /// The CPU must have AVX-512F; `a` `[m, k]`, `b` `[k, n]`, `c` `[m, n]`.
@@ -137,13 +138,18 @@ mod avx512 {
         let m = c.len() / n.max(1);
         let mut r = 0;
         while r < m {
-            let rows = ROWS.min(m - r);
+            // Eight rows, then what is left four and fewer at a time.
+            let rows = match m - r {
+                left if left >= ROWS => ROWS,
+                left => left.min(4),
+            };
             for col in (0..n).step_by(32) {
                 let width = 32.min(n - col);
                 // Lanes of the tile's two registers that hold columns.
                 let low = lanes(width.min(16));
                 let high = lanes(width.saturating_sub(16));
                 match rows {
+                    8 => tile::<8>(a, b, c, k, n, r, col, low, high),
                     4 => tile::<4>(a, b, c, k, n, r, col, low, high),
                     3 => tile::<3>(a, b, c, k, n, r, col, low, high),
                     2 => tile::<2>(a, b, c, k, n, r, col, low, high),
