@@ -75,7 +75,7 @@ impl NeedleOp for HyperConnectionsIn {
         split: &dyn RowSplit,
     ) -> Result<(), OpError> {
         let s = stream_and_mix::<Self>(inputs, 1)?;
-        block_input(&s.mix, s.x, outputs[0], Isa::best(), split);
+        block_input(&s.mix, s.x, outputs[0], split);
         Ok(())
     }
 }

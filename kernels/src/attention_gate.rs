@@ -83,7 +83,7 @@ pub fn attention_gate(
         )));
     }
     let (dim, padded) = (layout.head_dim, layout.padded);
-    token_blocks(split, out, width, BLOCK_TOKENS, &|first, block| {
+    token_blocks(split, out, width, BLOCK_TOKENS, |first, block| {
         for (t, out) in (first..).zip(block.chunks_exact_mut(width)) {
             let heads = &attention[t * layout.heads * padded..(t + 1) * layout.heads * padded];
             let gate_at = t * projections_width + layout.offset;

@@ -156,7 +156,7 @@ pub fn attention_heads(
         inputs.window.batch * inputs.window.sequence * row,
         "out is [batch, sequence, Σ heads·padded]"
     );
-    token_blocks(split, out, row, BLOCK_TOKENS, &|first, block| {
+    token_blocks(split, out, row, BLOCK_TOKENS, |first, block| {
         let mut head = Vec::new();
         for (token, mut out) in (first..).zip(block.chunks_exact_mut(row)) {
             for part in parts {

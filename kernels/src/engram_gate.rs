@@ -26,7 +26,7 @@ pub fn engram_gate(
     ] {
         assert_eq!(len, x.len(), "{name} is shaped like x");
     }
-    token_blocks(split, out, d, BLOCK_TOKENS, &|first, block| {
+    token_blocks(split, out, d, BLOCK_TOKENS, |first, block| {
         for (t, out) in (first..).zip(block.chunks_exact_mut(d)) {
             let rows = t * d..(t + 1) * d;
             let (x, key, value) = (&x[rows.clone()], &key_unit[rows.clone()], &value[rows]);

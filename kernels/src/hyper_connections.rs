@@ -86,24 +86,16 @@ impl<'a> LaneMix<'a> {
     }
 }
 
-/// The block's input `u` `[tokens, C]` from the stream `x` `[tokens, n, C]`, on `isa`.
-pub fn block_input(mix: &LaneMix, x: &[f32], u: &mut [f32], isa: Isa, split: &dyn RowSplit) {
+/// The block's input `u` `[tokens, C]` from the stream `x` `[tokens, n, C]`.
+pub fn block_input(mix: &LaneMix, x: &[f32], u: &mut [f32], split: &dyn RowSplit) {
     let (n, tokens) = (mix.lanes, mix.tokens());
     let width = u.len() / tokens.max(1);
     assert_eq!(u.len(), tokens * width, "u is [tokens, C]");
     assert_eq!(x.len(), tokens * n * width, "x is [tokens, n, C]");
     let stream = n * width;
-    token_blocks(split, u, width, BLOCK_TOKENS, &|first, block| {
-        let mut inputs = move || {
-            for (t, u) in (first..).zip(block.chunks_exact_mut(width)) {
-                token_input(mix, t, &x[t * stream..(t + 1) * stream], u);
-            }
-        };
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            // Sound: `Isa::available` offers AVX-512 only where AVX-512F was detected.
-            Isa::Avx512 => unsafe { avx512(inputs) },
-            _ => inputs(),
+    token_blocks(split, u, width, BLOCK_TOKENS, |first, block| {
+        for (t, u) in (first..).zip(block.chunks_exact_mut(width)) {
+            token_input(mix, t, &x[t * stream..(t + 1) * stream], u);
         }
     });
 }
@@ -142,23 +134,9 @@ pub fn stream_update(
     assert_eq!(x.len(), tokens * n * width, "x is [tokens, n, C]");
     assert_eq!(next.len(), x.len(), "next is [tokens, n, C]");
     let stream = n * width;
-    token_blocks(split, next, stream, BLOCK_TOKENS, &|first, block| {
-        let mut update = move || update_block(mix, x, out, u, iterations, (first, block), isa);
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            // Sound: `Isa::available` offers AVX-512 only where AVX-512F was detected.
-            Isa::Avx512 => unsafe { avx512(update) },
-            _ => update(),
-        }
+    token_blocks(split, next, stream, BLOCK_TOKENS, |first, block| {
+        update_block(mix, x, out, u, iterations, (first, block), isa)
     });
-}
-
-/// Runs `f` compiled for AVX-512: the per-value loops inlined into it vectorize 16 wide
-/// (the same arithmetic in the same order, so the same bits).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn avx512(f: impl FnOnce()) {
-    f()
 }
 
 /// The most lanes a stream has (Needle uses 3 or 4).
@@ -275,7 +253,7 @@ mod tests {
         let mix = LaneMix::new(N, &logits, &gains, &bias).unwrap();
         let (x, out) = (values(TOKENS * N * C, 0.3), values(TOKENS * C, 0.2));
         let mut u = vec![f32::NAN; TOKENS * C];
-        block_input(&mix, &x, &mut u, Isa::best(), &Serial);
+        block_input(&mix, &x, &mut u, &Serial);
         let mut next = vec![f32::NAN; x.len()];
         stream_update(&mix, &x, &out, &u, 0, &mut next, Isa::best(), &Serial);
         for t in 0..TOKENS {

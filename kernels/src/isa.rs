@@ -38,6 +38,22 @@ impl Isa {
         paths
     }
 
+    /// `f()` compiled for this path's vector width: plain Rust loops inlined into `f`
+    /// vectorize as wide as the path allows (the same arithmetic in the same order, so
+    /// the same bits: Rust never fuses a multiply and an add on its own).
+    #[inline(always)]
+    pub fn vectorized<R>(self, f: impl FnOnce() -> R) -> R {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // Sound: `Isa::available` offers AVX-512 only where AVX-512F was detected.
+            Isa::Avx512 => unsafe { on_avx512(f) },
+            #[cfg(target_arch = "x86_64")]
+            // Sound: and AVX2 only where AVX2 and FMA were.
+            Isa::Avx2 => unsafe { on_avx2(f) },
+            _ => f(),
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
@@ -45,4 +61,16 @@ impl Isa {
             Isa::Avx512 => "avx512",
         }
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn on_avx512<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn on_avx2<R>(f: impl FnOnce() -> R) -> R {
+    f()
 }

@@ -25,7 +25,7 @@ pub fn residual_norm(
         x.len() == h.len() && x.len() == out.len() && x.len().is_multiple_of(d),
         "x, h and out are [tokens, d]"
     );
-    token_blocks(split, out, d, BLOCK_TOKENS, &|first, block| {
+    token_blocks(split, out, d, BLOCK_TOKENS, |first, block| {
         for (t, out) in (first..).zip(block.chunks_exact_mut(d)) {
             let (x, h) = (&x[t * d..(t + 1) * d], &h[t * d..(t + 1) * d]);
             let root = root_mean_square(h);
@@ -56,7 +56,7 @@ pub fn pre_norm_residual(
         x.len() == out.len() && x.len().is_multiple_of(d),
         "x and out are [tokens, d]"
     );
-    token_blocks(split, out, d, block, &|first, out| {
+    token_blocks(split, out, d, block, |first, out| {
         let tokens = out.len() / d;
         let x = &x[first * d..(first + tokens) * d];
         let mut normed = vec![0.0f32; x.len()];

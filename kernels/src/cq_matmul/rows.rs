@@ -48,7 +48,7 @@ impl CqMatrix<'_> {
                 self.rows
             )));
         }
-        token_blocks(split, out, self.cols, BLOCK_ROWS, &|first, block| {
+        token_blocks(split, out, self.cols, BLOCK_ROWS, |first, block| {
             let mut padded = vec![0.0f32; self.groups() * self.group];
             for (i, row) in (first..).zip(block.chunks_exact_mut(self.cols)) {
                 self.decode_row_into(indices[i] as usize, &mut padded);
