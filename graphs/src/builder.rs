@@ -160,6 +160,20 @@ impl GraphBuilder {
         Value(Rc::from(name))
     }
 
+    /// Declares an optional graph input: an initializer of the same name holds its value
+    /// where a caller feeds none (ONNX IR ≥ 4: an overridable initializer).
+    pub fn input_with_default(
+        &mut self,
+        name: &str,
+        elem_type: i32,
+        dims: &[usize],
+        default: Vec<u8>,
+    ) -> Value {
+        let named: Vec<Dim> = dims.iter().map(|&d| Dim::Fixed(d)).collect();
+        self.inputs.push(value_info(name, elem_type, &named));
+        self.initializer(name.to_string(), elem_type, dims, default)
+    }
+
     /// Records the shape of an intermediate `value` in `value_info`. ONNX shape
     /// inference cannot add symbolic dimensions (`past_sequence + sequence`) and
     /// invents a fresh `unk__N` symbol wherever it meets one; naming the shape at

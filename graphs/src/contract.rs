@@ -18,8 +18,16 @@ pub mod names {
     /// `int64 [batch, sequence]`: each token's position in its own row (0 for the row's
     /// first real token); drives RoPE, the engram's validity and the reference mask.
     pub const POSITION_IDS: &str = "position_ids";
-    /// `float32 [batch, sequence, vocab]`.
+    /// `float32 [batch, sequence, vocab]`; in the packed graphs `[batch, logits_sequence,
+    /// vocab]`, the last [`LOGITS_TO_KEEP`] positions.
     pub const LOGITS: &str = "logits";
+    /// Packed graphs (`--weights packed`): an optional `int64` scalar, 0 unless fed (an
+    /// initializer of the same name holds the default), as Hugging Face's
+    /// `logits_to_keep`: the logits of the call's last `logits_to_keep` positions only,
+    /// of every position when 0 (or more than the call has). A prompt needs the logits of
+    /// its last token alone, and the output head over every position was 7% of a Needle 2
+    /// prefill and its largest tensor.
+    pub const LOGITS_TO_KEEP: &str = "logits_to_keep";
     /// `float32 [batch]`, a model with a confidence head: the head's logit over this
     /// call's real tokens (a sequence's confidence when it is fed whole, empty cache).
     pub const CONFIDENCE_LOGIT: &str = "confidence_logit";
@@ -125,6 +133,9 @@ pub mod dims {
     pub const TOTAL_SEQUENCE: &str = "total_sequence";
     /// The engram history followed by the new tokens: `engram_history + sequence`.
     pub const ENGRAM_WINDOW: &str = "engram_window";
+    /// The packed graphs' logits positions: `min(sequence, logits_to_keep)`, or
+    /// `sequence` where `logits_to_keep` is 0.
+    pub const LOGITS_SEQUENCE: &str = "logits_sequence";
 }
 
 /// `metadata_props` keys.

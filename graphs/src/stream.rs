@@ -23,10 +23,10 @@ use crate::blocks::norms::{zc_gain, zc_rms_norm, ZcNormed};
 use crate::blocks::token_history;
 use crate::blocks::weights::{EngramWeights, MhcWeights, Tensor};
 use crate::builder::{Dim, GraphBuilder, Value};
-use crate::contract::dims::{BATCH, PAST_SEQUENCE, SEQUENCE, TOTAL_SEQUENCE};
+use crate::contract::dims::{BATCH, LOGITS_SEQUENCE, PAST_SEQUENCE, SEQUENCE, TOTAL_SEQUENCE};
 use crate::contract::names::{self, layer_cache};
 use crate::contract::needle_ops;
-use crate::contract::{AttentionKind, HeadShape};
+use crate::contract::{AttentionKind, HeadShape, MatMulWeights};
 use crate::description::ExportDescription;
 use crate::geometry::Geometry;
 use crate::onnx::{data_type, ModelProto};
@@ -560,13 +560,17 @@ fn outputs<A: Architecture>(
     let float = b.precision().data_type();
     let shape = ctx.cfg.head_shape();
     let attention = ctx.variant.attention;
+    let positions = match ctx.matmul_weights() {
+        MatMulWeights::Packed => LOGITS_SEQUENCE,
+        _ => SEQUENCE,
+    };
     b.output(
         logits,
         names::LOGITS,
         data_type::FLOAT,
         &[
             Dim::Named(BATCH),
-            Dim::Named(SEQUENCE),
+            Dim::Named(positions),
             Dim::Fixed(ctx.cfg.output_rows()),
         ],
     );

@@ -220,6 +220,8 @@ impl AcceleratorGraphs {
             batch,
             // No probe heads here: a step's outputs are its logits and keys.
             heads: _,
+            // Every token's logits: the fixed-shape graphs compute them all anyway.
+            logits_to_keep: _,
         } = inputs;
         if batch != 1 {
             bail!("the accelerator graphs take one row a call, not {batch}");

@@ -165,9 +165,10 @@ pub fn prefill_after(session: &mut NeedleSession, ids: &[i64], cache: Cache) -> 
         .prefill_chunk
         .unwrap_or(cache.seen() + ids.len());
     let (first, rest) = ids.split_at((chunk - cache.seen() % chunk).min(ids.len()));
-    let mut step = session.forward(first, 1, cache)?;
+    // Only the prompt's last token's logits are read: each piece keeps its last alone.
+    let mut step = session.forward_keeping(first, 1, cache, 1)?;
     for piece in rest.chunks(chunk) {
-        step = session.forward(piece, 1, step.cache)?;
+        step = session.forward_keeping(piece, 1, step.cache, 1)?;
     }
     Ok(step)
 }

@@ -372,6 +372,8 @@ impl<F: TokenFilter> Engine<F> {
                 .collect(),
             batch: self.slots.len(),
             heads: false,
+            // One token a row: its logits are all there are.
+            logits_to_keep: 0,
         };
         let cache = self.cache.take().expect("a running batch has a cache");
         let start = Instant::now();

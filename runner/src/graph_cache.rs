@@ -27,7 +27,8 @@ use std::path::{Path, PathBuf};
 ///    carried too) and gathers its engram rows in `needle.EngramRows`.
 /// 9: `needle.AttentionOut` gates the attention heads and projects them by `out_proj`.
 /// 10: `needle.Attention` is the packed graphs' core in place of `GroupQueryAttention`.
-const GRAPH_REVISION: u32 = 10;
+/// 11: the packed graphs take `logits_to_keep`.
+const GRAPH_REVISION: u32 = 11;
 
 /// Where the cache lives: `$NEEDLE_ONNX_CACHE`, else `$XDG_CACHE_HOME/needle-onnx`, else
 /// `$HOME/.cache/needle-onnx`; `None` when none of them is set.

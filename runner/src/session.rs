@@ -69,6 +69,9 @@ pub struct NeedleSession {
     /// The accelerator graphs' prefill graph and driver, when `session` is their decode
     /// graph; the stock names above are empty then.
     accelerator: Option<AcceleratorGraphs>,
+    /// Whether the graph takes `names::LOGITS_TO_KEEP` (an overridable initializer, which
+    /// onnxruntime lists apart from the inputs).
+    takes_logits_to_keep: bool,
 }
 
 impl NeedleSession {
@@ -159,6 +162,7 @@ impl NeedleSession {
                 layer_names: Vec::new(),
                 carried: Vec::new(),
                 accelerator: Some(accelerator),
+                takes_logits_to_keep: false,
             });
         }
         let layers = description.config.num_layers();
@@ -170,6 +174,10 @@ impl NeedleSession {
         }
         let layer_names = (0..=layers).map(layer_cache).collect();
         let carried = CarriedState::of(&description);
+        let takes_logits_to_keep = session
+            .overridable_initializers()
+            .iter()
+            .any(|i| i.name() == names::LOGITS_TO_KEEP);
         let s = NeedleSession {
             session,
             description,
@@ -177,6 +185,7 @@ impl NeedleSession {
             layer_names,
             carried,
             accelerator: None,
+            takes_logits_to_keep,
         };
         s.check_interface()?;
         Ok(s)
@@ -199,6 +208,18 @@ impl NeedleSession {
 
     fn has_output(&self, name: &str) -> bool {
         self.session.outputs().iter().any(|o| o.name() == name)
+    }
+
+    /// The `logits_to_keep` input to feed for `keep` (none where it is 0 or the graph
+    /// computes every position's logits).
+    fn logits_to_keep(&self, keep: usize) -> Result<Option<Tensor<i64>>> {
+        if keep == 0 || !self.takes_logits_to_keep {
+            return Ok(None);
+        }
+        Ok(Some(Tensor::<i64>::from_array((
+            [0usize; 0],
+            vec![keep as i64],
+        ))?))
     }
 
     /// Whether the confidence head keeps running pools between calls
@@ -348,11 +369,18 @@ impl NeedleSession {
     /// Runs `input_ids` (`[batch, sequence]`, row-major) after `cache`; every token is real
     /// (all-ones attention mask, positions continuing each row). Where the plan slides the
     /// cache and the call does not fit it, the rows' oldest tokens are slid out first.
-    pub fn forward(
+    pub fn forward(&mut self, input_ids: &[i64], batch: usize, cache: Cache) -> Result<StepOutput> {
+        self.forward_keeping(input_ids, batch, cache, 0)
+    }
+
+    /// [`Self::forward`], keeping the logits of each row's last `logits_to_keep` positions
+    /// alone where the graph can ([`StepInputs::logits_to_keep`]; 0 keeps every one).
+    pub fn forward_keeping(
         &mut self,
         input_ids: &[i64],
         batch: usize,
         mut cache: Cache,
+        logits_to_keep: usize,
     ) -> Result<StepOutput> {
         let seq = input_ids.len().checked_div(batch).unwrap_or(0);
         if let (Some(window), Some(capacity)) = (self.plan.sliding_window, cache.capacity) {
@@ -362,7 +390,10 @@ impl NeedleSession {
                 cache.slid += dropped;
             }
         }
-        let step = StepInputs::dense(input_ids, batch, cache.len, cache.seen());
+        let step = StepInputs {
+            logits_to_keep,
+            ..StepInputs::dense(input_ids, batch, cache.len, cache.seen())
+        };
         self.step(step, cache)
     }
 
@@ -396,19 +427,24 @@ impl NeedleSession {
             return graphs.step(&mut self.session, inputs, cache);
         }
         let heads = inputs.heads;
+        let keep = self.logits_to_keep(inputs.logits_to_keep)?;
         // Valid once `input_tensors` has checked the rows.
         let total = cache.len + inputs.position_ids.len() / inputs.batch.max(1);
         let slid = cache.slid;
         let [ids, mask, positions] = self.input_tensors(inputs, &cache)?;
         if cache.capacity.is_some() {
-            return self.forward_in_place(ids, mask, positions, cache, total, heads);
+            let tensors = [ids, mask, positions];
+            return self.forward_in_place(tensors, keep, cache, total, heads);
         }
-        let inputs = exact_length_inputs(
+        let mut inputs = exact_length_inputs(
             &self.layer_names,
             &self.carried,
             [ids, mask, positions],
             cache,
         );
+        if let Some(keep) = keep {
+            inputs.push((names::LOGITS_TO_KEEP, keep.into()));
+        }
         let mut fetched = OutputSelector::default();
         for head in HEADS {
             if !self.fetches(head, heads) {
@@ -508,9 +544,8 @@ impl NeedleSession {
     /// layer's `past_*` input and `present.*` output at once.
     fn forward_in_place(
         &mut self,
-        ids: Tensor<i64>,
-        mask: Tensor<i64>,
-        positions: Tensor<i64>,
+        [ids, mask, positions]: [Tensor<i64>; 3],
+        keep: Option<Tensor<i64>>,
         mut cache: Cache,
         total: usize,
         heads: bool,
@@ -519,6 +554,9 @@ impl NeedleSession {
         binding.bind_input(names::INPUT_IDS, &ids)?;
         binding.bind_input(names::ATTENTION_MASK, &mask)?;
         binding.bind_input(names::POSITION_IDS, &positions)?;
+        if let Some(keep) = &keep {
+            binding.bind_input(names::LOGITS_TO_KEEP, keep)?;
+        }
         for (n, kv) in self.layer_names.iter().zip(cache.layers.iter_mut()) {
             binding.bind_input(n.past_key.as_str(), &kv.key)?;
             binding.bind_input(n.past_value.as_str(), &kv.value)?;

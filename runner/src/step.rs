@@ -18,6 +18,9 @@ pub struct StepInputs {
     /// its inference builds run every node whatever is fetched, as the decode profile of
     /// `needle-bench --profile` shows.)
     pub heads: bool,
+    /// The logits of each row's last `logits_to_keep` positions only, on graphs that take
+    /// `names::LOGITS_TO_KEEP` (the packed ones); 0 for every position.
+    pub logits_to_keep: usize,
 }
 
 impl StepInputs {
@@ -34,6 +37,7 @@ impl StepInputs {
             position_ids: row.repeat(batch),
             batch,
             heads: false,
+            logits_to_keep: 0,
         }
     }
 
@@ -48,6 +52,7 @@ impl StepInputs {
             position_ids: Vec::with_capacity(batch * longest),
             batch,
             heads: false,
+            logits_to_keep: 0,
         };
         for row in rows {
             for i in 0..longest {
@@ -73,7 +78,8 @@ impl StepInputs {
 
 /// Output of one step.
 pub struct StepOutput {
-    /// `[batch, sequence, vocab]`, row-major.
+    /// `[batch, sequence, vocab]`, row-major; `[batch, min(sequence, logits_to_keep),
+    /// vocab]` where the call kept fewer ([`StepInputs::logits_to_keep`]).
     pub logits: Vec<f32>,
     /// `[batch]`: the confidence head's logit, when the graph has the head and the call
     /// asked for it ([`StepInputs::heads`]; see `names::CONFIDENCE_LOGIT`): over this

@@ -64,6 +64,7 @@ fn a_call_longer_than_the_context_is_our_error_not_onnxruntimes() {
             position_ids: vec![0; seq],
             batch: 1,
             heads: false,
+            logits_to_keep: 0,
         };
         let cache = s.empty_cache(1).unwrap();
         let err = format!("{:#}", s.step(inputs, cache).err().unwrap());
@@ -90,6 +91,7 @@ fn a_row_of_padding_only_runs_in_every_cache_layout() {
                 position_ids: vec![0; 3],
                 batch: 1,
                 heads: false,
+                logits_to_keep: 0,
             };
             let out = s.step(inputs, cache);
             let out = out.map_err(|e| format!("{kind}: {e:#}")).unwrap();

@@ -44,6 +44,7 @@ fn heads_of(s: &mut NeedleSession, ids: &[i64], lengths: &[i64]) -> (Vec<f32>, V
         position_ids: (0..batch).flat_map(|_| 0..seq as i64).collect(),
         batch,
         heads: true,
+        logits_to_keep: 0,
     };
     let out = s.step(inputs, s.empty_cache(batch).unwrap()).unwrap();
     (

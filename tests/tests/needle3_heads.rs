@@ -69,6 +69,7 @@ fn the_confidence_head_matches_upstream_on_padded_batches_and_generations() {
                 position_ids: positions,
                 batch,
                 heads: true,
+                logits_to_keep: 0,
             };
             let cache = s.empty_cache(batch).unwrap();
             let got = s.step(inputs, cache).unwrap().confidence_logit.unwrap();

@@ -75,6 +75,7 @@ fn a_rung_of_the_file_is_upstreams_sub_network_of_it() {
             position_ids: (0..batch).flat_map(|_| 0..seq as i64).collect(),
             batch,
             heads: true,
+            logits_to_keep: 0,
         };
         let cache = s.empty_cache(batch).unwrap();
         let got = s.step(inputs, cache).unwrap().confidence_logit.unwrap();

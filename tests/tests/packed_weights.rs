@@ -7,7 +7,7 @@
 
 use graphs::contract::{AttentionKind, MatMulWeights, Precision};
 use needle_tests::{
-    case_logits, case_row_errors, cases, fixture, options, session_of, MODELS, TOLERANCE,
+    case_logits, case_row_errors, cases, fixture, options, row_error, session_of, MODELS, TOLERANCE,
 };
 use runner::provider::Provider;
 use runner::session::NeedleSession;
@@ -48,4 +48,36 @@ fn packed_weights_are_the_exact_model_on_every_fixture() {
         }
     }
     println!("{}", report.join("\n"));
+}
+
+/// `logits_to_keep` (an optional input of the packed graphs, 0 unless fed): the call's
+/// last `k` positions' logits, those of the call that keeps every one (within the bound:
+/// fewer tokens may take the output head's one-token path), and every position's where
+/// `k` asks for more than the call has. Both generations, both attention variants.
+#[test]
+fn logits_to_keep_gives_the_last_positions_logits() {
+    for model in ["m64", "needle3/n3a"] {
+        for kind in KINDS {
+            let mut packed = session(model, kind, MatMulWeights::Packed);
+            let vocab = packed.config().output_vocab();
+            let ids: Vec<i64> = (0..9).map(|i| 4 + (i * 37) % 200).collect();
+            let every = packed.forward(&ids, 1, packed.empty_cache(1).unwrap());
+            let every = every.unwrap().logits;
+            assert_eq!(
+                every.len(),
+                ids.len() * vocab,
+                "{model} {kind:?}: every position"
+            );
+            for keep in [1, 3, ids.len(), ids.len() + 5] {
+                let cache = packed.empty_cache(1).unwrap();
+                let got = packed.forward_keeping(&ids, 1, cache, keep).unwrap().logits;
+                let kept = keep.min(ids.len());
+                let what = format!("{model} {kind:?} logits_to_keep {keep}");
+                assert_eq!(got.len(), kept * vocab, "{what}: positions");
+                let want = &every[(ids.len() - kept) * vocab..];
+                let err = row_error(&got, want, kept, vocab);
+                assert!(err <= 1e-5, "{what}: {err:.2e}");
+            }
+        }
+    }
 }

@@ -77,6 +77,7 @@ fn batched(
         position_ids: positions,
         batch,
         heads: false,
+        logits_to_keep: 0,
     };
     let mut step = s.step(inputs, c).unwrap();
     let prefill = step.logits.clone();
@@ -98,6 +99,7 @@ fn batched(
             position_ids: positions,
             batch,
             heads: false,
+            logits_to_keep: 0,
         };
         step = s.step(inputs, step.cache).unwrap();
         decode.push(step.logits.clone());

@@ -10,6 +10,7 @@ use crate::blocks::norms::zc_rms_norm;
 use crate::blocks::weights::Tensor;
 use crate::builder::{Dim, GraphBuilder, Value};
 use crate::contract::dims::{BATCH, SEQUENCE};
+use crate::contract::names::LOGITS_TO_KEEP;
 use crate::contract::{MatMulWeights, Precision};
 use crate::onnx::data_type;
 
@@ -90,6 +91,21 @@ fn declare_rows<C>(b: &mut GraphBuilder, ctx: &BuildContext<C>, rows: &Value) {
     b.declare(rows, b.precision().data_type(), &dims);
 }
 
+/// The stream's last `logits_to_keep` positions (`names::LOGITS_TO_KEEP`, an optional
+/// input; all of them where it is 0): `Slice` from `−logits_to_keep`, which is 0 then and
+/// which `Slice` clamps to the sequence's start where it asks for more.
+fn keep_last_positions(b: &mut GraphBuilder, x: &Value) -> Value {
+    let keep = b.input_with_default(
+        LOGITS_TO_KEEP,
+        data_type::INT64,
+        &[],
+        0i64.to_le_bytes().to_vec(),
+    );
+    let start = b.op1("Neg", &[&keep], vec![]);
+    let start = b.unsqueeze(&start, &[0]);
+    b.slice_from(x, 1, &start)
+}
+
 /// Mean over lanes, `final_norm`, and the output projection tied to the first `rows`
 /// rows of the embedding table (read from `tied` where the table shares it); float32
 /// logits.
@@ -103,6 +119,14 @@ pub fn lm_head<C>(
     x: &Value,
 ) -> Value {
     let d_model = ctx.common.d_model;
+    let kept;
+    let x = match ctx.matmul_weights() {
+        MatMulWeights::Packed => {
+            kept = keep_last_positions(b, x);
+            &kept
+        }
+        _ => x,
+    };
     let x = b.reduce_mean(x, &[2]);
     let x = b.squeeze(&x, &[2]);
     let x = zc_rms_norm(b, ctx, &x, "final_norm", &final_norm.data);
