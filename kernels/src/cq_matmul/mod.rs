@@ -184,8 +184,14 @@ pub fn cq_matmul(
         .zip(y.chunks_mut(per_chunk * w.rows))
     {
         let tokens = x.len() / w.cols;
-        let prepared = prepare(w, x, tokens, scale, &layout);
-        let xt = Tokens::of(prepared.as_slice(), tokens, w.groups() * w.group, &layout);
+        let prepared = prepare(w, x, tokens, scale, &layout, split);
+        let xt = Tokens::of(
+            prepared.as_slice(),
+            tokens,
+            w.groups() * w.group,
+            &layout,
+            split,
+        );
         let out = Output(y.as_mut_ptr());
         split.for_each(w.rows.div_ceil(BLOCK_ROWS), &|block| {
             let first = block * BLOCK_ROWS;
@@ -201,8 +207,8 @@ pub fn cq_matmul(
 /// faster than in 512 KiB ones (which split them in two).
 const CHUNK_BYTES: usize = 1 << 20;
 
-/// Zeroed floats that start on a cache line (64 bytes). The SIMD paths load a token's or
-/// a decoded row's inputs a whole vector at a time from its start (every row a multiple of
+/// Floats that start on a cache line (64 bytes). The SIMD paths load a token's or a
+/// decoded row's inputs a whole vector at a time from its start (every row a multiple of
 /// 16 floats long), and a vector that straddles two lines costs two loads: the AVX-512
 /// prompt product ran 1.6–2× faster on a Sapphire Rapids core once its activations and
 /// decoded rows started on a line (a `Vec<f32>` starts wherever the allocator puts it).
@@ -210,23 +216,48 @@ pub(super) struct Aligned {
     buffer: Vec<f32>,
     start: usize,
     len: usize,
+    /// Where the buffer goes back to when dropped, for the thread's next product.
+    home: Option<&'static Scratch>,
 }
 
+/// A thread's buffer of one kind, kept between products: a prompt product's activations
+/// and panels are up to a MiB each, and allocating and zeroing them every call was 2–3% of
+/// a Needle 2 prefill.
+type Scratch = std::thread::LocalKey<std::cell::RefCell<Vec<f32>>>;
+
 impl Aligned {
+    const LINE_FLOATS: usize = 64 / std::mem::size_of::<f32>();
+
     pub fn zeroed(len: usize) -> Aligned {
-        const LINE_FLOATS: usize = 64 / std::mem::size_of::<f32>();
         if len == 0 {
             // A one-token product decodes no rows: no allocation for each of its blocks.
-            return Aligned {
-                buffer: Vec::new(),
-                start: 0,
-                len,
-            };
+            return Aligned::on(Vec::new(), 0, None);
         }
-        let buffer = vec![0.0f32; len + LINE_FLOATS - 1];
+        Aligned::on(vec![0.0f32; len + Self::LINE_FLOATS - 1], len, None)
+    }
+
+    /// `len` floats from the thread's `home` buffer (grown with zeros where too short),
+    /// holding whatever its last user left: for callers that write every value they read.
+    pub fn reused(home: &'static Scratch, len: usize) -> Aligned {
+        let mut buffer = home.with_borrow_mut(std::mem::take);
+        if buffer.len() < len + Self::LINE_FLOATS - 1 {
+            buffer.resize(len + Self::LINE_FLOATS - 1, 0.0);
+        }
+        Aligned::on(buffer, len, Some(home))
+    }
+
+    fn on(buffer: Vec<f32>, len: usize, home: Option<&'static Scratch>) -> Aligned {
         // `align_offset` counts floats; a `Vec<f32>` is 4-byte aligned, so at most 15.
-        let start = buffer.as_ptr().align_offset(64);
-        Aligned { buffer, start, len }
+        let start = match len {
+            0 => 0,
+            _ => buffer.as_ptr().align_offset(64),
+        };
+        Aligned {
+            buffer,
+            start,
+            len,
+            home,
+        }
     }
 
     pub fn as_slice(&self) -> &[f32] {
@@ -236,6 +267,25 @@ impl Aligned {
     pub fn as_mut_slice(&mut self) -> &mut [f32] {
         &mut self.buffer[self.start..self.start + self.len]
     }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        if let Some(home) = self.home {
+            let buffer = std::mem::take(&mut self.buffer);
+            // A thread being torn down has no buffer to return to: the memory is freed.
+            let _ = home.try_with(|slot| *slot.borrow_mut() = buffer);
+        }
+    }
+}
+
+thread_local! {
+    /// A prompt product's prepared activations.
+    static PREPARED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// A prompt product's panels.
+    static PANELS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// A row block's decoded rows, and a token block's rotation.
+    static BLOCK_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// The output buffer shared by the row blocks. Sound to share: each block writes only
@@ -260,12 +310,18 @@ enum Tokens<'a> {
 
 impl<'a> Tokens<'a> {
     /// Panels where the layout is AVX-512's and the rows are decoded (a prompt chunk).
-    fn of(prepared: &'a [f32], tokens: usize, len: usize, layout: &Layout) -> Tokens<'a> {
+    fn of(
+        prepared: &'a [f32],
+        tokens: usize,
+        len: usize,
+        layout: &Layout,
+        split: &dyn RowSplit,
+    ) -> Tokens<'a> {
         #[cfg(target_arch = "x86_64")]
         if layout.isa == Isa::Avx512 && tokens >= DECODE_FROM_TOKENS {
-            return Tokens::Panels(panels::Panels::of(prepared, tokens, len));
+            return Tokens::Panels(panels::Panels::of(prepared, tokens, len, split));
         }
-        let _ = (tokens, len, layout);
+        let _ = (tokens, len, layout, split);
         Tokens::Rows(prepared)
     }
 }

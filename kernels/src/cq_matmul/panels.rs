@@ -8,6 +8,7 @@
 
 use super::{Aligned, CqMatrix, Output, Table};
 use crate::isa::Isa;
+use crate::split::{token_blocks, RowSplit};
 use crate::transpose::{transpose, Strided};
 use std::ops::Range;
 
@@ -28,7 +29,8 @@ pub(super) struct Panels {
 }
 
 impl Panels {
-    pub fn of(prepared: &[f32], tokens: usize, len: usize) -> Panels {
+    /// The panels of `prepared`, spread by `split` a panel at a time.
+    pub fn of(prepared: &[f32], tokens: usize, len: usize, split: &dyn RowSplit) -> Panels {
         debug_assert_eq!(prepared.len(), tokens * len);
         let full = tokens / PANEL_TOKENS * PANEL_TOKENS;
         let last = match tokens - full {
@@ -36,24 +38,32 @@ impl Panels {
             1..=16 => 16,
             _ => PANEL_TOKENS,
         };
-        let mut data = Aligned::zeroed((full + last) * len);
-        let out = data.as_mut_slice();
-        for first in (0..tokens).step_by(PANEL_TOKENS) {
-            let width = if first < full { PANEL_TOKENS } else { last };
-            let count = PANEL_TOKENS.min(tokens - first);
-            let tokens = Strided {
-                data: &prepared[first * len..(first + count) * len],
-                stride: len,
-            };
-            transpose(
-                Isa::Avx512,
-                tokens,
-                count,
-                len,
-                &mut out[first * len..],
-                width,
-            );
-        }
+        let mut data = Aligned::reused(&super::PANELS, (full + last) * len);
+        // A panel is `len` rows of its width: as many values as `width` tokens.
+        token_blocks(
+            split,
+            data.as_mut_slice(),
+            len,
+            PANEL_TOKENS,
+            |first, panel| {
+                let width = if first < full { PANEL_TOKENS } else { last };
+                let count = PANEL_TOKENS.min(tokens - first);
+                let real = Strided {
+                    data: &prepared[first * len..(first + count) * len],
+                    stride: len,
+                };
+                transpose(Isa::Avx512, real, count, len, panel, width);
+                // The lanes past a last panel's tokens are summed and never written: zeros,
+                // so that they hold no slow (subnormal) leftovers.
+                for lane in count..width {
+                    panel
+                        .iter_mut()
+                        .skip(lane)
+                        .step_by(width)
+                        .for_each(|v| *v = 0.0);
+                }
+            },
+        );
         Panels { data, tokens, len }
     }
 
@@ -84,7 +94,9 @@ pub(super) unsafe fn rows_block(
     out: &Output,
 ) {
     let (groups, len) = (w.groups(), panels.len);
-    let mut weights = Aligned::zeroed(ROWS * len);
+    // Rows past a last group's count keep earlier rows' weights (decoded values, finite):
+    // their sums are not written.
+    let mut weights = Aligned::reused(&super::BLOCK_SCRATCH, ROWS * len);
     let mut sums = [[0.0f32; PANEL_TOKENS]; ROWS];
     for first in rows.clone().step_by(ROWS) {
         let count = ROWS.min(rows.end - first);
@@ -104,7 +116,6 @@ pub(super) unsafe fn rows_block(
                 row,
             );
         }
-        // Rows past `count` keep the block's earlier weights; their sums are not written.
         let weights: [&[f32]; ROWS] =
             std::array::from_fn(|j| &weights.as_slice()[j * len..(j + 1) * len]);
         for (first_token, tokens, width, panel) in panels.each() {

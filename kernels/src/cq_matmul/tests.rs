@@ -258,7 +258,14 @@ fn avx512_rotation_is_the_scalar_rotations_bits() {
             }
             let tokens = 3;
             let x = tokens_for(&case, tokens, 29);
-            let got = prepare(&case.matrix(), &x, tokens, RowScale::default(), &layout);
+            let got = prepare(
+                &case.matrix(),
+                &x,
+                tokens,
+                RowScale::default(),
+                &layout,
+                &Serial,
+            );
             let in_pad = cols.div_ceil(group) * group;
             for (t, got) in got.as_slice().chunks_exact(in_pad).enumerate() {
                 let mut natural = vec![0.0f32; in_pad];
