@@ -186,6 +186,7 @@ pub fn attention_heads(
 
 /// The conv of `y.len()` columns from `column` at token `token`: tap by tap, as the stock
 /// graph sums them.
+#[inline(always)]
 fn conv(inputs: &ConvInputs, layout: &HeadsLayout, token: usize, column: usize, y: &mut [f32]) {
     let (n, seq, width) = (inputs.taps(), inputs.window.sequence, y.len());
     let (b, t) = (token / seq, token % seq);
@@ -199,6 +200,7 @@ fn conv(inputs: &ConvInputs, layout: &HeadsLayout, token: usize, column: usize, 
 }
 
 /// ZC-RMS norm of one head: `x / √(mean x² + ε) · gain`.
+#[inline(always)]
 fn normalize(x: &mut [f32], gain: &[f32]) {
     let root = root_mean_square(x);
     x.iter_mut()
@@ -207,6 +209,7 @@ fn normalize(x: &mut [f32], gain: &[f32]) {
 }
 
 /// Rotate-half RoPE of one head at `position`.
+#[inline(always)]
 fn rotate(x: &mut [f32], nr: &NormRope, position: usize) {
     let half = x.len() / 2;
     let (cos, sin) = (

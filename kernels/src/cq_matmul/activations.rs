@@ -100,6 +100,7 @@ pub struct RowScale<'a> {
 }
 
 impl RowScale<'_> {
+    #[inline(always)]
     fn apply(&self, row: &mut [f32]) {
         if self.unit_rows {
             let root = root_mean_square(row);
