@@ -180,13 +180,17 @@ mod avx512 {
         high: __mmask16,
     ) {
         let mut sums = [[_mm512_setzero_ps(); 2]; R];
+        // Sound: rows r..r + R of a, k values each, are within `a` (`[m, k]`, r + R ≤ m);
+        // read through pointers, since a bounds check a row and step held the FMAs back.
+        let a_rows: [*const f32; R] = std::array::from_fn(|i| a.as_ptr().add((r + i) * k));
         for l in 0..k {
             // Sound: row l of b holds columns col.. where the masks have lanes.
             let row = b.data.as_ptr().add(l * b.stride + col);
             let b0 = _mm512_maskz_loadu_ps(low, row);
             let b1 = _mm512_maskz_loadu_ps(high, row.wrapping_add(16));
-            for (i, sum) in sums.iter_mut().enumerate() {
-                let s = _mm512_set1_ps(a[(r + i) * k + l]);
+            for (sum, a_row) in sums.iter_mut().zip(a_rows) {
+                // Sound: l < k.
+                let s = _mm512_set1_ps(*a_row.add(l));
                 sum[0] = _mm512_fmadd_ps(s, b0, sum[0]);
                 sum[1] = _mm512_fmadd_ps(s, b1, sum[1]);
             }
