@@ -187,7 +187,7 @@ struct BlockOutput<'a> {
 }
 
 /// The next stream `[n, C]` of token `t` from its stream `x` and its residual mix `h_res`
-/// `[n, n]`.
+/// `[n, n]`: each value `0 + Σⱼ h·xⱼ + h_post·(o − u)`, summed in that order.
 #[inline(always)]
 fn token_update(
     mix: &LaneMix,
@@ -197,21 +197,58 @@ fn token_update(
     h_res: &[f32],
     next: &mut [f32],
 ) {
-    let (n, width) = (mix.lanes, block.u.len());
+    let n = mix.lanes;
     let mut post = [0.0f32; MAX_LANES];
     mix.mixed(t, n..2 * n, &mut post[..n]);
-    for ((lane, h_row), &post) in next
-        .chunks_exact_mut(width)
-        .zip(h_res.chunks_exact(n))
-        .zip(&post)
-    {
-        lane.fill(0.0);
-        for (x_j, &h) in x.chunks_exact(width).zip(h_row) {
-            lane.iter_mut().zip(x_j).for_each(|(v, &x)| *v += h * x);
+    let h_post = post.map(|p| 2.0 * sigmoid(p));
+    match n {
+        // One pass over the values for the lane counts Needle has, each read once (a pass
+        // a lane and term read the stream n + 2 times a lane).
+        3 => lanes_update::<3>(x, &block, h_res, &h_post, next),
+        4 => lanes_update::<4>(x, &block, h_res, &h_post, next),
+        _ => {
+            let width = block.u.len();
+            for ((lane, h_row), &h_post) in next
+                .chunks_exact_mut(width)
+                .zip(h_res.chunks_exact(n))
+                .zip(&h_post)
+            {
+                lane.fill(0.0);
+                for (x_j, &h) in x.chunks_exact(width).zip(h_row) {
+                    lane.iter_mut().zip(x_j).for_each(|(v, &x)| *v += h * x);
+                }
+                for ((v, &o), &u) in lane.iter_mut().zip(block.out).zip(block.u) {
+                    *v += h_post * (o - u);
+                }
+            }
         }
-        let h_post = 2.0 * sigmoid(post);
-        for ((v, &o), &u) in lane.iter_mut().zip(block.out).zip(block.u) {
-            *v += h_post * (o - u);
+    }
+}
+
+/// [`token_update`] of `N` lanes in one pass: the same sums in the same order.
+#[inline(always)]
+fn lanes_update<const N: usize>(
+    x: &[f32],
+    block: &BlockOutput,
+    h_res: &[f32],
+    h_post: &[f32; MAX_LANES],
+    next: &mut [f32],
+) {
+    let width = block.u.len();
+    assert!(x.len() == N * width && next.len() == N * width && block.out.len() == width);
+    assert_eq!(h_res.len(), N * N, "h_res is [n, n]");
+    let xs: [&[f32]; N] = std::array::from_fn(|j| &x[j * width..(j + 1) * width]);
+    let h: [[f32; N]; N] = std::array::from_fn(|i| std::array::from_fn(|j| h_res[i * N + j]));
+    let mut lanes = next.chunks_exact_mut(width);
+    let outs: [&mut [f32]; N] = std::array::from_fn(|_| lanes.next().expect("n lanes"));
+    for c in 0..width {
+        let update = block.out[c] - block.u[c];
+        for i in 0..N {
+            let mut sum = 0.0f32;
+            for j in 0..N {
+                sum += h[i][j] * xs[j][c];
+            }
+            outs[i][c] = sum + h_post[i] * update;
         }
     }
 }
@@ -242,31 +279,43 @@ mod tests {
     }
 
     /// Both sides against the formulas in f64, with no Sinkhorn step (so `h_res = exp(res)`:
-    /// the Sinkhorn kernel has its own test against upstream's recurrence).
+    /// the Sinkhorn kernel has its own test against upstream's recurrence), for lane counts
+    /// with a one-pass update (3, 4) and without (2).
     #[test]
     fn both_sides_match_the_formulas() {
+        for n in [2, N, 4] {
+            both_sides_match_the_formulas_with(n);
+        }
+    }
+
+    fn both_sides_match_the_formulas_with(n: usize) {
+        let width = 2 * n + n * n;
         let (logits, gains, bias) = (
-            values(TOKENS * WIDTH, 0.1),
-            values(WIDTH, 0.07),
-            values(WIDTH, 0.05),
+            values(TOKENS * width, 0.1),
+            values(width, 0.07),
+            values(width, 0.05),
         );
-        let mix = LaneMix::new(N, &logits, &gains, &bias).unwrap();
-        let (x, out) = (values(TOKENS * N * C, 0.3), values(TOKENS * C, 0.2));
+        let mix = LaneMix::new(n, &logits, &gains, &bias).unwrap();
+        let (x, out) = (values(TOKENS * n * C, 0.3), values(TOKENS * C, 0.2));
         let mut u = vec![f32::NAN; TOKENS * C];
         block_input(&mix, &x, &mut u, &Serial);
         let mut next = vec![f32::NAN; x.len()];
         stream_update(&mix, &x, &out, &u, 0, &mut next, Isa::best(), &Serial);
         for t in 0..TOKENS {
-            let m = |i: usize| logits[t * WIDTH + i] as f64 * gains[i] as f64 + bias[i] as f64;
-            let x = |i: usize, c: usize| x[(t * N + i) * C + c] as f64;
+            let m = |i: usize| logits[t * width + i] as f64 * gains[i] as f64 + bias[i] as f64;
+            let x = |i: usize, c: usize| x[(t * n + i) * C + c] as f64;
             for c in 0..C {
-                let want_u: f64 = (0..N).map(|i| sigmoid64(m(i)) * x(i, c)).sum();
-                assert!((u[t * C + c] as f64 - want_u).abs() < 1e-6, "u[{t}, {c}]");
-                for i in 0..N {
-                    let mixed: f64 = (0..N).map(|j| m(2 * N + i * N + j).exp() * x(j, c)).sum();
-                    let update = 2.0 * sigmoid64(m(N + i)) * (out[t * C + c] - u[t * C + c]) as f64;
-                    let got = next[(t * N + i) * C + c] as f64;
-                    assert!((got - (mixed + update)).abs() < 1e-5, "next[{t}, {i}, {c}]");
+                let want_u: f64 = (0..n).map(|i| sigmoid64(m(i)) * x(i, c)).sum();
+                assert!(
+                    (u[t * C + c] as f64 - want_u).abs() < 1e-6,
+                    "{n} lanes: u[{t}, {c}]"
+                );
+                for i in 0..n {
+                    let mixed: f64 = (0..n).map(|j| m(2 * n + i * n + j).exp() * x(j, c)).sum();
+                    let update = 2.0 * sigmoid64(m(n + i)) * (out[t * C + c] - u[t * C + c]) as f64;
+                    let got = next[(t * n + i) * C + c] as f64;
+                    let what = format!("{n} lanes: next[{t}, {i}, {c}]");
+                    assert!((got - (mixed + update)).abs() < 1e-5, "{what}");
                 }
             }
         }
