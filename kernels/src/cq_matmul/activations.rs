@@ -76,9 +76,7 @@ pub(super) fn prepare(
             let mut rotated = Aligned::reused(&super::BLOCK_SCRATCH, in_pad);
             let rotated = rotated.as_mut_slice();
             for (t, token) in (first..).zip(block.chunks_exact_mut(in_pad)) {
-                let row = &mut rotated[..w.cols];
-                row.copy_from_slice(&x[t * w.cols..(t + 1) * w.cols]);
-                scale.apply(row);
+                scale.write(&x[t * w.cols..(t + 1) * w.cols], &mut rotated[..w.cols]);
                 rotated[w.cols..].fill(0.0);
                 layout.rotate_arrange(rotated, w.group, token);
             }
@@ -100,14 +98,23 @@ pub struct RowScale<'a> {
 }
 
 impl RowScale<'_> {
+    /// `out = x` scaled, in one pass (`x / root · gain`, each step only where asked).
     #[inline(always)]
-    fn apply(&self, row: &mut [f32]) {
-        if self.unit_rows {
-            let root = root_mean_square(row);
-            row.iter_mut().for_each(|v| *v /= root);
-        }
-        if let Some(gain) = self.gain {
-            row.iter_mut().zip(gain).for_each(|(v, g)| *v *= g);
+    fn write(&self, x: &[f32], out: &mut [f32]) {
+        let root = self.unit_rows.then(|| root_mean_square(x));
+        match (root, self.gain) {
+            (Some(root), Some(gain)) => {
+                for ((o, &v), &g) in out.iter_mut().zip(x).zip(gain) {
+                    *o = v / root * g;
+                }
+            }
+            (Some(root), None) => out.iter_mut().zip(x).for_each(|(o, &v)| *o = v / root),
+            (None, Some(gain)) => {
+                for ((o, &v), &g) in out.iter_mut().zip(x).zip(gain) {
+                    *o = v * g;
+                }
+            }
+            (None, None) => out.copy_from_slice(x),
         }
     }
 }

@@ -65,6 +65,81 @@ unsafe fn dots_of<const R: usize, const B: usize>(
     std::array::from_fn(|j| _mm512_reduce_add_ps(sums[j]))
 }
 
+/// One row's codebook values in the 16-lane layout (`out[i]` the value of the code that
+/// meets `xt[i]`): the lookups of [`dots`], stored instead of multiplied.
+///
+/// # Safety
+/// The CPU must have AVX-512F; `codes` holds `out.len() · bits / 8` bytes and `out.len()`
+/// is a multiple of `128 / bits`.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn decode(codes: &[u8], bits: usize, table: &[f32; 16], out: &mut [f32]) {
+    match bits {
+        1 => decode_of::<1>(codes, table, out),
+        2 => decode_of::<2>(codes, table, out),
+        4 => decode_of::<4>(codes, table, out),
+        _ => unreachable!("the layout sends only 1-, 2- and 4-bit codes to SIMD"),
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn decode_of<const B: usize>(codes: &[u8], table: &[f32; 16], out: &mut [f32]) {
+    let per_byte = 8 / B;
+    let chunk = 16 * per_byte;
+    debug_assert!(out.len().is_multiple_of(chunk) && codes.len() == out.len() * B / 8);
+    let lookup = _mm512_loadu_ps(table.as_ptr());
+    for (c, chunk_out) in out.chunks_exact_mut(chunk).enumerate() {
+        // Sound: chunk c's 16 code bytes start at 16·c and end within the row.
+        let wide = _mm512_cvtepu8_epi32(_mm_loadu_si128(codes.as_ptr().add(16 * c).cast()));
+        for s in 0..per_byte {
+            let count = _mm_cvtsi32_si128((s * B) as i32);
+            let value = _mm512_permutexvar_ps(_mm512_srl_epi32(wide, count), lookup);
+            _mm512_storeu_ps(chunk_out.as_mut_ptr().add(s * 16), value);
+        }
+    }
+}
+
+/// [`dots`] of `R` decoded rows ([`decode`]) with `T` tokens at once: each (row, token)
+/// the same products summed in the same order as [`dots`] (16 lanes at a time through each
+/// group, then `norm ·` the group's lanes), so the same bits; the tokens share each load
+/// of a row's values.
+///
+/// # Safety
+/// The CPU must have AVX-512F; every row of `values` and every token of `xts` has the
+/// same length, of which `group`, a multiple of 16, is a divisor.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn decoded_dots<const R: usize, const T: usize>(
+    values: [&[f32]; R],
+    norms: [&[f32]; R],
+    xts: [&[f32]; T],
+    group: usize,
+) -> [[f32; R]; T] {
+    let len = xts[0].len();
+    debug_assert!(group.is_multiple_of(16) && len.is_multiple_of(group));
+    debug_assert!(values.iter().all(|row| row.len() == len));
+    debug_assert!(xts.iter().all(|token| token.len() == len));
+    let mut sums = [[_mm512_setzero_ps(); R]; T];
+    for (g, start) in (0..len).step_by(group).enumerate() {
+        let mut parts = [[_mm512_setzero_ps(); R]; T];
+        for at in (start..start + group).step_by(16) {
+            // Sound: `at + 16 ≤ len`, the length of every row and token.
+            let x: [__m512; T] = std::array::from_fn(|t| _mm512_loadu_ps(xts[t].as_ptr().add(at)));
+            for j in 0..R {
+                let value = _mm512_loadu_ps(values[j].as_ptr().add(at));
+                for t in 0..T {
+                    parts[t][j] = _mm512_fmadd_ps(value, x[t], parts[t][j]);
+                }
+            }
+        }
+        for t in 0..T {
+            for j in 0..R {
+                let norm = _mm512_set1_ps(norms[j][g]);
+                sums[t][j] = _mm512_fmadd_ps(norm, parts[t][j], sums[t][j]);
+            }
+        }
+    }
+    std::array::from_fn(|t| std::array::from_fn(|j| _mm512_reduce_add_ps(sums[t][j])))
+}
+
 /// One row's weights in the 16-lane layout (`out[i]` the weight that meets `xt[i]`): the
 /// lookups of [`dots`], each times its group's norm, stored instead of multiplied.
 ///

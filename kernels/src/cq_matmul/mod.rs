@@ -15,14 +15,14 @@
 //! the activation, once per token for every row, and the weights are read as codes.
 //!
 //! Each output element is summed in one fixed order whatever the row blocking or the
-//! threads. On the scalar and AVX2 paths it is the same order (per group, then the groups
-//! in order) for one token and for a prompt, so a token gets the bits it gets alone. The
-//! AVX-512 path multiplies a prompt (from [`DECODE_FROM_TOKENS`] tokens on) in panels of
-//! tokens, one running sum an output in input order ([`panels`]: FMA-bound, where dot
-//! products of decoded rows were held up by their loads and by a reduction across lanes a
-//! sum); there a token gets the same bits in any prompt, and within rounding (1e-5 of its
-//! outputs' scale, tested) what its one-token lookups give. The order differs between
-//! instruction-set paths.
+//! threads. Codes looked up token by token and rows decoded for a few tokens
+//! ([`DECODE_FROM_TOKENS`]) sum in the same order (per group, then the groups in order),
+//! so there a token gets the bits it gets alone. The AVX-512 path multiplies a prompt of
+//! [`PANELS_FROM_TOKENS`] or more in panels of tokens, one running sum an output in input
+//! order ([`panels`]: FMA-bound, where dot products of decoded rows were held up by their
+//! loads and by a reduction across lanes a sum); there a token gets the same bits in any
+//! such prompt, and within rounding (1e-5 of its outputs' scale, tested) what it gets
+//! alone. The order differs between instruction-set paths.
 
 mod activations;
 #[cfg(target_arch = "x86_64")]
@@ -299,17 +299,22 @@ unsafe impl Sync for Output {}
 /// per token: decoding a row costs about as much as a few direct dots of it.
 const DECODE_FROM_TOKENS: usize = 4;
 
+/// From this many tokens on, AVX-512 multiplies in panels ([`panels`]), whose 16 or 32
+/// lanes are tokens: below, most lanes would be padding (Needle 3's engram sites project
+/// 4 tokens a decode step, and in panels its decode ran 5–9% slower).
+const PANELS_FROM_TOKENS: usize = 16;
+
 /// A product's prepared tokens as its row blocks read them.
 enum Tokens<'a> {
     /// `[tokens, padded inputs]`, a token after another.
     Rows(&'a [f32]),
-    /// The AVX-512 prompt product's panels.
+    /// The AVX-512 prompt product's panels (from [`PANELS_FROM_TOKENS`] tokens).
     #[cfg(target_arch = "x86_64")]
     Panels(panels::Panels),
 }
 
 impl<'a> Tokens<'a> {
-    /// Panels where the layout is AVX-512's and the rows are decoded (a prompt chunk).
+    /// Panels where the layout is AVX-512's and the call has enough tokens.
     fn of(
         prepared: &'a [f32],
         tokens: usize,
@@ -318,7 +323,7 @@ impl<'a> Tokens<'a> {
         split: &dyn RowSplit,
     ) -> Tokens<'a> {
         #[cfg(target_arch = "x86_64")]
-        if layout.isa == Isa::Avx512 && tokens >= DECODE_FROM_TOKENS {
+        if layout.isa == Isa::Avx512 && tokens >= PANELS_FROM_TOKENS {
             return Tokens::Panels(panels::Panels::of(prepared, tokens, len, split));
         }
         let _ = (tokens, len, layout, split);
@@ -451,15 +456,22 @@ impl RowBlock<'_> {
             self.decode_row(codes[row], values);
         }
         let values: [&[f32]; R] = std::array::from_fn(|j| &decoded[j * in_pad..(j + 1) * in_pad]);
-        // Tokens in tiles as wide as the path's registers hold (R · T sums and partial sums;
-        // AVX-512 multiplies prompts in panels instead).
+        // Tokens in tiles as wide as the path's registers hold (R · T sums and partial sums).
         let tile = match self.layout.isa {
+            Isa::Avx512 => 3,
             Isa::Avx2 => 2,
-            _ => 1,
+            Isa::Scalar => 1,
         };
         let tiled = self.tokens / tile * tile;
         for t in (0..tiled).step_by(tile) {
             match tile {
+                3 => {
+                    let xts = std::array::from_fn(|i| token(t + i));
+                    let sums = decoded_dots::<R, 3>(w, self.layout, values, norms, xts);
+                    sums.into_iter()
+                        .enumerate()
+                        .for_each(|(i, s)| write(t + i, s));
+                }
                 2 => {
                     let xts = std::array::from_fn(|i| token(t + i));
                     let sums = decoded_dots::<R, 2>(w, self.layout, values, norms, xts);
@@ -489,7 +501,10 @@ impl RowBlock<'_> {
             // Sound: a layout picks an x86 path only where `Isa::available` detected it, and
             // only for widths whose chunks fit a group.
             Isa::Avx2 => unsafe { avx2::decode(codes, w.bits, self.table, values) },
-            _ => unreachable!("AVX-512 decodes rows in panels::rows_block"),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => unsafe { avx512::decode(codes, w.bits, &self.table.values, values) },
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => unreachable!("no x86 path off x86-64"),
         }
     }
 }
@@ -528,7 +543,10 @@ fn decoded_dots<const R: usize, const T: usize>(
         #[cfg(target_arch = "x86_64")]
         // Sound: a layout picks an x86 path only where `Isa::available` detected it.
         Isa::Avx2 => unsafe { avx2::decoded_dots(values, norms, xts, w.group) },
-        _ => unreachable!("AVX-512 multiplies decoded rows in panels"),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { avx512::decoded_dots(values, norms, xts, w.group) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("no x86 path off x86-64"),
     }
 }
 

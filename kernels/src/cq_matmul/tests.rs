@@ -152,9 +152,10 @@ fn every_path_and_width_matches_upstreams_decode() {
         for bits in 1..=4 {
             for (rows, cols, group) in [(37, 200, 128), (8, 256, 128), (5, 96, 32), (6, 40, 8)] {
                 let case = Case::new(rows, cols, group, bits, 11 + bits as u64);
-                // Fewer tokens than DECODE_FROM_TOKENS look codes up, more decode rows
-                // (on AVX-512: one panel of 16, one of 32 and one of 16, two of 32).
-                for tokens in [3, DECODE_FROM_TOKENS + 1, 33, 50] {
+                // Fewer tokens than DECODE_FROM_TOKENS look codes up, more decode rows;
+                // on AVX-512 from PANELS_FROM_TOKENS in panels (one of 16, one of 32 and
+                // one of 16, two of 32).
+                for tokens in [3, DECODE_FROM_TOKENS + 1, PANELS_FROM_TOKENS, 33, 50] {
                     assert_matches_dense(&case, tokens, isa);
                 }
             }
@@ -187,8 +188,8 @@ fn a_token_gets_the_same_bits_in_any_prompt_and_its_sums_alone() {
     for isa in Isa::available() {
         for bits in [1, 2, 3, 4] {
             let case = Case::new(45, 384, 128, bits, 3);
-            // Together the rows are decoded once; alone each token looks the codes up.
-            for tokens in [DECODE_FROM_TOKENS + 1, 37] {
+            // Rows decoded once for a few tokens, and (AVX-512) panels of 16 and of 32.
+            for tokens in [DECODE_FROM_TOKENS + 1, PANELS_FROM_TOKENS, 37] {
                 let x = tokens_for(&case, tokens, 9);
                 let what = format!("{} {bits}-bit", isa.name());
                 assert_each_token_as_alone(&case, &x, tokens, isa, &what);
@@ -198,28 +199,32 @@ fn a_token_gets_the_same_bits_in_any_prompt_and_its_sums_alone() {
 }
 
 /// Every token of `x` (`tokens` of them, run together) gets the bits it gets in another
-/// prompt (itself and the `DECODE_FROM_TOKENS − 1` tokens after it), and alone: the same
-/// bits where a prompt is summed as one token is (scalar, AVX2), within 1e-5 of the
-/// token's largest output on AVX-512, whose prompt panels sum each output in input order
-/// where its lookups sum sixteen lanes a group.
+/// call that takes the same path (itself and the tokens after it, as many as the path
+/// starts at), and alone: the same bits where the call sums as one token does (lookups,
+/// rows decoded for a few tokens), within 1e-5 of the token's largest output in AVX-512's
+/// panels, which sum each output in input order where the lookups sum sixteen lanes a
+/// group.
 fn assert_each_token_as_alone(case: &Case, x: &[f32], tokens: usize, isa: Isa, what: &str) {
     let together = run(case, x, tokens, isa);
     let token = |t: usize| &x[(t % tokens) * case.cols..(t % tokens + 1) * case.cols];
     let bits_of = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let panels =
+        Layout::new(isa, case.bits, case.group).isa == Isa::Avx512 && tokens >= PANELS_FROM_TOKENS;
+    let other_tokens = match panels {
+        true => PANELS_FROM_TOKENS,
+        false => DECODE_FROM_TOKENS,
+    };
     for t in 0..tokens {
         let want = &together[t * case.rows..(t + 1) * case.rows];
-        let other: Vec<f32> = (t..t + DECODE_FROM_TOKENS)
-            .flat_map(token)
-            .copied()
-            .collect();
-        let other = run(case, &other, DECODE_FROM_TOKENS, isa);
+        let other: Vec<f32> = (t..t + other_tokens).flat_map(token).copied().collect();
+        let other = run(case, &other, other_tokens, isa);
         assert_eq!(
             bits_of(&other[..case.rows]),
             bits_of(want),
-            "{what} token {t} of {tokens}, in a prompt of {DECODE_FROM_TOKENS}"
+            "{what} token {t} of {tokens}, in a call of {other_tokens}"
         );
         let alone = run(case, token(t), 1, isa);
-        if Layout::new(isa, case.bits, case.group).isa != Isa::Avx512 {
+        if !panels {
             assert_eq!(bits_of(&alone), bits_of(want), "{what} token {t} alone");
             continue;
         }
@@ -303,7 +308,7 @@ impl RowSplit for Threads {
 fn threads_change_no_bit() {
     let case = Case::new(100, 256, 128, 4, 21);
     let isa = Isa::best();
-    for tokens in [2, DECODE_FROM_TOKENS] {
+    for tokens in [2, DECODE_FROM_TOKENS, PANELS_FROM_TOKENS + 1] {
         let x = tokens_for(&case, tokens, 1);
         let serial = run(&case, &x, tokens, isa);
         let mut threaded = vec![0.0; serial.len()];
