@@ -12,7 +12,7 @@
 //! Each token's result depends on its row's window alone, in one order whatever the batch.
 
 use crate::conv_state::ConvWindow;
-use crate::math::root_mean_square;
+use crate::math::inverse_root_mean_square;
 use crate::split::{token_blocks, RowSplit};
 use crate::ShapeError;
 
@@ -202,10 +202,10 @@ fn conv(inputs: &ConvInputs, layout: &HeadsLayout, token: usize, column: usize, 
 /// ZC-RMS norm of one head: `x / √(mean x² + ε) · gain`.
 #[inline(always)]
 fn normalize(x: &mut [f32], gain: &[f32]) {
-    let root = root_mean_square(x);
+    let inverse = inverse_root_mean_square(x);
     x.iter_mut()
         .zip(gain)
-        .for_each(|(v, &g)| *v = *v / root * g);
+        .for_each(|(v, &g)| *v = *v * inverse * g);
 }
 
 /// Rotate-half RoPE of one head at `position`.

@@ -3,7 +3,7 @@
 //! `out = x + σ(⟨x̂, k̂⟩ / √d) · value`, `k̂` the site's key already unit-RMS normalised.
 //! Seven stock nodes a site in one.
 
-use crate::math::{exp, root_mean_square};
+use crate::math::{exp, inverse_root_mean_square};
 use crate::split::{token_blocks, RowSplit};
 
 /// Tokens a thread takes at once.
@@ -30,7 +30,7 @@ pub fn engram_gate(
         for (t, out) in (first..).zip(block.chunks_exact_mut(d)) {
             let rows = t * d..(t + 1) * d;
             let (x, key, value) = (&x[rows.clone()], &key_unit[rows.clone()], &value[rows]);
-            let inverse_root = 1.0 / root_mean_square(x);
+            let inverse_root = inverse_root_mean_square(x);
             let dot: f32 = x.iter().zip(key).map(|(x, k)| x * inverse_root * k).sum();
             let logit = dot / (d as f64).sqrt() as f32;
             let alpha = 1.0 / (1.0 + exp(-logit));

@@ -4,7 +4,7 @@
 //! one), and the MLP ops' `out = x + mlp(norm(x))` before it ([`pre_norm_residual`]), with
 //! `norm(v) = v / √(mean v² + ε) · gain` per token.
 
-use crate::math::root_mean_square;
+use crate::math::inverse_root_mean_square;
 use crate::split::{token_blocks, RowSplit};
 
 /// Tokens a thread takes at once.
@@ -28,9 +28,9 @@ pub fn residual_norm(
     token_blocks(split, out, d, BLOCK_TOKENS, |first, block| {
         for (t, out) in (first..).zip(block.chunks_exact_mut(d)) {
             let (x, h) = (&x[t * d..(t + 1) * d], &h[t * d..(t + 1) * d]);
-            let root = root_mean_square(h);
+            let inverse = inverse_root_mean_square(h);
             for (((o, &x), &h), &g) in out.iter_mut().zip(x).zip(h).zip(gain) {
-                *o = x + scale * (h / root * g);
+                *o = x + scale * (h * inverse * g);
             }
         }
     });
@@ -61,9 +61,9 @@ pub fn pre_norm_residual(
         let x = &x[first * d..(first + tokens) * d];
         let mut normed = vec![0.0f32; x.len()];
         for (normed, x) in normed.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
-            let root = root_mean_square(x);
+            let inverse = inverse_root_mean_square(x);
             for ((n, &x), &g) in normed.iter_mut().zip(x).zip(gain) {
-                *n = x / root * g;
+                *n = x * inverse * g;
             }
         }
         mlp(&normed, tokens, out);

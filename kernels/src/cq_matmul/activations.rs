@@ -5,7 +5,7 @@
 use super::{Aligned, CqMatrix, NIBBLE_CHUNK};
 use crate::hadamard;
 use crate::isa::Isa;
-use crate::math::root_mean_square;
+use crate::math::inverse_root_mean_square;
 use crate::split::{token_blocks, RowSplit};
 
 /// The path a product runs on and the activation order it reads.
@@ -98,17 +98,17 @@ pub struct RowScale<'a> {
 }
 
 impl RowScale<'_> {
-    /// `out = x` scaled, in one pass (`x / root · gain`, each step only where asked).
+    /// `out = x` scaled, in one pass (`x · (1 / root) · gain`, each step only where asked).
     #[inline(always)]
     fn write(&self, x: &[f32], out: &mut [f32]) {
-        let root = self.unit_rows.then(|| root_mean_square(x));
-        match (root, self.gain) {
-            (Some(root), Some(gain)) => {
+        let inverse = self.unit_rows.then(|| inverse_root_mean_square(x));
+        match (inverse, self.gain) {
+            (Some(inverse), Some(gain)) => {
                 for ((o, &v), &g) in out.iter_mut().zip(x).zip(gain) {
-                    *o = v / root * g;
+                    *o = v * inverse * g;
                 }
             }
-            (Some(root), None) => out.iter_mut().zip(x).for_each(|(o, &v)| *o = v / root),
+            (Some(inverse), None) => out.iter_mut().zip(x).for_each(|(o, &v)| *o = v * inverse),
             (None, Some(gain)) => {
                 for ((o, &v), &g) in out.iter_mut().zip(x).zip(gain) {
                     *o = v * g;
