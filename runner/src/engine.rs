@@ -624,14 +624,25 @@ fn prefill_together(
     }
     let pad = i64::from(session.description.tokenizer.pad_id);
     let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
-    let inputs = StepInputs::right_padded(prompts, pad);
+    let shortest = prompts.iter().map(|p| p.len()).min().unwrap_or(0);
+    // Only each row's last token's logits are read: the positions from the shortest
+    // row's last on (graphs that keep fewer give those; the others give every position).
+    let inputs = StepInputs {
+        logits_to_keep: longest + 1 - shortest,
+        ..StepInputs::right_padded(prompts, pad)
+    };
     let room = session.plan.cache_room(longest, longest + most_new);
     let cache = session.preallocated_cache(prompts.len(), room)?;
     let step = session.step(inputs, cache)?;
+    let kept = step.logits.len() / (prompts.len() * vocab);
+    let first_kept = longest - kept;
     let lasts = prompts
         .iter()
         .enumerate()
-        .map(|(r, prompt)| Last::of(&step, r, (r * longest + prompt.len() - 1) * vocab, vocab))
+        .map(|(r, prompt)| {
+            let at = (r * kept + prompt.len() - 1 - first_kept) * vocab;
+            Last::of(&step, r, at, vocab)
+        })
         .collect();
     Ok((step.cache, lasts))
 }
