@@ -85,16 +85,20 @@ impl HadamardMlp<'_> {
 mod tests {
     use super::*;
 
+    /// Three diagonals of width `n`: diagonal `k` (1, 2, 3) holds `0.5 + ((i·k) mod m)·step`.
+    fn diagonals(n: usize, m: usize, step: f32) -> [Vec<f32>; 3] {
+        std::array::from_fn(|k| {
+            (0..n)
+                .map(|i| 0.5 + ((i * (k + 1)) % m) as f32 * step)
+                .collect()
+        })
+    }
+
     /// Against the formula in f64 with the dense matrix: d_model 6 in n = 8, two tokens.
     #[test]
     fn matches_the_dense_formula() {
         let (d, n) = (6, 8);
-        let diagonal = |k: usize| {
-            (0..n)
-                .map(|i| 0.5 + ((i * k) % 5) as f32 * 0.1)
-                .collect::<Vec<_>>()
-        };
-        let (d1, d2, d3) = (diagonal(1), diagonal(2), diagonal(3));
+        let [d1, d2, d3] = diagonals(n, 5, 0.1);
         let x: Vec<f32> = (0..2 * d).map(|i| (i as f32 * 0.7).sin()).collect();
         let mut out = vec![f32::NAN; x.len()];
         HadamardMlp {
@@ -145,12 +149,7 @@ mod tests {
     #[test]
     fn every_path_gives_the_same_bits() {
         let (d, n) = (40, 64);
-        let diagonal = |k: usize| {
-            (0..n)
-                .map(|i| 0.5 + ((i * k) % 7) as f32 * 0.13)
-                .collect::<Vec<_>>()
-        };
-        let (d1, d2, d3) = (diagonal(1), diagonal(2), diagonal(3));
+        let [d1, d2, d3] = diagonals(n, 7, 0.13);
         let x: Vec<f32> = (0..3 * d).map(|i| (i as f32 * 0.61).sin()).collect();
         let run = |isa| {
             let mut out = vec![f32::NAN; x.len()];
