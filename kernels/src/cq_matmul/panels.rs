@@ -2,9 +2,9 @@
 //! input's 32 activations side by side, one per lane), each row block's weights decoded
 //! with their norms once, and every panel multiplied by them with tokens in lanes
 //! ([`super::avx512::panel_dots`]). Each output is one running multiply-add over the inputs
-//! in order, whatever the panel or the thread: a token gets the same bits in any prompt
-//! chunk, and within rounding what the one-token lookups give it (which sum sixteen lanes
-//! a group, then scale by the norm).
+//! in order, whatever the panel or the thread: a token gets the same bits in any call of
+//! `PANELS_FROM_TOKENS` or more, and within rounding what the one-token lookups give it
+//! (which sum sixteen lanes a group, then scale by the norm).
 
 use super::{Aligned, CqMatrix, Output, Table};
 use crate::isa::Isa;
