@@ -139,6 +139,33 @@ impl Layout {
         }
     }
 
+    /// [`Layout::arrange`] undone: `arranged` back into natural order in `out`.
+    pub fn natural(&self, arranged: &[f32], out: &mut [f32]) {
+        match self.order {
+            Order::Natural => out.copy_from_slice(arranged),
+            Order::ShiftMajor { lanes, per_byte } => {
+                let chunk = lanes * per_byte;
+                for (dst, src) in out
+                    .chunks_exact_mut(chunk)
+                    .zip(arranged.chunks_exact(chunk))
+                {
+                    for s in 0..per_byte {
+                        for i in 0..lanes {
+                            dst[i * per_byte + s] = src[s * lanes + i];
+                        }
+                    }
+                }
+            }
+            Order::NibblePairs => {
+                for (dst, src) in out.chunks_exact_mut(8).zip(arranged.chunks_exact(8)) {
+                    for (e, &value) in src.iter().enumerate() {
+                        dst[2 * (e % 4) + e / 4] = value;
+                    }
+                }
+            }
+        }
+    }
+
     /// `natural` (one row's or token's padded inputs) into `out` in the order this path
     /// reads codes: the same order for activations and for decoded weights, so a decoded
     /// row's value `i` meets the activation its code would have met.

@@ -30,6 +30,8 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
+mod few_rows;
+#[cfg(target_arch = "x86_64")]
 mod panels;
 mod rows;
 mod scalar;
@@ -172,6 +174,11 @@ pub fn cq_matmul(
     let layout = Layout::new(isa, w.bits, w.group);
     if let Some(gain) = scale.gain {
         assert_eq!(gain.len(), w.cols, "gain is [cols]");
+    }
+    #[cfg(target_arch = "x86_64")]
+    if layout.isa == Isa::Avx512 && tokens >= PANELS_FROM_TOKENS && w.rows <= few_rows::MOST_ROWS {
+        // Sound: the layout is AVX-512's only where `Isa::available` detected it.
+        return unsafe { few_rows::product(w, x, scale, y, split) };
     }
     let table = w.table();
     // Every row block reads every token, so the tokens go in equal chunks whose prepared

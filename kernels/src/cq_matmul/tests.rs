@@ -163,6 +163,51 @@ fn every_path_and_width_matches_upstreams_decode() {
     }
 }
 
+/// The row scale (unit rows, a gain, both) on every path, against the dense product of the
+/// scaled rows in f64: lookups, decoded rows, panels (45 rows) and few rows (24).
+#[test]
+fn row_scales_are_applied_on_every_path() {
+    for isa in Isa::available() {
+        for rows in [45, 24] {
+            let case = Case::new(rows, 200, 64, 4, 41);
+            let gain: Vec<f32> = (0..case.cols).map(|c| 0.5 + (c % 7) as f32 * 0.2).collect();
+            for tokens in [3, DECODE_FROM_TOKENS + 1, PANELS_FROM_TOKENS + 3] {
+                let x = tokens_for(&case, tokens, 13);
+                for (unit_rows, gain) in [
+                    (true, None),
+                    (false, Some(&gain[..])),
+                    (true, Some(&gain[..])),
+                ] {
+                    let scale = RowScale { unit_rows, gain };
+                    let mut y = vec![f32::NAN; tokens * rows];
+                    cq_matmul(&case.matrix(), &x, tokens, scale, &mut y, isa, &Serial);
+                    for t in 0..tokens {
+                        let token = &x[t * case.cols..(t + 1) * case.cols];
+                        let mean: f64 = token.iter().map(|&v| v as f64 * v as f64).sum::<f64>()
+                            / case.cols as f64;
+                        let root = if unit_rows { (mean + 1e-6).sqrt() } else { 1.0 };
+                        let scaled: Vec<f64> = (0..case.cols)
+                            .map(|c| token[c] as f64 / root * gain.map_or(1.0, |g| g[c] as f64))
+                            .collect();
+                        for r in 0..rows {
+                            let w = case.dense_row(r);
+                            let exact: f64 = w.iter().zip(&scaled).map(|(w, x)| w * x).sum();
+                            let size: f64 = w.iter().zip(&scaled).map(|(w, x)| (w * x).abs()).sum();
+                            let got = y[t * rows + r] as f64;
+                            assert!(
+                                (got - exact).abs() <= 1e-5 * size + 1e-12,
+                                "{} {rows} rows, {tokens} tokens, unit {unit_rows}, gain {}: token {t} row {r}: {got} vs {exact}",
+                                isa.name(),
+                                gain.is_some()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn ternary_crumbs_decode_through_their_codebook() {
     // Ternary is stored as 2-bit crumbs with the codebook {0, +c, unused, −c}; crumb 2
@@ -186,12 +231,16 @@ fn ternary_crumbs_decode_through_their_codebook() {
 #[test]
 fn a_token_gets_the_same_bits_in_any_prompt_and_its_sums_alone() {
     for isa in Isa::available() {
-        for bits in [1, 2, 3, 4] {
-            let case = Case::new(45, 384, 128, bits, 3);
-            // Rows decoded once for a few tokens, and (AVX-512) panels of 16 and of 32.
+        // 45 rows: panels on AVX-512; 24: few_rows' dequantized rows.
+        for (rows, bits) in [45, 24]
+            .into_iter()
+            .flat_map(|r| (1..=4).map(move |b| (r, b)))
+        {
+            let case = Case::new(rows, 384, 128, bits, 3);
+            // Rows decoded once for a few tokens, and (AVX-512) 16 and 37 tokens.
             for tokens in [DECODE_FROM_TOKENS + 1, PANELS_FROM_TOKENS, 37] {
                 let x = tokens_for(&case, tokens, 9);
-                let what = format!("{} {bits}-bit", isa.name());
+                let what = format!("{} {rows} rows {bits}-bit", isa.name());
                 assert_each_token_as_alone(&case, &x, tokens, isa, &what);
             }
         }
@@ -201,9 +250,9 @@ fn a_token_gets_the_same_bits_in_any_prompt_and_its_sums_alone() {
 /// Every token of `x` (`tokens` of them, run together) gets the bits it gets in another
 /// call that takes the same path (itself and the tokens after it, as many as the path
 /// starts at), and alone: the same bits where the call sums as one token does (lookups,
-/// rows decoded for a few tokens), within 1e-5 of the token's largest output in AVX-512's
-/// panels, which sum each output in input order where the lookups sum sixteen lanes a
-/// group.
+/// rows decoded for a few tokens), within 1e-5 of the token's largest output on AVX-512
+/// from `PANELS_FROM_TOKENS` tokens (panels, or few rows dequantized), which sum each
+/// output in input order where the lookups sum sixteen lanes a group.
 fn assert_each_token_as_alone(case: &Case, x: &[f32], tokens: usize, isa: Isa, what: &str) {
     let together = run(case, x, tokens, isa);
     let token = |t: usize| &x[(t % tokens) * case.cols..(t % tokens + 1) * case.cols];
