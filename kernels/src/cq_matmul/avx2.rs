@@ -75,11 +75,14 @@ unsafe fn dots_of<const R: usize, const B: usize>(
     std::array::from_fn(|j| horizontal_sum(sums[j]))
 }
 
-/// The first 4 entries of `table` in both 128-bit lanes: what `vpermilps` looks up.
+/// The first 4 entries of `table` in both 128-bit lanes: what `vpermilps` looks up. An
+/// unaligned load: the table is an `[f32; 16]`, 4-byte aligned (a reference to it as an
+/// `__m128` was undefined behaviour, which debug builds caught once the stack moved).
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn crumb_table(table: &Table) -> __m256 {
-    _mm256_broadcast_ps(&*table.values.as_ptr().cast::<__m128>())
+    let four = _mm_loadu_ps(table.values.as_ptr());
+    _mm256_set_m128(four, four)
 }
 
 #[target_feature(enable = "avx2,fma")]
