@@ -135,27 +135,6 @@ pub fn stream_update(
     assert_eq!(next.len(), x.len(), "next is [tokens, n, C]");
     let stream = n * width;
     token_blocks(split, next, stream, BLOCK_TOKENS, |first, block| {
-        update_block(mix, x, out, u, iterations, (first, block), isa)
-    });
-}
-
-/// The most lanes a stream has (Needle uses 3 or 4).
-const MAX_LANES: usize = 8;
-
-/// [`stream_update`] of the tokens `first..` whose next streams are `block`.
-#[inline(always)]
-fn update_block(
-    mix: &LaneMix,
-    x: &[f32],
-    out: &[f32],
-    u: &[f32],
-    iterations: usize,
-    (first, block): (usize, &mut [f32]),
-    isa: Isa,
-) {
-    let (n, tokens) = (mix.lanes, mix.tokens());
-    let stream = x.len() / tokens;
-    {
         // The block's residual mixes first, normalised side by side.
         let count = block.len() / stream;
         let mut res = vec![0.0f32; count * n * n];
@@ -177,8 +156,11 @@ fn update_block(
             };
             token_update(mix, t, &x[token(x)], block_output, h_res, next);
         }
-    }
+    });
 }
+
+/// The most lanes a stream has (Needle uses 3 or 4).
+const MAX_LANES: usize = 8;
 
 /// A token's block input `u` and output `out`, `[C]` each.
 struct BlockOutput<'a> {
