@@ -18,6 +18,10 @@ pub(super) const PANEL_TOKENS: usize = 32;
 /// Rows multiplied with a panel at once: `2 · ROWS` sums and two panel registers fit the
 /// 32 registers, and a broadcast weight feeds two multiply-adds.
 const ROWS: usize = 8;
+const _: () = assert!(
+    ROWS == 8,
+    "a row block's sums are stored transposed 8 rows at a time"
+);
 
 /// The prepared tokens `[tokens, len]` as panels: panel `p` holds tokens `32p…` input by
 /// input, `width` lanes each (32, or 16 for a last panel of at most 16 tokens), padded
@@ -123,13 +127,25 @@ pub(super) unsafe fn rows_block(
                 PANEL_TOKENS => super::avx512::panel_dots::<ROWS, 2>(weights, panel, &mut sums),
                 _ => super::avx512::panel_dots::<ROWS, 1>(weights, panel, &mut sums),
             }
-            for t in 0..tokens {
-                // A token's rows lie side by side in `out`: written one token at a time.
-                let at = (first_token + t) * w.rows + first;
+            // A token's rows lie side by side in `out`.
+            let at = |t: usize| (first_token + t) * w.rows + first;
+            let whole = match count {
+                ROWS => tokens / 16 * 16,
+                _ => 0,
+            };
+            for t in (0..whole).step_by(16) {
+                let lanes = std::array::from_fn(|j| {
+                    let lanes: &[f32; 16] = sums[j][t..t + 16].try_into().expect("16 lanes");
+                    lanes
+                });
+                // Sound: rows first…first + 8 belong to this block alone, and the tokens
+                // are the product's.
+                super::avx512::store_transposed(lanes, out.0.add(at(t)), w.rows);
+            }
+            for t in whole..tokens {
                 for (j, row_sums) in sums.iter().enumerate().take(count) {
-                    // Sound: row first + j belongs to this block alone, and the token is
-                    // one of the product's.
-                    *out.0.add(at + j) = row_sums[t];
+                    // Sound: as above.
+                    *out.0.add(at(t) + j) = row_sums[t];
                 }
             }
         }
