@@ -6,10 +6,12 @@
 use crate::cq_matmul::CqLayout;
 use crate::{op_error, ElementType, Input, NeedleOp, OpError, RowSplit};
 use graphs::contract::needle_ops;
+use kernels::isa::Isa;
 use kernels::CqMatrix;
 
 pub struct CqGather {
     layout: CqLayout,
+    isa: Isa,
 }
 
 impl CqGather {
@@ -39,6 +41,7 @@ impl NeedleOp for CqGather {
     fn new(attribute: &dyn Fn(&str) -> Option<i64>) -> Result<Self, OpError> {
         Ok(CqGather {
             layout: CqLayout::of::<Self>(attribute)?,
+            isa: Isa::best(),
         })
     }
 
@@ -56,7 +59,7 @@ impl NeedleOp for CqGather {
         split: &dyn RowSplit,
     ) -> Result<(), OpError> {
         let (w, _, indices) = self.operands(inputs)?;
-        w.gather_rows(indices, outputs[0], split)
+        w.gather_rows(self.isa, indices, outputs[0], split)
             .map_err(op_error::<Self>)
     }
 }

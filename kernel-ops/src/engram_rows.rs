@@ -7,10 +7,12 @@ use crate::cq_matmul::CqLayout;
 use crate::{op_error, size_attribute, ElementType, Input, NeedleOp, OpError, RowSplit};
 use graphs::contract::needle_ops;
 use kernels::engram_rows::{engram_rows, NgramTables, TokenWindow};
+use kernels::isa::Isa;
 
 pub struct EngramRows {
     table: CqLayout,
     slots: usize,
+    isa: Isa,
 }
 
 impl EngramRows {
@@ -63,6 +65,7 @@ impl NeedleOp for EngramRows {
         Ok(EngramRows {
             table: CqLayout::of::<Self>(attribute)?,
             slots: size_attribute::<Self>(attribute, "slots")?,
+            isa: Isa::best(),
         })
     }
 
@@ -80,6 +83,6 @@ impl NeedleOp for EngramRows {
     ) -> Result<(), OpError> {
         let (_, window, tables) = self.operands(inputs)?;
         let table = self.table.matrix::<Self>(inputs, 4)?;
-        engram_rows(&window, &tables, &table, outputs[0], split).map_err(op_error::<Self>)
+        engram_rows(self.isa, &window, &tables, &table, outputs[0], split).map_err(op_error::<Self>)
     }
 }

@@ -6,6 +6,7 @@
 //! (`valid[t − (o − 1)]`, 0 before the window). Tokens before the window count as 0.
 
 use crate::cq_matmul::CqMatrix;
+use crate::isa::Isa;
 use crate::split::RowSplit;
 use crate::ShapeError;
 
@@ -30,6 +31,7 @@ pub struct NgramTables<'a> {
 
 /// `out` `[batch, len, tables · cols]`: every position's rows of `table`, table by table.
 pub fn engram_rows(
+    isa: Isa,
     window: &TokenWindow,
     tables: &NgramTables,
     table: &CqMatrix,
@@ -73,7 +75,7 @@ pub fn engram_rows(
             });
         }
     }
-    table.gather_scaled_rows(&rows, Some(&ok), out, split)
+    table.gather_scaled_rows(isa, &rows, Some(&ok), out, split)
 }
 
 #[cfg(test)]
@@ -105,7 +107,7 @@ mod tests {
             slots: 3,
         };
         let mut out = vec![f32::NAN; 3 * 2 * 8];
-        engram_rows(&window, &tables, &matrix, &mut out, &Serial).unwrap();
+        engram_rows(Isa::best(), &window, &tables, &matrix, &mut out, &Serial).unwrap();
         let zero = |p: usize, t: usize| {
             out[(p * 2 + t) * 8..(p * 2 + t + 1) * 8]
                 .iter()
@@ -122,7 +124,7 @@ mod tests {
             let found = (0..3).any(|slot| {
                 let mut want = vec![0.0; 8];
                 matrix
-                    .gather_rows(&[(slot + 3 * t) as i64], &mut want, &Serial)
+                    .gather_rows(Isa::Scalar, &[(slot + 3 * t) as i64], &mut want, &Serial)
                     .unwrap();
                 want == row
             });
@@ -145,7 +147,8 @@ mod tests {
             orders: &[1, 0, 2],
             slots: 2,
         };
-        let error = engram_rows(&window, &bad_order, &matrix, &mut out, &Serial).unwrap_err();
+        let error =
+            engram_rows(Isa::best(), &window, &bad_order, &matrix, &mut out, &Serial).unwrap_err();
         assert!(
             error.0.contains("not one positive order a table"),
             "{error}"
@@ -156,7 +159,8 @@ mod tests {
             orders: &[1, 1, 1],
             slots: 3,
         };
-        let error = engram_rows(&window, &too_many, &matrix, &mut out, &Serial).unwrap_err();
+        let error =
+            engram_rows(Isa::best(), &window, &too_many, &matrix, &mut out, &Serial).unwrap_err();
         assert!(error.0.contains("outside the 6 rows"), "{error}");
     }
 }

@@ -10,10 +10,7 @@
 //! `1 / RMS` at the end where the rows are unit-scaled: a token gets the same bits in any
 //! call that takes this path, and within rounding what the other paths give it.
 
-use super::activations::Layout;
 use super::{Aligned, CqMatrix, RowScale};
-use crate::f16;
-use crate::hadamard::rotate_groups;
 use crate::isa::Isa;
 use crate::math::inverse_root_mean_square;
 use crate::split::{token_blocks, RowSplit};
@@ -59,29 +56,19 @@ pub(super) unsafe fn product(
 }
 
 /// The rows dequantized, `[cols, 32]`: input `k`'s rows side by side (zeros past the
-/// last row), each times `gain[k]` where given. Each row as `CqMatrix::decode_row_into`
-/// has it (the same bits), its codes looked up by AVX-512 and rotated by its butterflies.
+/// last row), each times `gain[k]` where given; each row as
+/// [`CqMatrix::decode_row_into`] has it on AVX-512.
 ///
 /// # Safety
-/// The CPU must have AVX-512F and the matrix the 16-lane layout.
+/// The CPU must have AVX-512F.
 #[target_feature(enable = "avx512f")]
 unsafe fn by_input(w: &CqMatrix, gain: Option<&[f32]>) -> Aligned {
-    let (in_pad, groups) = (w.groups() * w.group, w.groups());
-    let layout = Layout::new(Isa::Avx512, w.bits, w.group);
-    let table = w.table();
-    let mut arranged = vec![0.0f32; in_pad];
+    let in_pad = w.groups() * w.group;
     // Both buffers are the thread's, kept between products (fresh ones page-faulted every
     // call); every value read is written first.
     let mut rows = Aligned::reused(&super::PREPARED, w.rows * in_pad);
     for (r, row) in rows.as_mut_slice().chunks_exact_mut(in_pad).enumerate() {
-        super::avx512::decode(w.row_codes(r), w.bits, &table.values, &mut arranged);
-        layout.natural(&arranged, row);
-        let norms = &w.norms[r * groups..(r + 1) * groups];
-        for (group, &norm) in row.chunks_exact_mut(w.group).zip(norms) {
-            let norm = f16::to_f32(norm);
-            group.iter_mut().for_each(|v| *v *= norm);
-        }
-        rotate_groups(Isa::Avx512, row, w.group);
+        w.decode_row_into(Isa::Avx512, r, row);
         if let Some(gain) = gain {
             row.iter_mut().zip(gain).for_each(|(v, &g)| *v *= g);
         }

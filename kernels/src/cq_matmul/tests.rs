@@ -397,12 +397,14 @@ fn inconsistent_tensors_are_refused_with_what_disagrees() {
 
 #[test]
 fn gathered_rows_are_upstreams_decode_and_a_bad_index_is_refused() {
-    for bits in 1..=4 {
+    for (bits, isa) in
+        (1..=4).flat_map(|bits| Isa::available().into_iter().map(move |isa| (bits, isa)))
+    {
         let case = Case::new(9, 200, 64, bits, 31 + bits as u64);
         let indices = [3i64, 0, 8, 3];
         let mut out = vec![f32::NAN; indices.len() * case.cols];
         case.matrix()
-            .gather_rows(&indices, &mut out, &Serial)
+            .gather_rows(isa, &indices, &mut out, &Serial)
             .unwrap();
         for (&r, row) in indices.iter().zip(out.chunks_exact(case.cols)) {
             let want = case.dense_row(r as usize);
@@ -411,7 +413,7 @@ fn gathered_rows_are_upstreams_decode_and_a_bad_index_is_refused() {
             for (c, (&got, want)) in row.iter().zip(want).enumerate() {
                 assert!(
                     (got as f64 - want).abs() <= 1e-6 * scale,
-                    "{bits}-bit row {r} col {c}: {got} vs {want}"
+                    "{isa:?} {bits}-bit row {r} col {c}: {got} vs {want}"
                 );
             }
         }
@@ -420,7 +422,7 @@ fn gathered_rows_are_upstreams_decode_and_a_bad_index_is_refused() {
     let mut out = vec![0.0; 64];
     let error = case
         .matrix()
-        .gather_rows(&[4], &mut out, &Serial)
+        .gather_rows(Isa::best(), &[4], &mut out, &Serial)
         .unwrap_err();
     assert_eq!(error.0, "row 4 is outside the 4 rows");
 }
