@@ -8,7 +8,7 @@
 //! The Reshape, Slice, Reshape of the unpadding and the gate's Slice, Sigmoid, Mul in one.
 
 use crate::math::exp;
-use crate::split::{token_blocks, RowSplit};
+use crate::split::{token_blocks, RowSplit, TokenRun};
 use crate::ShapeError;
 
 /// Tokens a thread takes at once.
@@ -82,12 +82,33 @@ pub fn attention_gate(
             out.len()
         )));
     }
-    let (dim, padded) = (layout.head_dim, layout.padded);
-    token_blocks(split, out, width, BLOCK_TOKENS, |first, block| {
+    let work = GateRun {
+        attention,
+        projections,
+        projections_width,
+        layout,
+    };
+    token_blocks(split, out, width, BLOCK_TOKENS, work);
+    Ok(())
+}
+
+/// [`attention_gate`] of a run of tokens.
+struct GateRun<'a> {
+    attention: &'a [f32],
+    projections: &'a [f32],
+    projections_width: usize,
+    layout: &'a GateLayout,
+}
+
+impl TokenRun for GateRun<'_> {
+    #[inline(always)]
+    fn run(&self, first: usize, block: &mut [f32]) {
+        let layout = self.layout;
+        let (dim, padded, width) = (layout.head_dim, layout.padded, layout.width());
         for (t, out) in (first..).zip(block.chunks_exact_mut(width)) {
-            let heads = &attention[t * layout.heads * padded..(t + 1) * layout.heads * padded];
-            let gate_at = t * projections_width + layout.offset;
-            let gate = &projections[gate_at..gate_at + width];
+            let heads = &self.attention[t * layout.heads * padded..(t + 1) * layout.heads * padded];
+            let gate_at = t * self.projections_width + layout.offset;
+            let gate = &self.projections[gate_at..gate_at + width];
             for ((out, head), gate) in out
                 .chunks_exact_mut(dim)
                 .zip(heads.chunks_exact(padded))
@@ -98,8 +119,7 @@ pub fn attention_gate(
                 }
             }
         }
-    });
-    Ok(())
+    }
 }
 
 #[cfg(test)]

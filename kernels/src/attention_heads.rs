@@ -13,7 +13,7 @@
 
 use crate::conv_state::ConvWindow;
 use crate::math::inverse_root_mean_square;
-use crate::split::{token_blocks, RowSplit};
+use crate::split::{token_blocks, RowSplit, TokenRun};
 use crate::ShapeError;
 
 /// Tokens a thread takes at once.
@@ -156,17 +156,35 @@ pub fn attention_heads(
         inputs.window.batch * inputs.window.sequence * row,
         "out is [batch, sequence, Σ heads·padded]"
     );
-    token_blocks(split, out, row, BLOCK_TOKENS, |first, block| {
+    token_blocks(
+        split,
+        out,
+        row,
+        BLOCK_TOKENS,
+        HeadsRun { inputs, parts, row },
+    );
+}
+
+/// [`attention_heads`] of a run of tokens.
+struct HeadsRun<'a> {
+    inputs: &'a ConvInputs<'a>,
+    parts: &'a [HeadsPart<'a>],
+    row: usize,
+}
+
+impl TokenRun for HeadsRun<'_> {
+    #[inline(always)]
+    fn run(&self, first: usize, block: &mut [f32]) {
         let mut head = Vec::new();
-        for (token, mut out) in (first..).zip(block.chunks_exact_mut(row)) {
-            for part in parts {
+        for (token, mut out) in (first..).zip(block.chunks_exact_mut(self.row)) {
+            for part in self.parts {
                 let (layout, part_out) = (&part.layout, out);
                 let (part_out, rest) = part_out.split_at_mut(part.width());
                 out = rest;
                 head.resize(layout.head_dim, 0.0);
                 for (h, out) in part_out.chunks_exact_mut(layout.padded).enumerate() {
                     conv(
-                        inputs,
+                        self.inputs,
                         layout,
                         token,
                         layout.offset + h * layout.head_dim,
@@ -181,7 +199,7 @@ pub fn attention_heads(
                 }
             }
         }
-    });
+    }
 }
 
 /// The conv of `y.len()` columns from `column` at token `token`: tap by tap, as the stock

@@ -4,7 +4,7 @@
 //! Seven stock nodes a site in one.
 
 use crate::math::{exp, inverse_root_mean_square};
-use crate::split::{token_blocks, RowSplit};
+use crate::split::{token_blocks, RowSplit, TokenRun};
 
 /// Tokens a thread takes at once.
 const BLOCK_TOKENS: usize = 64;
@@ -26,10 +26,34 @@ pub fn engram_gate(
     ] {
         assert_eq!(len, x.len(), "{name} is shaped like x");
     }
-    token_blocks(split, out, d, BLOCK_TOKENS, |first, block| {
+    let work = GateRun {
+        x,
+        key_unit,
+        value,
+        d,
+    };
+    token_blocks(split, out, d, BLOCK_TOKENS, work);
+}
+
+/// [`engram_gate`] of a run of tokens.
+struct GateRun<'a> {
+    x: &'a [f32],
+    key_unit: &'a [f32],
+    value: &'a [f32],
+    d: usize,
+}
+
+impl TokenRun for GateRun<'_> {
+    #[inline(always)]
+    fn run(&self, first: usize, block: &mut [f32]) {
+        let d = self.d;
         for (t, out) in (first..).zip(block.chunks_exact_mut(d)) {
             let rows = t * d..(t + 1) * d;
-            let (x, key, value) = (&x[rows.clone()], &key_unit[rows.clone()], &value[rows]);
+            let (x, key, value) = (
+                &self.x[rows.clone()],
+                &self.key_unit[rows.clone()],
+                &self.value[rows],
+            );
             let inverse_root = inverse_root_mean_square(x);
             let dot: f32 = x.iter().zip(key).map(|(x, k)| x * inverse_root * k).sum();
             let logit = dot / (d as f64).sqrt() as f32;
@@ -38,7 +62,7 @@ pub fn engram_gate(
                 *o = x + alpha * v;
             }
         }
-    });
+    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@
 use crate::isa::Isa;
 use crate::math::exp;
 use crate::sinkhorn::sinkhorn;
-use crate::split::{token_blocks, RowSplit};
+use crate::split::{token_blocks, RowSplit, TokenRun};
 use crate::ShapeError;
 
 /// Tokens a thread takes at once.
@@ -92,12 +92,24 @@ pub fn block_input(mix: &LaneMix, x: &[f32], u: &mut [f32], split: &dyn RowSplit
     let width = u.len() / tokens.max(1);
     assert_eq!(u.len(), tokens * width, "u is [tokens, C]");
     assert_eq!(x.len(), tokens * n * width, "x is [tokens, n, C]");
-    let stream = n * width;
-    token_blocks(split, u, width, BLOCK_TOKENS, |first, block| {
+    token_blocks(split, u, width, BLOCK_TOKENS, InputRun { mix, x });
+}
+
+/// [`block_input`] of a run of tokens.
+struct InputRun<'a> {
+    mix: &'a LaneMix<'a>,
+    x: &'a [f32],
+}
+
+impl TokenRun for InputRun<'_> {
+    #[inline(always)]
+    fn run(&self, first: usize, block: &mut [f32]) {
+        let stream = self.x.len() / self.mix.tokens();
+        let width = stream / self.mix.lanes;
         for (t, u) in (first..).zip(block.chunks_exact_mut(width)) {
-            token_input(mix, t, &x[t * stream..(t + 1) * stream], u);
+            token_input(self.mix, t, &self.x[t * stream..(t + 1) * stream], u);
         }
-    });
+    }
 }
 
 /// `u` of token `t` from its stream `x` `[n, C]`.
@@ -134,7 +146,31 @@ pub fn stream_update(
     assert_eq!(x.len(), tokens * n * width, "x is [tokens, n, C]");
     assert_eq!(next.len(), x.len(), "next is [tokens, n, C]");
     let stream = n * width;
-    token_blocks(split, next, stream, BLOCK_TOKENS, |first, block| {
+    let work = UpdateRun {
+        mix,
+        x,
+        all: BlockOutput { out, u },
+        iterations,
+        isa,
+    };
+    token_blocks(split, next, stream, BLOCK_TOKENS, work);
+}
+
+/// [`stream_update`] of a run of tokens (`all` holds every token's block output).
+struct UpdateRun<'a> {
+    mix: &'a LaneMix<'a>,
+    x: &'a [f32],
+    all: BlockOutput<'a>,
+    iterations: usize,
+    isa: Isa,
+}
+
+impl TokenRun for UpdateRun<'_> {
+    #[inline(always)]
+    fn run(&self, first: usize, block: &mut [f32]) {
+        let (mix, all) = (self.mix, &self.all);
+        let (n, tokens) = (mix.lanes, mix.tokens());
+        let stream = self.x.len() / tokens;
         // The block's residual mixes first, normalised side by side.
         let count = block.len() / stream;
         let mut res = vec![0.0f32; count * n * n];
@@ -142,7 +178,7 @@ pub fn stream_update(
             mix.mixed(t, 2 * n..mix.width(), res);
         }
         let mut h_res = vec![0.0f32; res.len()];
-        sinkhorn(isa, &res, n, iterations, &mut h_res);
+        sinkhorn(self.isa, &res, n, self.iterations, &mut h_res);
         let per_token = block
             .chunks_exact_mut(stream)
             .zip(h_res.chunks_exact(n * n));
@@ -151,12 +187,12 @@ pub fn stream_update(
                 t * v.len() / tokens..(t + 1) * v.len() / tokens
             };
             let block_output = BlockOutput {
-                out: &out[token(out)],
-                u: &u[token(u)],
+                out: &all.out[token(all.out)],
+                u: &all.u[token(all.u)],
             };
-            token_update(mix, t, &x[token(x)], block_output, h_res, next);
+            token_update(mix, t, &self.x[token(self.x)], block_output, h_res, next);
         }
-    });
+    }
 }
 
 /// The most lanes a stream has (Needle uses 3 or 4).

@@ -38,19 +38,19 @@ impl Isa {
         paths
     }
 
-    /// `f()` compiled for this path's vector width: plain Rust loops inlined into `f`
-    /// vectorize as wide as the path allows (the same arithmetic in the same order, so
-    /// the same bits: Rust never fuses a multiply and an add on its own).
+    /// `work` compiled for this path's vector width: its plain Rust loops vectorize as
+    /// wide as the path allows (the same arithmetic in the same order, so the same bits:
+    /// Rust never fuses a multiply and an add on its own).
     #[inline(always)]
-    pub fn vectorized<R>(self, f: impl FnOnce() -> R) -> R {
+    pub fn vectorized<V: Vectorized>(self, work: V) -> V::Output {
         match self {
             #[cfg(target_arch = "x86_64")]
             // Sound: `Isa::available` offers AVX-512 only where AVX-512F was detected.
-            Isa::Avx512 => unsafe { on_avx512(f) },
+            Isa::Avx512 => unsafe { on_avx512(work) },
             #[cfg(target_arch = "x86_64")]
             // Sound: and AVX2 only where AVX2 and FMA were.
-            Isa::Avx2 => unsafe { on_avx2(f) },
-            _ => f(),
+            Isa::Avx2 => unsafe { on_avx2(work) },
+            _ => work.run(),
         }
     }
 
@@ -63,14 +63,24 @@ impl Isa {
     }
 }
 
+/// Work [`Isa::vectorized`] compiles into each path.
+pub trait Vectorized {
+    type Output;
+    /// The work. Implementations are `#[inline(always)]`, which inlines them into each
+    /// path's entry below, compiled for its instruction set. (A closure cannot be marked
+    /// so, and once too large to inline it is compiled once on its own, for the baseline
+    /// x86-64's SSE2: the per-token kernels ran 4 floats wide, spilling registers.)
+    fn run(self) -> Self::Output;
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn on_avx512<R>(f: impl FnOnce() -> R) -> R {
-    f()
+unsafe fn on_avx512<V: Vectorized>(work: V) -> V::Output {
+    work.run()
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn on_avx2<R>(f: impl FnOnce() -> R) -> R {
-    f()
+unsafe fn on_avx2<V: Vectorized>(work: V) -> V::Output {
+    work.run()
 }

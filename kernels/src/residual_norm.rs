@@ -5,7 +5,7 @@
 //! `norm(v) = v / √(mean v² + ε) · gain` per token.
 
 use crate::math::inverse_root_mean_square;
-use crate::split::{token_blocks, RowSplit};
+use crate::split::{token_blocks, RowSplit, TokenRun};
 
 /// Tokens a thread takes at once.
 const BLOCK_TOKENS: usize = 64;
@@ -25,15 +25,29 @@ pub fn residual_norm(
         x.len() == h.len() && x.len() == out.len() && x.len().is_multiple_of(d),
         "x, h and out are [tokens, d]"
     );
-    token_blocks(split, out, d, BLOCK_TOKENS, |first, block| {
+    token_blocks(split, out, d, BLOCK_TOKENS, AddRun { x, h, gain, scale });
+}
+
+/// [`residual_norm`] of a run of tokens.
+struct AddRun<'a> {
+    x: &'a [f32],
+    h: &'a [f32],
+    gain: &'a [f32],
+    scale: f32,
+}
+
+impl TokenRun for AddRun<'_> {
+    #[inline(always)]
+    fn run(&self, first: usize, block: &mut [f32]) {
+        let d = self.gain.len();
         for (t, out) in (first..).zip(block.chunks_exact_mut(d)) {
-            let (x, h) = (&x[t * d..(t + 1) * d], &h[t * d..(t + 1) * d]);
+            let (x, h) = (&self.x[t * d..(t + 1) * d], &self.h[t * d..(t + 1) * d]);
             let inverse = inverse_root_mean_square(h);
-            for (((o, &x), &h), &g) in out.iter_mut().zip(x).zip(h).zip(gain) {
-                *o = x + scale * (h * inverse * g);
+            for (((o, &x), &h), &g) in out.iter_mut().zip(x).zip(h).zip(self.gain) {
+                *o = x + self.scale * (h * inverse * g);
             }
         }
-    });
+    }
 }
 
 /// An MLP over a run of tokens: `mlp(normed, tokens, out)`, `[tokens, d]` each.
@@ -56,19 +70,32 @@ pub fn pre_norm_residual(
         x.len() == out.len() && x.len().is_multiple_of(d),
         "x and out are [tokens, d]"
     );
-    token_blocks(split, out, d, block, |first, out| {
+    token_blocks(split, out, d, block, MlpRun { x, gain, mlp });
+}
+
+/// [`pre_norm_residual`] of a run of tokens.
+struct MlpRun<'a> {
+    x: &'a [f32],
+    gain: &'a [f32],
+    mlp: &'a TokensMlp<'a>,
+}
+
+impl TokenRun for MlpRun<'_> {
+    #[inline(always)]
+    fn run(&self, first: usize, out: &mut [f32]) {
+        let d = self.gain.len();
         let tokens = out.len() / d;
-        let x = &x[first * d..(first + tokens) * d];
+        let x = &self.x[first * d..(first + tokens) * d];
         let mut normed = vec![0.0f32; x.len()];
         for (normed, x) in normed.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
             let inverse = inverse_root_mean_square(x);
-            for ((n, &x), &g) in normed.iter_mut().zip(x).zip(gain) {
+            for ((n, &x), &g) in normed.iter_mut().zip(x).zip(self.gain) {
                 *n = x * inverse * g;
             }
         }
-        mlp(&normed, tokens, out);
+        (self.mlp)(&normed, tokens, out);
         out.iter_mut().zip(x).for_each(|(o, &x)| *o += x);
-    });
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! How a kernel hands independent blocks of its output to threads: the host's thread pool
 //! (onnxruntime's, inside a session) or none.
 
-use crate::isa::Isa;
+use crate::isa::{Isa, Vectorized};
 
 /// Runs `f(block)` once for every block in `0..blocks`, in any order, possibly at once.
 pub trait RowSplit {
@@ -17,17 +17,47 @@ impl RowSplit for Serial {
     }
 }
 
-/// `f(first, rows)` for each run of up to `block` consecutive tokens of `out` (`row`
-/// values a token), `first` the run's first token and `rows` its part of `out`; the runs
-/// spread by `split`. `f` is compiled for the widest vectors this CPU has
-/// ([`Isa::vectorized`]): the per-token kernels are plain Rust loops, which vectorized at
-/// SSE width only.
+/// The work [`token_blocks`] does on a run of tokens.
+pub trait TokenRun: Sync {
+    /// Tokens `first..`, whose part of the output is `rows`. Per-token loops of plain
+    /// Rust go in a type whose `run` is `#[inline(always)]`: then they are compiled for
+    /// the widest vectors this CPU has ([`Isa::vectorized`]). A closure also does (the
+    /// impl below), for work whose arithmetic is explicit SIMD already: its own body is
+    /// compiled for the baseline SSE2 once it is too large to inline.
+    fn run(&self, first: usize, rows: &mut [f32]);
+}
+
+impl<F: Fn(usize, &mut [f32]) + Sync> TokenRun for F {
+    #[inline(always)]
+    fn run(&self, first: usize, rows: &mut [f32]) {
+        self(first, rows)
+    }
+}
+
+/// One run of [`token_blocks`], as [`Isa::vectorized`] takes it.
+struct OneRun<'a, W> {
+    work: &'a W,
+    first: usize,
+    rows: &'a mut [f32],
+}
+
+impl<W: TokenRun> Vectorized for OneRun<'_, W> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run(self) {
+        self.work.run(self.first, self.rows)
+    }
+}
+
+/// `work` for each run of up to `block` consecutive tokens of `out` (`row` values a
+/// token), the runs spread by `split`.
 pub fn token_blocks(
     split: &dyn RowSplit,
     out: &mut [f32],
     row: usize,
     block: usize,
-    f: impl Fn(usize, &mut [f32]) + Sync,
+    work: impl TokenRun,
 ) {
     let tokens = out.len().checked_div(row).unwrap_or(0);
     let base = SharedRows(out.as_mut_ptr());
@@ -37,7 +67,8 @@ pub fn token_blocks(
         // Sound: run `b` alone covers tokens first..first + count, and `token_blocks` holds
         // `out` exclusively until every run has returned.
         let rows = unsafe { std::slice::from_raw_parts_mut(base.at(first * row), count * row) };
-        Isa::best().vectorized(|| f(first, rows));
+        let work = &work;
+        Isa::best().vectorized(OneRun { work, first, rows });
     });
 }
 

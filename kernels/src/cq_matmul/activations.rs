@@ -6,7 +6,7 @@ use super::{Aligned, CqMatrix, NIBBLE_CHUNK};
 use crate::hadamard;
 use crate::isa::Isa;
 use crate::math::inverse_root_mean_square;
-use crate::split::{token_blocks, RowSplit};
+use crate::split::{token_blocks, RowSplit, TokenRun};
 
 /// The path a product runs on and the activation order it reads.
 pub(super) struct Layout {
@@ -67,22 +67,39 @@ pub(super) fn prepare(
     let in_pad = w.groups() * w.group;
     // Every token's padded inputs are written below.
     let mut out = Aligned::reused(&super::PREPARED, tokens * in_pad);
-    token_blocks(
-        split,
-        out.as_mut_slice(),
-        in_pad,
-        BLOCK_TOKENS,
-        |first, block| {
-            let mut rotated = Aligned::reused(&super::BLOCK_SCRATCH, in_pad);
-            let rotated = rotated.as_mut_slice();
-            for (t, token) in (first..).zip(block.chunks_exact_mut(in_pad)) {
-                scale.write(&x[t * w.cols..(t + 1) * w.cols], &mut rotated[..w.cols]);
-                rotated[w.cols..].fill(0.0);
-                layout.rotate_arrange(rotated, w.group, token);
-            }
-        },
-    );
+    let work = PrepareRun {
+        w,
+        x,
+        scale,
+        layout,
+    };
+    token_blocks(split, out.as_mut_slice(), in_pad, BLOCK_TOKENS, work);
     out
+}
+
+/// [`prepare`] of a run of tokens.
+struct PrepareRun<'a> {
+    w: &'a CqMatrix<'a>,
+    x: &'a [f32],
+    scale: RowScale<'a>,
+    layout: &'a Layout,
+}
+
+impl TokenRun for PrepareRun<'_> {
+    #[inline(always)]
+    fn run(&self, first: usize, block: &mut [f32]) {
+        let (w, in_pad) = (self.w, self.w.groups() * self.w.group);
+        let mut rotated = Aligned::reused(&super::BLOCK_SCRATCH, in_pad);
+        let rotated = rotated.as_mut_slice();
+        for (t, token) in (first..).zip(block.chunks_exact_mut(in_pad)) {
+            self.scale.write(
+                &self.x[t * w.cols..(t + 1) * w.cols],
+                &mut rotated[..w.cols],
+            );
+            rotated[w.cols..].fill(0.0);
+            self.layout.rotate_arrange(rotated, w.group, token);
+        }
+    }
 }
 
 /// Tokens a thread prepares at once.

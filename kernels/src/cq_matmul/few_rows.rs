@@ -38,21 +38,27 @@ pub(super) unsafe fn product(
     debug_assert!(w.rows <= MOST_ROWS && x.len() / w.cols == y.len() / w.rows);
     let weights = by_input(w, scale.gain);
     let weights = weights.as_slice();
-    token_blocks(split, y, w.rows, 4 * TILE, |first, out| {
-        let count = out.len() / w.rows;
-        let x = &x[first * w.cols..(first + count) * w.cols];
-        for (t, tile) in (0..count).step_by(TILE).zip(out.chunks_mut(TILE * w.rows)) {
-            let tokens = tile.len() / w.rows;
-            let x = &x[t * w.cols..(t + tokens) * w.cols];
-            // Sound: the caller's promise (AVX-512F, at most 32 rows).
-            unsafe {
-                match tokens {
-                    TILE => tile_product::<TILE>(weights, x, w, scale, tile),
-                    _ => tail_product(weights, x, w, scale, tile, tokens),
+    token_blocks(
+        split,
+        y,
+        w.rows,
+        4 * TILE,
+        |first: usize, out: &mut [f32]| {
+            let count = out.len() / w.rows;
+            let x = &x[first * w.cols..(first + count) * w.cols];
+            for (t, tile) in (0..count).step_by(TILE).zip(out.chunks_mut(TILE * w.rows)) {
+                let tokens = tile.len() / w.rows;
+                let x = &x[t * w.cols..(t + tokens) * w.cols];
+                // Sound: the caller's promise (AVX-512F, at most 32 rows).
+                unsafe {
+                    match tokens {
+                        TILE => tile_product::<TILE>(weights, x, w, scale, tile),
+                        _ => tail_product(weights, x, w, scale, tile, tokens),
+                    }
                 }
             }
-        }
-    });
+        },
+    );
 }
 
 /// The rows dequantized, `[cols, 32]`: input `k`'s rows side by side (zeros past the

@@ -49,7 +49,7 @@ impl Panels {
             data.as_mut_slice(),
             len,
             PANEL_TOKENS,
-            |first, panel| {
+            |first: usize, panel: &mut [f32]| {
                 let width = if first < full { PANEL_TOKENS } else { last };
                 let count = PANEL_TOKENS.min(tokens - first);
                 let real = Strided {

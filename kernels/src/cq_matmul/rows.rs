@@ -52,16 +52,22 @@ impl CqMatrix<'_> {
                 self.rows
             )));
         }
-        token_blocks(split, out, self.cols, BLOCK_ROWS, |first, block| {
-            let mut padded = vec![0.0f32; self.groups() * self.group];
-            for (i, row) in (first..).zip(block.chunks_exact_mut(self.cols)) {
-                self.decode_row_into(isa, indices[i] as usize, &mut padded);
-                row.copy_from_slice(&padded[..self.cols]);
-                if let Some(scales) = scales {
-                    row.iter_mut().for_each(|v| *v *= scales[i]);
+        token_blocks(
+            split,
+            out,
+            self.cols,
+            BLOCK_ROWS,
+            |first: usize, block: &mut [f32]| {
+                let mut padded = vec![0.0f32; self.groups() * self.group];
+                for (i, row) in (first..).zip(block.chunks_exact_mut(self.cols)) {
+                    self.decode_row_into(isa, indices[i] as usize, &mut padded);
+                    row.copy_from_slice(&padded[..self.cols]);
+                    if let Some(scales) = scales {
+                        row.iter_mut().for_each(|v| *v *= scales[i]);
+                    }
                 }
-            }
-        });
+            },
+        );
         Ok(())
     }
 
