@@ -158,6 +158,12 @@ impl Layout {
 
     /// [`Layout::arrange`] undone: `arranged` back into natural order in `out`.
     pub fn natural(&self, arranged: &[f32], out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if let (Isa::Avx512, &Order::ShiftMajor { per_byte, .. }) = (self.isa, &self.order) {
+            // Sound: a layout picks AVX-512 only where `Isa::available` detected it, and
+            // only for whole chunks of 16 · `per_byte` inputs.
+            return unsafe { super::avx512::natural(arranged, per_byte, out) };
+        }
         match self.order {
             Order::Natural => out.copy_from_slice(arranged),
             Order::ShiftMajor { lanes, per_byte } => {

@@ -295,6 +295,48 @@ pub(super) unsafe fn rotate_arrange(
     }
 }
 
+/// [`arrange_of`] undone for the `per_byte` codes of a byte: `arranged` (one row's values in
+/// the 16-lane layout) back into natural order in `out`, the same values.
+///
+/// # Safety
+/// The CPU must have AVX-512F; `arranged` and `out` are as long, a multiple of
+/// `16 · per_byte`.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn natural(arranged: &[f32], per_byte: usize, out: &mut [f32]) {
+    debug_assert!(arranged.len() == out.len() && out.len().is_multiple_of(16 * per_byte));
+    match per_byte {
+        2 => natural_of::<2>(arranged, out),
+        4 => natural_of::<4>(arranged, out),
+        8 => natural_of::<8>(arranged, out),
+        _ => unreachable!("1-, 2- and 4-bit codes hold 8, 4 or 2 a byte"),
+    }
+}
+
+/// `out[i·P + s] = arranged[s·16 + i]` in chunks of `16 · P`: each pass interleaves vector
+/// `k` with vector `k + P/2` (the inverse of [`arrange_of`]'s split into evens and odds),
+/// and after `log2 P` passes the chunk is back in order.
+#[target_feature(enable = "avx512f")]
+unsafe fn natural_of<const P: usize>(arranged: &[f32], out: &mut [f32]) {
+    let low = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    let high = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    for (src, dst) in arranged
+        .chunks_exact(16 * P)
+        .zip(out.chunks_exact_mut(16 * P))
+    {
+        // Sound: vector s of a chunk of 16 · P floats ends at 16 · (s + 1) ≤ 16 · P.
+        let mut v: [__m512; P] = std::array::from_fn(|s| _mm512_loadu_ps(src.as_ptr().add(16 * s)));
+        for _ in 0..P.trailing_zeros() {
+            v = std::array::from_fn(|k| {
+                let (j, take) = (k / 2, if k % 2 == 0 { low } else { high });
+                _mm512_permutex2var_ps(v[j], take, v[j + P / 2])
+            });
+        }
+        for (s, vector) in v.into_iter().enumerate() {
+            _mm512_storeu_ps(dst.as_mut_ptr().add(16 * s), vector);
+        }
+    }
+}
+
 /// `rotated · scale` into `out` in chunks of `16 · P`, `out[s·16 + i] = in[i·P + s]`: each
 /// pass splits every pair of vectors into its even and its odd elements, and after
 /// `log2 P` passes vector `s` holds the elements `≡ s (mod P)`.
