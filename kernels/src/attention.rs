@@ -349,26 +349,67 @@ impl Group<'_> {
             sums.fill(0.0);
             if first <= last {
                 let seen = last + 1 - first;
-                for (j, slot) in (first..=last).enumerate() {
-                    let key = &self.cache.keys[self.slot(slot)..][..width];
-                    for t in 0..group {
-                        let score = self.dot(self.query(i, t), key);
-                        scores[t * seen + j] = score * self.heads.scale;
-                    }
+                for t in 0..group {
+                    self.score(i, t, first, &mut scores[t * seen..(t + 1) * seen]);
                 }
                 for t in 0..group {
                     softmax(&mut scores[t * seen..(t + 1) * seen]);
                 }
-                for (j, slot) in (first..=last).enumerate() {
-                    let value = &self.cache.values[self.slot(slot)..][..width];
-                    for t in 0..group {
-                        let p = scores[t * seen + j];
-                        let sum = &mut sums[t * width..(t + 1) * width];
-                        sum.iter_mut().zip(value).for_each(|(s, &v)| *s += p * v);
-                    }
-                }
+                let values = &self.cache.values[self.slot(first)..][..seen * width];
+                self.weigh(&scores[..group * seen], values, &mut sums);
             }
             self.write(i, &sums);
+        }
+    }
+
+    /// `scores[j] = scale · (q · k)` of query head `t` of token `i` and the keys from slot
+    /// `first` on. AVX-512 dots sixteen keys at once and adds their sixteen registers of
+    /// partial sums across in one tree ([`avx512::dots`]: one key at a time, the reduction
+    /// across lanes was most of a decode step's attention); the keys past the last
+    /// sixteen, and other paths, one at a time ([`Group::dot`], the same bits).
+    #[inline(always)]
+    fn score(&self, i: usize, t: usize, first: usize, scores: &mut [f32]) {
+        let (q, width, scale) = (self.query(i, t), self.heads.width, self.heads.scale);
+        let mut done = 0;
+        #[cfg(target_arch = "x86_64")]
+        if self.isa == Isa::Avx512 && width.is_multiple_of(16) {
+            for (k, sixteen) in scores.chunks_exact_mut(avx512::KEYS).enumerate() {
+                let keys = &self.cache.keys[self.slot(first + k * avx512::KEYS)..];
+                // Sound: AVX-512 runs only where it was detected; the 16 keys from the
+                // chunk's first slot are within the cache (they are seen keys), each as
+                // wide as `q`, a multiple of 16.
+                let dots = unsafe { avx512::dots(q, &keys[..avx512::KEYS * width]) };
+                for (score, dot) in sixteen.iter_mut().zip(dots) {
+                    *score = dot * scale;
+                }
+                done += avx512::KEYS;
+            }
+        }
+        for (j, score) in scores.iter_mut().enumerate().skip(done) {
+            let key = &self.cache.keys[self.slot(first + j)..][..width];
+            *score = self.dot(q, key) * scale;
+        }
+    }
+
+    /// `sums[t] = Σ_j scores[t, j] · values[j]` for the group's heads (`scores` `[group,
+    /// seen]`, `values` `[seen, width]`), each lane a product then a sum, key by key. AVX-512
+    /// keeps the sums in registers, a 16-lane slice of every head at a time ([`avx512::weigh`]),
+    /// where the loop kept them in memory.
+    #[inline(always)]
+    fn weigh(&self, scores: &[f32], values: &[f32], sums: &mut [f32]) {
+        let (width, group) = (self.heads.width, self.size());
+        let seen = values.len() / width;
+        #[cfg(target_arch = "x86_64")]
+        if self.isa == Isa::Avx512 && width.is_multiple_of(16) && group <= avx512::MOST_HEADS {
+            // Sound: AVX-512 was detected; the shapes are as the caller's promise states.
+            return unsafe { avx512::weigh(scores, values, group, width, sums) };
+        }
+        for (j, value) in values.chunks_exact(width).enumerate() {
+            for t in 0..group {
+                let p = scores[t * seen + j];
+                let sum = &mut sums[t * width..(t + 1) * width];
+                sum.iter_mut().zip(value).for_each(|(s, &v)| *s += p * v);
+            }
         }
     }
 
@@ -423,6 +464,198 @@ impl Group<'_> {
             }
             for (i, token) in heads.chunks_exact(group * width).enumerate() {
                 self.write(start + i, token);
+            }
+        }
+    }
+}
+
+/// The one-token kernels of [`Group::attend_each`] on AVX-512.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// Keys dotted at once: one register of sums each, added across together.
+    pub const KEYS: usize = 16;
+    /// The most query heads a kv head's sums can be kept in registers for.
+    pub const MOST_HEADS: usize = 16;
+
+    /// `q · kⱼ` for the 16 keys of `keys` (`[16, q.len()]`): each key's products summed
+    /// in the lanes of one register, input chunk by input chunk, then the 16 registers'
+    /// lanes added across by one tree (lane `l` and `l + 8`, then `+ 4`, `+ 2`, `+ 1`:
+    /// the tree `_mm512_reduce_add_ps` adds one register by, so the same bits as
+    /// `super::avx512_dot` of each key).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F; `q.len()` is a multiple of 16 and `keys` holds 16 of it.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn dots(q: &[f32], keys: &[f32]) -> [f32; KEYS] {
+        let width = q.len();
+        debug_assert!(width.is_multiple_of(16) && keys.len() == KEYS * width);
+        let mut sums = [_mm512_setzero_ps(); KEYS];
+        for at in (0..width).step_by(16) {
+            let q = _mm512_loadu_ps(q.as_ptr().add(at));
+            for (j, sum) in sums.iter_mut().enumerate() {
+                let k = _mm512_loadu_ps(keys.as_ptr().add(j * width + at));
+                *sum = _mm512_fmadd_ps(q, k, *sum);
+            }
+        }
+        let mut out = [0.0f32; KEYS];
+        _mm512_storeu_ps(out.as_mut_ptr(), add_across(sums));
+        out
+    }
+
+    /// Lane `j` of the result: the sum of register `j`'s lanes. Each level adds a
+    /// register's half-groups of lanes and packs two registers into one: `g` lanes a key
+    /// become `g / 2`, the first register's keys before the second's.
+    #[target_feature(enable = "avx512f")]
+    fn add_across(sums: [__m512; KEYS]) -> __m512 {
+        let eights: [__m512; 8] = std::array::from_fn(|i| pair(sums[2 * i], sums[2 * i + 1], 16));
+        let fours: [__m512; 4] = std::array::from_fn(|i| pair(eights[2 * i], eights[2 * i + 1], 8));
+        let twos: [__m512; 2] = std::array::from_fn(|i| pair(fours[2 * i], fours[2 * i + 1], 4));
+        pair(twos[0], twos[1], 2)
+    }
+
+    /// One level of [`add_across`] on two registers of `g` lanes a key.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn pair(a: __m512, b: __m512, g: usize) -> __m512 {
+        let level = HALVES[g.trailing_zeros() as usize - 1];
+        // Sound: each table holds 16 ints.
+        let (first, second) = unsafe {
+            (
+                _mm512_loadu_si512(level[0].as_ptr().cast()),
+                _mm512_loadu_si512(level[1].as_ptr().cast()),
+            )
+        };
+        _mm512_add_ps(
+            _mm512_permutex2var_ps(a, first, b),
+            _mm512_permutex2var_ps(a, second, b),
+        )
+    }
+
+    /// For `g` = 2, 4, 8, 16 lanes a key: where output lane `o` of a level (`g / 2` lanes a
+    /// key) finds its key's lane in the first half, and in the second half, of the two
+    /// registers (`16 +` for the second register).
+    const HALVES: [[[i32; 16]; 2]; 4] = {
+        let mut tables = [[[0i32; 16]; 2]; 4];
+        let mut level = 0;
+        while level < 4 {
+            let g = 2usize << level;
+            let mut o = 0;
+            while o < 16 {
+                let (slot, r) = (o / (g / 2), o % (g / 2));
+                let keys_per_register = 16 / g;
+                let (register, slot) = (slot / keys_per_register, slot % keys_per_register);
+                let lane = 16 * register + slot * g + r;
+                tables[level][0][o] = lane as i32;
+                tables[level][1][o] = (lane + g / 2) as i32;
+                o += 1;
+            }
+            level += 1;
+        }
+        tables
+    };
+
+    /// `sums[t · width ..] = Σ_j scores[t · seen + j] · values[j]` for `group` heads, each
+    /// lane a product then a sum (unfused), key by key, in registers: `C` 16-lane slices
+    /// of each of the `G` heads' sums at a time, as many as there are registers for. Each
+    /// slice is one chain of dependent adds, so a pass needs several (`G · C` of 8 or more
+    /// keep both adders busy; with one slice a head at a time it waited on each add).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F; `width` is a multiple of 16, `group ≤ MOST_HEADS`,
+    /// `values` is `[seen, width]`, `scores` `[group, seen]` and `sums` `[group, width]`.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn weigh(
+        scores: &[f32],
+        values: &[f32],
+        group: usize,
+        width: usize,
+        sums: &mut [f32],
+    ) {
+        debug_assert!(group <= MOST_HEADS && width.is_multiple_of(16));
+        let slices = width / 16;
+        // The widest pass of whole slices that `16 / group` registers hold.
+        let per_pass = (0..=4)
+            .rev()
+            .map(|k| 1usize << k)
+            .find(|&c| group * c <= MOST_HEADS && slices.is_multiple_of(c))
+            .unwrap_or(1);
+        macro_rules! passes {
+            ($(($g:literal, $c:literal)),*) => {
+                match (group, per_pass) {
+                    $(($g, $c) => weigh_passes::<$g, $c>(scores, values, width, sums),)*
+                    _ => weigh_passes_of(scores, values, group, width, sums),
+                }
+            };
+        }
+        passes!(
+            (1, 16),
+            (1, 8),
+            (1, 4),
+            (1, 2),
+            (1, 1),
+            (2, 8),
+            (2, 4),
+            (2, 2),
+            (2, 1),
+            (4, 4),
+            (4, 2),
+            (4, 1)
+        )
+    }
+
+    /// [`weigh`] of `G` heads, `C` slices a pass.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn weigh_passes<const G: usize, const C: usize>(
+        scores: &[f32],
+        values: &[f32],
+        width: usize,
+        sums: &mut [f32],
+    ) {
+        let seen = values.len() / width;
+        debug_assert!(scores.len() == G * seen && sums.len() == G * width);
+        for at in (0..width).step_by(16 * C) {
+            let mut acc = [[_mm512_setzero_ps(); C]; G];
+            for j in 0..seen {
+                let row = values.as_ptr().add(j * width + at);
+                let v: [__m512; C] = std::array::from_fn(|c| _mm512_loadu_ps(row.add(16 * c)));
+                for (t, acc) in acc.iter_mut().enumerate() {
+                    let p = _mm512_set1_ps(*scores.get_unchecked(t * seen + j));
+                    for (acc, &v) in acc.iter_mut().zip(&v) {
+                        *acc = _mm512_add_ps(*acc, _mm512_mul_ps(p, v));
+                    }
+                }
+            }
+            for (t, acc) in acc.iter().enumerate() {
+                for (c, &acc) in acc.iter().enumerate() {
+                    _mm512_storeu_ps(sums.as_mut_ptr().add(t * width + at + 16 * c), acc);
+                }
+            }
+        }
+    }
+
+    /// [`weigh`] of any number of heads up to [`MOST_HEADS`], one slice a pass.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn weigh_passes_of(
+        scores: &[f32],
+        values: &[f32],
+        group: usize,
+        width: usize,
+        sums: &mut [f32],
+    ) {
+        let seen = values.len() / width;
+        for at in (0..width).step_by(16) {
+            let mut acc = [_mm512_setzero_ps(); MOST_HEADS];
+            for j in 0..seen {
+                let v = _mm512_loadu_ps(values.as_ptr().add(j * width + at));
+                for (t, acc) in acc.iter_mut().enumerate().take(group) {
+                    let p = _mm512_set1_ps(*scores.get_unchecked(t * seen + j));
+                    *acc = _mm512_add_ps(*acc, _mm512_mul_ps(p, v));
+                }
+            }
+            for (t, acc) in acc.iter().enumerate().take(group) {
+                _mm512_storeu_ps(sums.as_mut_ptr().add(t * width + at), *acc);
             }
         }
     }
@@ -581,23 +814,24 @@ mod tests {
         }
     }
 
-    /// Tokens fed one call at a time after the cache's past give the first call's outputs.
+    /// Tokens fed in calls after the cache's past give the first call's outputs, on every
+    /// path (one-token calls with more than sixteen keys take AVX-512's sixteen-key dots).
     #[test]
-    fn one_token_calls_after_the_past_equal_the_whole_call() {
+    fn calls_after_the_past_equal_the_whole_call() {
         let heads = Heads {
             heads: 4,
             kv_heads: 2,
             width: 16,
             scale: 0.25,
-            window: Some(4),
+            window: Some(24),
         };
-        let sequence = 9;
+        let sequence = 40;
         let tw = heads.projections_width();
         let projections: Vec<f32> = (0..sequence * tw)
             .map(|i| ((i * 104_729) % 53) as f32 * 0.04 - 1.0)
             .collect();
-        let capacity = 12;
-        let run = |calls: &[std::ops::Range<usize>]| {
+        let capacity = 44;
+        let run = |isa: Isa, calls: &[std::ops::Range<usize>]| {
             let mut keys = vec![0.0; 2 * capacity * 16];
             let mut values = keys.clone();
             let mut out = Vec::new();
@@ -608,15 +842,63 @@ mod tests {
                 let mut part = vec![0.0; n * 4 * 16];
                 let tokens = &projections[call.start * tw..call.end * tw];
                 let cache = (&mut keys[..], &mut values[..], capacity);
-                run(Isa::Scalar, &heads, tokens, &rows, n, cache, &mut part);
+                run(isa, &heads, tokens, &rows, n, cache, &mut part);
                 out.extend(part);
             }
             out
         };
-        let whole = run(std::slice::from_ref(&(0..sequence)));
-        let pieces = run(&[0..3, 3..4, 4..8, 8..9]);
-        for (a, b) in whole.iter().zip(&pieces) {
-            assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+        for isa in Isa::available() {
+            let whole = run(isa, std::slice::from_ref(&(0..sequence)));
+            let pieces = run(isa, &[0..3, 3..4, 4..20, 20..21, 21..38, 38..39, 39..40]);
+            for (a, b) in whole.iter().zip(&pieces) {
+                assert!((a - b).abs() < 1e-6, "{isa:?}: {a} vs {b}");
+            }
+        }
+    }
+
+    /// AVX-512's sixteen-key dots give each key's own dot, and its register sums of the
+    /// weighted values the loop's sums, bit for bit.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_one_token_kernels_give_the_loops_bits() {
+        if !Isa::available().contains(&Isa::Avx512) {
+            return;
+        }
+        let data = |n: usize, seed: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i * 7919 + seed) % 97) as f32 * 0.013 - 0.6)
+                .collect()
+        };
+        let width = 48;
+        let (q, keys) = (data(width, 3), data(16 * width, 5));
+        // Sound: AVX-512 is available; 16 keys as wide as `q`, a multiple of 16.
+        let dots = unsafe { avx512::dots(&q, &keys) };
+        for (j, dot) in dots.iter().enumerate() {
+            // Sound: as above.
+            let want = unsafe { avx512_dot(&q, &keys[j * width..(j + 1) * width]) };
+            assert_eq!(dot.to_bits(), want.to_bits(), "key {j}: {dot} vs {want}");
+        }
+        // Passes of 4 slices of 2 heads, 2 of 4, 1 of 1, and a head count with no fixed pass.
+        for (group, width) in [(2, 64), (4, 32), (1, 16), (3, 48)] {
+            let seen = 21;
+            let (scores, values) = (data(group * seen, 11), data(seen * width, 13));
+            let mut sums = vec![f32::NAN; group * width];
+            // Sound: AVX-512 is available; the shapes are as `weigh` needs.
+            unsafe { avx512::weigh(&scores, &values, group, width, &mut sums) };
+            for t in 0..group {
+                for d in 0..width {
+                    let mut want = 0.0f32;
+                    for j in 0..seen {
+                        want += scores[t * seen + j] * values[j * width + d];
+                    }
+                    let got = sums[t * width + d];
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{group} heads of {width}: {t}, {d}"
+                    );
+                }
+            }
         }
     }
 }
