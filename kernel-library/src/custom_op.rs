@@ -5,9 +5,9 @@
 //! the library is never told. Each `RegisterCustomOps` call makes a domain of its own
 //! (with that host's API) and never releases it, for the same reason.
 
-use crate::host::{ort_type, Api, SessionThreads};
+use crate::host::{ort_type, run, Api};
 use crate::API_VERSION;
-use kernel_ops::{op_error, Input, NeedleOp, Presence, Registry, DOMAIN, OUTPUT_TYPE};
+use kernel_ops::{NeedleOp, Presence, Registry, DOMAIN, OUTPUT_TYPE};
 use ort_sys::{
     ONNXTensorElementDataType as OrtType, OrtApi, OrtCustomOp,
     OrtCustomOpInputOutputCharacteristic as Characteristic, OrtKernelContext, OrtKernelInfo,
@@ -188,40 +188,8 @@ unsafe extern "system" fn compute<Op: NeedleOp>(
     // SAFETY: `kernel` is a `HostKernel<Op>` from `create_kernel`, not yet destroyed.
     let kernel = unsafe { &*kernel.cast::<HostKernel<Op>>() };
     let api = kernel.api;
-    api.guarded(op_name::<Op>, || {
-        // SAFETY (each call below): `ctx` is the context of this compute call, whose
-        // tensors outlive it.
-        let count = unsafe { api.input_count(ctx) }.map_err(op_error::<Op>)?;
-        let types = kernel_ops::input_types::<Op>(count)?;
-        let read = types
-            .into_iter()
-            .enumerate()
-            .map(|(i, t)| unsafe { api.input(ctx, i, t) })
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(op_error::<Op>)?;
-        let mut inputs: Vec<Input> = read
-            .iter()
-            .map(|(shape, data)| Input { shape, data: *data })
-            .collect();
-        let mut shapes = kernel.op.output_shapes(&inputs)?;
-        shapes.truncate(unsafe { api.output_count(ctx) }.map_err(op_error::<Op>)?);
-        let mut outputs = shapes
-            .iter()
-            .enumerate()
-            .map(|(i, shape)| unsafe { api.output(ctx, i, shape) })
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(op_error::<Op>)?;
-        // A cache bound as both past and present: the op reads it from the output alone.
-        kernel_ops::unalias::<Op>(&mut inputs, &outputs);
-        let threads = SessionThreads { api, ctx };
-        Ok(kernel_ops::compute(
-            &kernel.op,
-            &inputs,
-            &shapes,
-            &mut outputs,
-            &threads,
-        )?)
-    })
+    // SAFETY: `ctx` is the context of this compute call.
+    api.guarded(op_name::<Op>, || unsafe { run(api, &kernel.op, ctx) })
 }
 
 /// `needle.<op>`, for a panic's message.

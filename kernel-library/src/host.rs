@@ -2,7 +2,7 @@
 //! kernel context's tensors and its thread pool. Every function here is a thin, checked
 //! call through the `OrtApi` the host handed over.
 
-use kernel_ops::{ElementType, InputData, RowSplit};
+use kernel_ops::{op_error, ElementType, Input, InputData, NeedleOp, RowSplit};
 use ort_sys::{
     ONNXTensorElementDataType as OrtType, OrtApi, OrtErrorCode, OrtKernelContext, OrtKernelInfo,
     OrtStatusPtr, OrtValue,
@@ -205,6 +205,52 @@ impl Api {
     }
 }
 
+/// One compute call of `op`: its inputs read from `ctx`, its outputs allocated by the host
+/// as `op` shapes them, and the op run on the session's threads. The library's kernels
+/// and `needle-run`'s in-process ones (through the `ort` crate's API table) both compute
+/// so: `ort`'s own tensor views built each input's full type description, a quarter of
+/// the time a decode step spent outside the kernels.
+///
+/// # Safety
+/// `ctx` is the host's context of the running compute call, whose tensors outlive it.
+pub unsafe fn run<Op: NeedleOp>(
+    api: Api,
+    op: &Op,
+    ctx: *mut OrtKernelContext,
+) -> Result<(), String> {
+    // SAFETY (each call below): `ctx` is the running call's context (the caller's promise).
+    let count = unsafe { api.input_count(ctx) }.map_err(op_error::<Op>)?;
+    let types = kernel_ops::input_types::<Op>(count)?;
+    let read = types
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| unsafe { api.input(ctx, i, t) })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(op_error::<Op>)?;
+    let mut inputs: Vec<Input> = read
+        .iter()
+        .map(|(shape, data)| Input { shape, data: *data })
+        .collect();
+    let mut shapes = op.output_shapes(&inputs)?;
+    shapes.truncate(unsafe { api.output_count(ctx) }.map_err(op_error::<Op>)?);
+    let mut outputs = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, shape)| unsafe { api.output(ctx, i, shape) })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(op_error::<Op>)?;
+    // A cache bound as both past and present: the op reads it from the output alone.
+    kernel_ops::unalias::<Op>(&mut inputs, &outputs);
+    let threads = SessionThreads { api, ctx };
+    Ok(kernel_ops::compute(
+        op,
+        &inputs,
+        &shapes,
+        &mut outputs,
+        &threads,
+    )?)
+}
+
 /// `len` elements at `data` (none: an empty slice, whatever the pointer).
 ///
 /// # Safety
@@ -238,9 +284,9 @@ fn panic_message(panic: &(dyn Any + Send)) -> &str {
 }
 
 /// Row blocks on the session's intra-op thread pool (`KernelContext_ParallelFor`).
-pub struct SessionThreads {
-    pub api: Api,
-    pub ctx: *mut OrtKernelContext,
+struct SessionThreads {
+    api: Api,
+    ctx: *mut OrtKernelContext,
 }
 
 /// One parallel-for: the blocks' function and the first panic of any block, which is

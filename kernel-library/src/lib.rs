@@ -12,7 +12,7 @@
 mod custom_op;
 mod host;
 
-use host::Api;
+pub use host::{run, Api};
 use ort_sys::{OrtApiBase, OrtErrorCode, OrtSessionOptions, OrtStatus};
 use std::ffi::CStr;
 

@@ -7,14 +7,13 @@
 //! keeps them for the session, so nothing is copied or repacked.
 
 use graphs::contract::needle_ops;
-use kernel_ops::{
-    op_error, ElementType, Input, InputData, NeedleOp, Presence, Registry, RowSplit, DOMAIN,
-    OUTPUT_TYPE,
-};
+use kernel_ops::{ElementType, NeedleOp, Presence, Registry, DOMAIN, OUTPUT_TYPE};
+use needle_kernels::Api;
 use ort::operator::{
     ComputeContext, Kernel, KernelContext, Operator, OperatorDomain, OperatorInput, OperatorOutput,
 };
-use ort::value::{DynTensorValueType, TensorElementType, ValueRef, ValueType};
+use ort::value::TensorElementType;
+use ort::AsPointer;
 use std::marker::PhantomData;
 
 /// The domain with every Needle op.
@@ -101,110 +100,10 @@ struct OrtKernel<Op>(Op);
 
 impl<Op: NeedleOp> Kernel for OrtKernel<Op> {
     fn compute(&mut self, ctx: &ComputeContext) -> ort::Result<()> {
-        let count = ctx.num_inputs()?;
-        let types = kernel_ops::input_types::<Op>(count).map_err(ort::Error::new)?;
-        let values = (0..count)
-            .map(|i| {
-                ctx.input(i)?
-                    .ok_or_else(|| ort::Error::new(op_error::<Op>(format!("input {i} missing"))))
-            })
-            .collect::<ort::Result<Vec<_>>>()?;
-        let mut inputs = values
-            .iter()
-            .zip(types)
-            .map(|(value, t)| input(value, t))
-            .collect::<ort::Result<Vec<_>>>()?;
-        let mut shapes = self.0.output_shapes(&inputs).map_err(ort::Error::new)?;
-        shapes.truncate(ctx.num_outputs()?);
-        let mut values = shapes
-            .iter()
-            .enumerate()
-            .map(|(i, shape)| {
-                ctx.output(i, shape.clone())?
-                    .ok_or_else(|| ort::Error::new(op_error::<Op>(format!("no output {i}"))))
-            })
-            .collect::<ort::Result<Vec<_>>>()?;
-        let mut outputs = values
-            .iter_mut()
-            .map(|y| y.try_extract_tensor_mut::<f32>().map(|(_, y)| y))
-            .collect::<ort::Result<Vec<_>>>()?;
-        // A cache bound as both past and present: the op reads it from the output alone.
-        kernel_ops::unalias::<Op>(&mut inputs, &outputs);
-        kernel_ops::compute(
-            &self.0,
-            &inputs,
-            &shapes,
-            &mut outputs,
-            &SessionThreads(ctx),
-        )
-        .map_err(ort::Error::new)
-    }
-}
-
-/// `value`'s shape and elements as element type `t`.
-fn input<'a>(value: &'a ValueRef<'_>, t: ElementType) -> ort::Result<Input<'a>> {
-    Ok(match t {
-        ElementType::Float32 => {
-            let (shape, data) = value.try_extract_tensor::<f32>()?;
-            Input {
-                shape,
-                data: InputData::Float32(data),
-            }
-        }
-        ElementType::Uint8 => {
-            let (shape, data) = value.try_extract_tensor::<u8>()?;
-            Input {
-                shape,
-                data: InputData::Uint8(data),
-            }
-        }
-        ElementType::Int64 => {
-            let (shape, data) = value.try_extract_tensor::<i64>()?;
-            Input {
-                shape,
-                data: InputData::Int64(data),
-            }
-        }
-        ElementType::Float16 => {
-            let ValueType::Tensor {
-                ty: TensorElementType::Float16,
-                shape,
-                ..
-            } = value.dtype()
-            else {
-                return Err(ort::Error::new(format!(
-                    "expected a float16 tensor, got {}",
-                    value.dtype()
-                )));
-            };
-            let len = shape.num_elements();
-            let data = if len == 0 {
-                &[][..]
-            } else {
-                // The kernels take halves as their bits (kernels::f16 converts them), so the
-                // `half` crate, and the zerocopy it brings into needle-run's build, are not
-                // needed for this one read. Sound: the tensor is a float16 tensor (checked
-                // above) of `len` 2-byte elements in the host memory of a CPU kernel's input,
-                // which onnxruntime keeps alive and unchanged for the borrow of `value`.
-                let tensor = value.view().downcast::<DynTensorValueType>()?;
-                unsafe { std::slice::from_raw_parts(tensor.data_ptr().cast::<u16>(), len) }
-            };
-            Input {
-                shape,
-                data: InputData::Float16(data),
-            }
-        }
-    })
-}
-
-/// Row blocks on the session's intra-op thread pool.
-struct SessionThreads<'a>(&'a ComputeContext);
-
-impl RowSplit for SessionThreads<'_> {
-    fn for_each(&self, blocks: usize, f: &(dyn Fn(usize) + Sync)) {
-        // A failed parallel-for (no pool) runs the blocks here instead.
-        if self.0.par_for(blocks, 0, f).is_err() {
-            (0..blocks).for_each(f);
-        }
+        // The C API's tensors and thread pool, as libneedle_kernels uses them in any host:
+        // `ort::api()` is this process's onnxruntime, whose API table lives while it is
+        // loaded. Sound: `ctx` is the context of this compute call.
+        let api = Api::new(ort::api());
+        unsafe { needle_kernels::run(api, &self.0, ctx.ptr().cast_mut()) }.map_err(ort::Error::new)
     }
 }
