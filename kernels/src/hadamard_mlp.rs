@@ -4,7 +4,7 @@
 //! orthonormal Walsh–Hadamard matrix of size `n`, applied as the fast transform.
 
 use crate::hadamard::rotate_groups;
-use crate::isa::Isa;
+use crate::isa::{Isa, Vectorized};
 use crate::math::silu;
 use crate::residual_norm::pre_norm_residual;
 use crate::split::RowSplit;
@@ -38,22 +38,16 @@ impl HadamardMlp<'_> {
         });
     }
 
-    /// `out` `[tokens, d_model]` = the MLP of `x` `[tokens, d_model]`, on the calling thread.
+    /// `out` `[tokens, d_model]` = the MLP of `x` `[tokens, d_model]`, on the calling thread,
+    /// its SiLU and diagonals compiled for the path's vector width ([`Isa::vectorized`]; the
+    /// same arithmetic, so the same bits).
     pub fn tokens(&self, x: &[f32], d_model: usize, out: &mut [f32]) {
-        match self.isa {
-            #[cfg(target_arch = "x86_64")]
-            // Sound: `Isa::available` offers AVX-512 only where AVX-512F was detected.
-            Isa::Avx512 => unsafe { self.tokens_avx512(x, d_model, out) },
-            _ => self.tokens_on(x, d_model, out),
-        }
-    }
-
-    /// [`HadamardMlp::tokens`] compiled for AVX-512, so that its SiLU and diagonals
-    /// vectorize 16 wide (the same arithmetic, so the same bits).
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn tokens_avx512(&self, x: &[f32], d_model: usize, out: &mut [f32]) {
-        self.tokens_on(x, d_model, out)
+        self.isa.vectorized(Tokens {
+            mlp: self,
+            x,
+            d_model,
+            out,
+        })
     }
 
     #[inline(always)]
@@ -78,6 +72,23 @@ impl HadamardMlp<'_> {
                 .zip(d3)
                 .for_each(|((o, &z), &d)| *o = d * z);
         }
+    }
+}
+
+/// [`HadamardMlp::tokens`] as [`Isa::vectorized`] takes it.
+struct Tokens<'a> {
+    mlp: &'a HadamardMlp<'a>,
+    x: &'a [f32],
+    d_model: usize,
+    out: &'a mut [f32],
+}
+
+impl Vectorized for Tokens<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run(self) {
+        self.mlp.tokens_on(self.x, self.d_model, self.out)
     }
 }
 

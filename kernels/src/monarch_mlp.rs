@@ -13,7 +13,7 @@
 //! Each token's output depends on that token alone and is computed in the same order
 //! whatever the batch, so a row of a batch gets the bits it gets alone.
 
-use crate::isa::Isa;
+use crate::isa::{Isa, Vectorized};
 use crate::math::{silu, softmax};
 use crate::residual_norm::pre_norm_residual;
 use crate::small_matmul::matmul;
@@ -130,8 +130,21 @@ impl<'a> MonarchMlp<'a> {
         });
     }
 
-    /// `out` `[tokens, d_model]` = the MLP of `x` `[tokens, d_model]`, on the calling thread.
+    /// `out` `[tokens, d_model]` = the MLP of `x` `[tokens, d_model]`, on the calling thread,
+    /// its loops compiled for `isa`'s vector width ([`Isa::vectorized`]: one value at a time
+    /// outside the products otherwise).
     pub fn tokens(&self, x: &[f32], tokens: usize, out: &mut [f32], isa: Isa) {
+        isa.vectorized(Tokens {
+            mlp: self,
+            x,
+            tokens,
+            out,
+            isa,
+        })
+    }
+
+    #[inline(always)]
+    fn tokens_on(&self, x: &[f32], tokens: usize, out: &mut [f32], isa: Isa) {
         let (d, n) = (self.d_model, self.n);
         assert_eq!(x.len(), tokens * d, "x is [tokens, d_model]");
         assert_eq!(out.len(), tokens * d, "out is [tokens, d_model]");
@@ -178,6 +191,24 @@ impl<'a> MonarchMlp<'a> {
         for (z, zb) in z.chunks_exact_mut(self.n).zip(scratch.chunks_exact(self.n)) {
             matmul(isa, factors.a_t, zb, z, a, a, b);
         }
+    }
+}
+
+/// [`MonarchMlp::tokens`] as [`Isa::vectorized`] takes it.
+struct Tokens<'a> {
+    mlp: &'a MonarchMlp<'a>,
+    x: &'a [f32],
+    tokens: usize,
+    out: &'a mut [f32],
+    isa: Isa,
+}
+
+impl Vectorized for Tokens<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run(self) {
+        self.mlp.tokens_on(self.x, self.tokens, self.out, self.isa)
     }
 }
 
