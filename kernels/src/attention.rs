@@ -417,19 +417,34 @@ impl Group<'_> {
     /// (transposed), each row's window softmaxed (0 outside it), times the block's values.
     #[inline(always)]
     fn attend_in_blocks(&self) {
-        let (width, group) = (self.heads.width, self.size());
-        let (mut queries, mut scores, mut heads) = (vec![], vec![], vec![]);
+        // Taken out and put back, not used inside a closure: this body must stay inlined
+        // into the caller's AVX-512 code (a closure is compiled on its own).
+        let mut buffers = BLOCK_BUFFERS.with_borrow_mut(std::mem::take);
+        self.attend_in_blocks_with(&mut buffers);
+        BLOCK_BUFFERS.with_borrow_mut(|kept| *kept = buffers);
+    }
+
+    /// [`Group::attend_in_blocks`] in the thread's buffers.
+    #[inline(always)]
+    fn attend_in_blocks_with(&self, buffers: &mut BlockBuffers) {
+        let (width, group, scale) = (self.heads.width, self.size(), self.heads.scale);
+        let BlockBuffers {
+            keys_t,
+            queries,
+            scores,
+            heads,
+        } = buffers;
         // Every key a query of the call sees, transposed once: each block's keys are a run
         // of its columns (transposing them a block at a time cost as much as the scores).
         let (first, _) = self.seen(0);
         let (_, last) = self.seen(self.sequence - 1);
         let all = (last + 1).saturating_sub(first);
-        let mut keys_t = vec![0.0f32; width * all];
+        keys_t.resize(width * all, 0.0);
         let keys = Strided {
             data: &self.cache.keys[self.slot(first)..][..all * width],
             stride: width,
         };
-        transpose(self.isa, keys, all, width, &mut keys_t, all);
+        transpose(self.isa, keys, all, width, keys_t, all);
         for start in (0..self.sequence).step_by(QUERY_BLOCK) {
             let n = QUERY_BLOCK.min(self.sequence - start);
             let (lo, _) = self.seen(start);
@@ -439,13 +454,18 @@ impl Group<'_> {
             heads.resize(rows * width, 0.0);
             if lo <= hi {
                 let m = hi + 1 - lo;
+                // The queries scaled as they are gathered (a pass over the scores fewer;
+                // the same products where the scale is a power of two, 1/8 for heads of 64).
                 queries.clear();
                 for i in start..start + n {
-                    (0..group).for_each(|t| queries.extend_from_slice(self.query(i, t)));
+                    for t in 0..group {
+                        queries.extend(self.query(i, t).iter().map(|&q| q * scale));
+                    }
                 }
                 scores.resize(rows * m, 0.0);
+                let scores = &mut scores[..rows * m];
                 let keys = (&keys_t[lo - first..], all);
-                matmul_strided(self.isa, &queries, keys, &mut scores, rows, width, m);
+                matmul_strided(self.isa, queries, keys, scores, rows, width, m);
                 for (r, row) in scores.chunks_exact_mut(m).enumerate() {
                     let (first, last) = self.seen(start + r / group);
                     let from = first.clamp(lo, hi + 1);
@@ -455,18 +475,32 @@ impl Group<'_> {
                     before.fill(0.0);
                     after.fill(0.0);
                     if !seen.is_empty() {
-                        seen.iter_mut().for_each(|s| *s *= self.heads.scale);
                         softmax(seen);
                     }
                 }
                 let values = &self.cache.values[self.slot(lo)..][..m * width];
-                matmul(self.isa, &scores, values, &mut heads, rows, m, width);
+                matmul(self.isa, scores, values, heads, rows, m, width);
             }
             for (i, token) in heads.chunks_exact(group * width).enumerate() {
                 self.write(start + i, token);
             }
         }
     }
+}
+
+/// A thread's buffers for [`Group::attend_in_blocks`], kept between calls: fresh ones (the
+/// transposed keys alone ~100 KB a kv head) were mapped and faulted in every call, ~7% of
+/// a prompt piece's attention.
+#[derive(Default)]
+struct BlockBuffers {
+    keys_t: Vec<f32>,
+    queries: Vec<f32>,
+    scores: Vec<f32>,
+    heads: Vec<f32>,
+}
+
+thread_local! {
+    static BLOCK_BUFFERS: std::cell::RefCell<BlockBuffers> = std::cell::RefCell::new(BlockBuffers::default());
 }
 
 /// The one-token kernels of [`Group::attend_each`] on AVX-512.
