@@ -5,9 +5,9 @@
 //! the library is never told. Each `RegisterCustomOps` call makes a domain of its own
 //! (with that host's API) and never releases it, for the same reason.
 
-use crate::host::{ort_type, run, Api};
+use crate::host::{ort_type, run, Api, Constants};
 use crate::API_VERSION;
-use kernel_ops::{NeedleOp, Presence, Registry, DOMAIN, OUTPUT_TYPE};
+use kernel_ops::{op_error, NeedleOp, Presence, Registry, DOMAIN, OUTPUT_TYPE};
 use ort_sys::{
     ONNXTensorElementDataType as OrtType, OrtApi, OrtCustomOp,
     OrtCustomOpInputOutputCharacteristic as Characteristic, OrtKernelContext, OrtKernelInfo,
@@ -159,6 +159,7 @@ unsafe extern "system" fn cpu_memory(_: *const OrtCustomOp, _: usize) -> OrtMemT
 /// One node's kernel: its op and the API of the host that created it.
 struct HostKernel<Op> {
     op: Op,
+    constants: Constants,
     api: Api,
 }
 
@@ -173,7 +174,10 @@ unsafe extern "system" fn create_kernel<Op: NeedleOp>(
     api.guarded(op_name::<Op>, || {
         // SAFETY: `info` is the kernel info of the node being created.
         let op = Op::new(&|name| unsafe { api.attribute(info, name) })?;
-        let created = Box::into_raw(Box::new(HostKernel { op, api }));
+        // SAFETY: as above; the constants live in the kernel, which onnxruntime destroys
+        // before the session's initializers.
+        let constants = unsafe { api.constants::<Op>(info) }.map_err(op_error::<Op>)?;
+        let created = Box::into_raw(Box::new(HostKernel { op, constants, api }));
         // SAFETY: `kernel` is where onnxruntime takes the new kernel from; it hands it
         // back to `compute` and, once, to `destroy`.
         unsafe { *kernel = created.cast() };
@@ -189,7 +193,9 @@ unsafe extern "system" fn compute<Op: NeedleOp>(
     let kernel = unsafe { &*kernel.cast::<HostKernel<Op>>() };
     let api = kernel.api;
     // SAFETY: `ctx` is the context of this compute call.
-    api.guarded(op_name::<Op>, || unsafe { run(api, &kernel.op, ctx) })
+    api.guarded(op_name::<Op>, || unsafe {
+        run(api, &kernel.op, &kernel.constants, ctx)
+    })
 }
 
 /// `needle.<op>`, for a panic's message.

@@ -98,6 +98,60 @@ impl Api {
             return Err(format!("input {index} missing"));
         }
         // SAFETY: `value` is the host's tensor, alive for the compute call.
+        unsafe { self.tensor(value, index, t) }
+    }
+
+    /// The inputs of the node `info` describes that are constant initializers (the weights),
+    /// read once when its kernel is created: onnxruntime keeps them, unchanged, as long as
+    /// the kernel lives, and reading each again every call (five C API calls an input) was
+    /// most of the time a decode step spent between onnxruntime and the kernels. `None`
+    /// for an input computed at run time (or an initializer a caller may override).
+    ///
+    /// # Safety
+    /// `info` is the host's kernel info of the kernel being created; the elements are
+    /// borrowed from the session and must not be used after the kernel is destroyed.
+    pub unsafe fn constants<Op: NeedleOp>(
+        &self,
+        info: *const OrtKernelInfo,
+    ) -> Result<Constants, String> {
+        let mut count = 0;
+        // SAFETY: `info` is valid (the caller's promise).
+        self.check(unsafe { (self.0.KernelInfo_GetInputCount)(info, &mut count) })?;
+        let types = kernel_ops::input_types::<Op>(count)?;
+        let mut constants = Vec::with_capacity(count);
+        for (index, t) in types.into_iter().enumerate() {
+            let (mut is_constant, mut value) = (0, std::ptr::null());
+            // SAFETY: as above; `value` is the session's initializer where `is_constant`.
+            let status = unsafe {
+                (self.0.KernelInfoGetConstantInput_tensor)(
+                    info,
+                    index,
+                    &mut is_constant,
+                    &mut value,
+                )
+            };
+            self.check(status)?;
+            constants.push(match is_constant != 0 && !value.is_null() {
+                // SAFETY: the initializer lives as long as the kernel (the caller's promise
+                // covers the borrow).
+                true => Some(unsafe { self.tensor(value, index, t) }?),
+                false => None,
+            });
+        }
+        Ok(Constants(constants))
+    }
+
+    /// Tensor `value` (input `index`): its shape, and its elements as `t`.
+    ///
+    /// # Safety
+    /// `value` is a live tensor of the host, unchanged while its elements are borrowed (`'a`).
+    unsafe fn tensor<'a>(
+        &self,
+        value: *const OrtValue,
+        index: usize,
+        t: ElementType,
+    ) -> Result<(Vec<i64>, InputData<'a>), String> {
+        // SAFETY: `value` is live (the caller's promise).
         let (host_type, shape, len) = unsafe { self.type_and_shape(value)? };
         if host_type != ort_type(t) {
             return Err(format!("input {index} is {host_type:?}, not {t:?}"));
@@ -107,7 +161,7 @@ impl Api {
         // elements are never written through it.
         self.check(unsafe { (self.0.GetTensorMutableData)(value.cast_mut(), &mut data) })?;
         // SAFETY: the host's CPU tensor holds `len` elements of type `t` at `data`, aligned
-        // for it, unchanged while the compute call runs.
+        // for it, unchanged while borrowed (the caller's promise).
         let data = unsafe {
             match t {
                 ElementType::Float32 => InputData::Float32(elements(data.cast(), len)),
@@ -216,6 +270,7 @@ impl Api {
 pub unsafe fn run<Op: NeedleOp>(
     api: Api,
     op: &Op,
+    constants: &Constants,
     ctx: *mut OrtKernelContext,
 ) -> Result<(), String> {
     // SAFETY (each call below): `ctx` is the running call's context (the caller's promise).
@@ -224,12 +279,24 @@ pub unsafe fn run<Op: NeedleOp>(
     let read = types
         .into_iter()
         .enumerate()
-        .map(|(i, t)| unsafe { api.input(ctx, i, t) })
+        .map(|(i, t)| match constants.0.get(i) {
+            Some(Some(_)) => Ok(None),
+            _ => unsafe { api.input(ctx, i, t) }.map(Some),
+        })
         .collect::<Result<Vec<_>, _>>()
         .map_err(op_error::<Op>)?;
     let mut inputs: Vec<Input> = read
         .iter()
-        .map(|(shape, data)| Input { shape, data: *data })
+        .enumerate()
+        .map(|(i, read)| {
+            let (shape, data) = match read {
+                Some(read) => read,
+                None => constants.0[i]
+                    .as_ref()
+                    .expect("a constant where none was read"),
+            };
+            Input { shape, data: *data }
+        })
         .collect();
     let mut shapes = op.output_shapes(&inputs)?;
     shapes.truncate(unsafe { api.output_count(ctx) }.map_err(op_error::<Op>)?);
@@ -250,6 +317,10 @@ pub unsafe fn run<Op: NeedleOp>(
         &threads,
     )?)
 }
+
+/// A kernel's constant inputs ([`Api::constants`]): input `i`'s shape and elements, or
+/// `None` where it is read at each call.
+pub struct Constants(Vec<Option<(Vec<i64>, InputData<'static>)>>);
 
 /// `len` elements at `data` (none: an empty slice, whatever the pointer).
 ///

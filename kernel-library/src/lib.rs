@@ -12,7 +12,7 @@
 mod custom_op;
 mod host;
 
-pub use host::{run, Api};
+pub use host::{run, Api, Constants};
 use ort_sys::{OrtApiBase, OrtErrorCode, OrtSessionOptions, OrtStatus};
 use std::ffi::CStr;
 

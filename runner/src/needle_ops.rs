@@ -8,7 +8,7 @@
 
 use graphs::contract::needle_ops;
 use kernel_ops::{ElementType, NeedleOp, Presence, Registry, DOMAIN, OUTPUT_TYPE};
-use needle_kernels::Api;
+use needle_kernels::{Api, Constants};
 use ort::operator::{
     ComputeContext, Kernel, KernelContext, Operator, OperatorDomain, OperatorInput, OperatorOutput,
 };
@@ -92,11 +92,19 @@ impl<Op: NeedleOp> Operator for OrtOperator<Op> {
 
     fn create_kernel<'attr>(&self, info: &KernelContext<'attr>) -> ort::Result<OrtKernel<Op>> {
         let op = Op::new(&|name| info.get::<i64>(name)).map_err(ort::Error::new)?;
-        Ok(OrtKernel(op))
+        // Sound: `info` describes the kernel being created; the constants it holds are
+        // used only by this kernel, which onnxruntime destroys before the initializers.
+        let constants =
+            unsafe { Api::new(ort::api()).constants::<Op>(info.ptr()) }.map_err(ort::Error::new)?;
+        Ok(OrtKernel { op, constants })
     }
 }
 
-struct OrtKernel<Op>(Op);
+/// A Needle op and its weights, read once ([`Api::constants`]).
+struct OrtKernel<Op> {
+    op: Op,
+    constants: Constants,
+}
 
 impl<Op: NeedleOp> Kernel for OrtKernel<Op> {
     fn compute(&mut self, ctx: &ComputeContext) -> ort::Result<()> {
@@ -104,6 +112,7 @@ impl<Op: NeedleOp> Kernel for OrtKernel<Op> {
         // `ort::api()` is this process's onnxruntime, whose API table lives while it is
         // loaded. Sound: `ctx` is the context of this compute call.
         let api = Api::new(ort::api());
-        unsafe { needle_kernels::run(api, &self.0, ctx.ptr().cast_mut()) }.map_err(ort::Error::new)
+        unsafe { needle_kernels::run(api, &self.op, &self.constants, ctx.ptr().cast_mut()) }
+            .map_err(ort::Error::new)
     }
 }
