@@ -156,39 +156,6 @@ impl Layout {
         }
     }
 
-    /// [`Layout::arrange`] undone: `arranged` back into natural order in `out`.
-    pub fn natural(&self, arranged: &[f32], out: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if let (Isa::Avx512, &Order::ShiftMajor { per_byte, .. }) = (self.isa, &self.order) {
-            // Sound: a layout picks AVX-512 only where `Isa::available` detected it, and
-            // only for whole chunks of 16 · `per_byte` inputs.
-            return unsafe { super::avx512::natural(arranged, per_byte, out) };
-        }
-        match self.order {
-            Order::Natural => out.copy_from_slice(arranged),
-            Order::ShiftMajor { lanes, per_byte } => {
-                let chunk = lanes * per_byte;
-                for (dst, src) in out
-                    .chunks_exact_mut(chunk)
-                    .zip(arranged.chunks_exact(chunk))
-                {
-                    for s in 0..per_byte {
-                        for i in 0..lanes {
-                            dst[i * per_byte + s] = src[s * lanes + i];
-                        }
-                    }
-                }
-            }
-            Order::NibblePairs => {
-                for (dst, src) in out.chunks_exact_mut(8).zip(arranged.chunks_exact(8)) {
-                    for (e, &value) in src.iter().enumerate() {
-                        dst[2 * (e % 4) + e / 4] = value;
-                    }
-                }
-            }
-        }
-    }
-
     /// `natural` (one row's or token's padded inputs) into `out` in the order this path
     /// reads codes: the same order for activations and for decoded weights, so a decoded
     /// row's value `i` meets the activation its code would have met.

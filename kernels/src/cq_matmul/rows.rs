@@ -84,14 +84,11 @@ impl CqMatrix<'_> {
                 // Sound: a layout is AVX-512's only where `Isa::available` detected it, and
                 // only for codes in whole 16-lane chunks of a group.
                 unsafe {
-                    super::avx512::decode(
-                        self.row_codes(r),
-                        self.bits,
-                        &table.values,
-                        arranged.as_mut_slice(),
-                    )
-                };
-                layout.natural(arranged.as_slice(), padded);
+                    let arranged = arranged.as_mut_slice();
+                    super::avx512::decode(self.row_codes(r), self.bits, &table.values, arranged);
+                    // The lookups' 16-lane order back into the inputs' own.
+                    super::avx512::natural(arranged, 8 / self.bits, padded);
+                }
             }
             _ => scalar::decode(self.row_codes(r), self.bits, self.codebook, padded),
         }
