@@ -400,7 +400,7 @@ impl Group<'_> {
         let (width, group) = (self.heads.width, self.size());
         let seen = values.len() / width;
         #[cfg(target_arch = "x86_64")]
-        if self.isa == Isa::Avx512 && width.is_multiple_of(16) && group <= avx512::MOST_HEADS {
+        if self.isa == Isa::Avx512 && width.is_multiple_of(16) {
             // Sound: AVX-512 was detected; the shapes are as the caller's promise states.
             return unsafe { avx512::weigh(scores, values, group, width, sums) };
         }
@@ -510,8 +510,8 @@ mod avx512 {
 
     /// Keys dotted at once: one register of sums each, added across together.
     pub const KEYS: usize = 16;
-    /// The most query heads a kv head's sums can be kept in registers for.
-    pub const MOST_HEADS: usize = 16;
+    /// Registers of sums [`weigh`] keeps at once (with the values it loads, within the 32).
+    const SUMS: usize = 16;
 
     /// `q · kⱼ` for the 16 keys of `keys` (`[16, q.len()]`): each key's products summed
     /// in the lanes of one register, input chunk by input chunk, then the 16 registers'
@@ -592,13 +592,14 @@ mod avx512 {
 
     /// `sums[t · width ..] = Σ_j scores[t · seen + j] · values[j]` for `group` heads, each
     /// lane a product then a sum (unfused), key by key, in registers: `C` 16-lane slices
-    /// of each of the `G` heads' sums at a time, as many as there are registers for. Each
+    /// of each of the `G` heads' sums at a time, as many as [`SUMS`] registers hold. Each
     /// slice is one chain of dependent adds, so a pass needs several (`G · C` of 8 or more
-    /// keep both adders busy; with one slice a head at a time it waited on each add).
+    /// keep both adders busy; with one slice a head at a time it waited on each add). Head
+    /// counts other than 1, 2 and 4 go one head at a time.
     ///
     /// # Safety
-    /// The CPU must have AVX-512F; `width` is a multiple of 16, `group ≤ MOST_HEADS`,
-    /// `values` is `[seen, width]`, `scores` `[group, seen]` and `sums` `[group, width]`.
+    /// The CPU must have AVX-512F; `width` is a multiple of 16, `values` is `[seen, width]`,
+    /// `scores` `[group, seen]` and `sums` `[group, width]`.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn weigh(
         scores: &[f32],
@@ -607,19 +608,24 @@ mod avx512 {
         width: usize,
         sums: &mut [f32],
     ) {
-        debug_assert!(group <= MOST_HEADS && width.is_multiple_of(16));
+        debug_assert!(width.is_multiple_of(16));
         let slices = width / 16;
-        // The widest pass of whole slices that `16 / group` registers hold.
+        // The widest pass of whole slices whose sums the registers hold.
         let per_pass = (0..=4)
             .rev()
             .map(|k| 1usize << k)
-            .find(|&c| group * c <= MOST_HEADS && slices.is_multiple_of(c))
+            .find(|&c| group * c <= SUMS && slices.is_multiple_of(c))
             .unwrap_or(1);
         macro_rules! passes {
             ($(($g:literal, $c:literal)),*) => {
                 match (group, per_pass) {
                     $(($g, $c) => weigh_passes::<$g, $c>(scores, values, width, sums),)*
-                    _ => weigh_passes_of(scores, values, group, width, sums),
+                    _ => {
+                        let seen = values.len() / width;
+                        for (t, sums) in sums.chunks_exact_mut(width).enumerate() {
+                            weigh(&scores[t * seen..(t + 1) * seen], values, 1, width, sums);
+                        }
+                    }
                 }
             };
         }
@@ -665,31 +671,6 @@ mod avx512 {
                 for (c, &acc) in acc.iter().enumerate() {
                     _mm512_storeu_ps(sums.as_mut_ptr().add(t * width + at + 16 * c), acc);
                 }
-            }
-        }
-    }
-
-    /// [`weigh`] of any number of heads up to [`MOST_HEADS`], one slice a pass.
-    #[target_feature(enable = "avx512f")]
-    unsafe fn weigh_passes_of(
-        scores: &[f32],
-        values: &[f32],
-        group: usize,
-        width: usize,
-        sums: &mut [f32],
-    ) {
-        let seen = values.len() / width;
-        for at in (0..width).step_by(16) {
-            let mut acc = [_mm512_setzero_ps(); MOST_HEADS];
-            for j in 0..seen {
-                let v = _mm512_loadu_ps(values.as_ptr().add(j * width + at));
-                for (t, acc) in acc.iter_mut().enumerate().take(group) {
-                    let p = _mm512_set1_ps(*scores.get_unchecked(t * seen + j));
-                    *acc = _mm512_add_ps(*acc, _mm512_mul_ps(p, v));
-                }
-            }
-            for (t, acc) in acc.iter().enumerate().take(group) {
-                _mm512_storeu_ps(sums.as_mut_ptr().add(t * width + at), *acc);
             }
         }
     }
