@@ -276,12 +276,13 @@ pub unsafe fn run<Op: NeedleOp>(
     // SAFETY (each call below): `ctx` is the running call's context (the caller's promise).
     let count = unsafe { api.input_count(ctx) }.map_err(op_error::<Op>)?;
     let types = kernel_ops::input_types::<Op>(count)?;
+    // Only the inputs computed at run time are read; the weights were, once.
     let read = types
         .into_iter()
         .enumerate()
-        .map(|(i, t)| match constants.0.get(i) {
-            Some(Some(_)) => Ok(None),
-            _ => unsafe { api.input(ctx, i, t) }.map(Some),
+        .map(|(i, t)| match constants.get(i) {
+            Some(_) => Ok(None),
+            None => unsafe { api.input(ctx, i, t) }.map(Some),
         })
         .collect::<Result<Vec<_>, _>>()
         .map_err(op_error::<Op>)?;
@@ -289,12 +290,10 @@ pub unsafe fn run<Op: NeedleOp>(
         .iter()
         .enumerate()
         .map(|(i, read)| {
-            let (shape, data) = match read {
-                Some(read) => read,
-                None => constants.0[i]
-                    .as_ref()
-                    .expect("a constant where none was read"),
-            };
+            let (shape, data) = read
+                .as_ref()
+                .or(constants.get(i))
+                .expect("read or constant");
             Input { shape, data: *data }
         })
         .collect();
@@ -321,6 +320,13 @@ pub unsafe fn run<Op: NeedleOp>(
 /// A kernel's constant inputs ([`Api::constants`]): input `i`'s shape and elements, or
 /// `None` where it is read at each call.
 pub struct Constants(Vec<Option<(Vec<i64>, InputData<'static>)>>);
+
+impl Constants {
+    /// Input `i`'s shape and elements, where it is constant.
+    fn get(&self, i: usize) -> Option<&(Vec<i64>, InputData<'static>)> {
+        self.0.get(i).and_then(Option::as_ref)
+    }
+}
 
 /// `len` elements at `data` (none: an empty slice, whatever the pointer).
 ///
