@@ -3,10 +3,18 @@
 //! `[n, n]` matrix, rows then columns (`x ← x − logsumexp(x)` along the axis), then `exp`.
 //!
 //! Input `logits` float32 `[…, n, n]`, attribute `iterations`; output float32, same shape.
-//! Each half-step is written as onnxruntime's `LogSoftmax` computes it (`(x − max) −
-//! ln Σ exp(x − max)`), so the op replaces the stock graph's `2 · iterations` LogSoftmax
-//! nodes and its Exp with one kernel: the matrices are tiny (n = the lanes, 3 or 4), and
-//! launching 41 nodes a layer cost more than their arithmetic.
+//! The op replaces the stock graph's `2 · iterations` LogSoftmax nodes and its Exp with one
+//! kernel: the matrices are tiny (n = the lanes, 3 or 4), and launching 41 nodes a layer
+//! cost more than their arithmetic.
+//!
+//! The same recurrence runs in the linear domain where it is safe: `K = exp(x − max)` once,
+//! then each row (column) times the inverse of its sum, which is `exp` of the log-domain
+//! step (`x − logsumexp(x)`) with no `exp` or `ln` in the loop (those were ~2% of a Needle 2
+//! prompt's time). It is safe where the matrix's logits are finite and span at most
+//! [`LINEAR_RANGE`]: every scaling then stays within `e^±2·32`, far from f32's subnormals
+//! (`e^−87`), where the log domain's precision is matched (both within ~4e-7 of the f64
+//! recurrence). Other matrices take the log-domain form, written as onnxruntime's
+//! `LogSoftmax` computes it (`(x − max) − ln Σ exp(x − max)`).
 
 use crate::isa::Isa;
 use crate::math::{exp, ln};
@@ -15,20 +23,27 @@ use crate::math::{exp, ln};
 /// one matrix at a time (the same bits) costs less than whole registers of lanes.
 const VECTOR_FROM: usize = 4;
 
+/// The widest span of a matrix's logits (largest − smallest) that the linear form takes.
+pub(crate) const LINEAR_RANGE: f32 = 32.0;
+
 /// `out = Sinkhorn(logits)` for every `[n, n]` matrix of `logits`. On AVX-512, several
 /// matrices side by side, one in each lane ([`avx512::sinkhorn`]: a prompt's tokens each
-/// have one, and one at a time their `exp` and `ln` were most of a prefill's
-/// hyper-connections); fewer, each matrix whole in one register when it fits
-/// ([`avx512::sinkhorn_in_register`]: a decode step's one token, whose scalar `exp` and
-/// `ln` were 3–4% of a Needle 2 decode). Every path does the same arithmetic in the same
-/// order (`exp` and `ln` are plain arithmetic, never fused), so a matrix gets the same
-/// bits alone or among others, on any path.
+/// have one); fewer, each matrix whole in one register when it fits
+/// ([`avx512::sinkhorn_in_register`]: a decode step's one token). Every path chooses the
+/// form by the matrix alone and does the same arithmetic in the same order (`exp` and `ln`
+/// are plain arithmetic, never fused), so a matrix gets the same bits alone or among
+/// others, on any path.
 pub fn sinkhorn(isa: Isa, logits: &[f32], n: usize, iterations: usize, out: &mut [f32]) {
     assert!(
         n > 0 && logits.len().is_multiple_of(n * n),
         "logits are [.., n, n]"
     );
     assert_eq!(out.len(), logits.len(), "out is shaped like logits");
+    if iterations == 0 {
+        // No step: `exp` alone (the linear form's shift by the maximum would stay in).
+        out.iter_mut().zip(logits).for_each(|(o, &l)| *o = exp(l));
+        return;
+    }
     out.copy_from_slice(logits);
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && logits.len() / (n * n) >= VECTOR_FROM {
@@ -45,15 +60,50 @@ pub fn sinkhorn(isa: Isa, logits: &[f32], n: usize, iterations: usize, out: &mut
     }
     let _ = isa;
     for matrix in out.chunks_exact_mut(n * n) {
-        for _ in 0..iterations {
-            for r in 0..n {
-                log_normalize(matrix, r * n, 1, n);
+        match linear_max(matrix) {
+            Some(max) => {
+                matrix.iter_mut().for_each(|v| *v = exp(*v - max));
+                for _ in 0..iterations {
+                    for r in 0..n {
+                        scale_to_one(matrix, r * n, 1, n);
+                    }
+                    for c in 0..n {
+                        scale_to_one(matrix, c, n, n);
+                    }
+                }
             }
-            for c in 0..n {
-                log_normalize(matrix, c, n, n);
+            None => {
+                for _ in 0..iterations {
+                    for r in 0..n {
+                        log_normalize(matrix, r * n, 1, n);
+                    }
+                    for c in 0..n {
+                        log_normalize(matrix, c, n, n);
+                    }
+                }
+                matrix.iter_mut().for_each(|v| *v = exp(*v));
             }
         }
-        matrix.iter_mut().for_each(|v| *v = exp(*v));
+    }
+}
+
+/// The largest logit where `matrix` takes the linear form: all finite, spanning at most
+/// [`LINEAR_RANGE`].
+fn linear_max(matrix: &[f32]) -> Option<f32> {
+    let finite = matrix.iter().all(|v| v.is_finite());
+    let max = matrix.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let min = matrix.iter().copied().fold(f32::INFINITY, f32::min);
+    (finite && max - min <= LINEAR_RANGE).then_some(max)
+}
+
+/// `x ← x · (1 / Σ x)` over the `len` elements `start, start + stride, …` (the sum from 0,
+/// in order).
+fn scale_to_one(m: &mut [f32], start: usize, stride: usize, len: usize) {
+    let at = |i: usize| start + i * stride;
+    let sum = (0..len).fold(0.0f32, |sum, i| sum + m[at(i)]);
+    let inverse = 1.0 / sum;
+    for i in 0..len {
+        m[at(i)] *= inverse;
     }
 }
 
@@ -84,11 +134,14 @@ mod avx512 {
     const GROUPS: usize = 4;
 
     /// [`super::sinkhorn`] of the matrices of `m` in place, `LANES · GROUPS` at a time
-    /// (lanes without a matrix hold zeros, which normalise like any other).
+    /// (lanes without a matrix hold zeros, which normalise like any other). Every lane runs
+    /// the linear form; where some lane's matrix needs the log domain, its group also runs
+    /// that, and each lane keeps its own form's result.
     #[target_feature(enable = "avx512f")]
     pub fn sinkhorn(m: &mut [f32], n: usize, iterations: usize) {
         let size = n * n;
         let mut v = vec![_mm512_setzero_ps(); size * GROUPS];
+        let mut logs = Vec::new();
         let mut lanes = [0.0f32; LANES];
         for chunk in m.chunks_mut(size * LANES * GROUPS) {
             let groups = (chunk.len() / size).div_ceil(LANES);
@@ -103,28 +156,98 @@ mod avx512 {
                 // Sound: `lanes` holds 16 floats.
                 *v = unsafe { _mm512_loadu_ps(lanes.as_ptr()) };
             }
+            let mut linear = [0 as __mmask16; GROUPS];
+            for (linear, group) in linear.iter_mut().zip(v.chunks_exact(size)) {
+                *linear = linear_lanes(group);
+            }
+            let all_linear = linear[..groups].iter().all(|&l| l == __mmask16::MAX);
+            if !all_linear {
+                logs.clear();
+                logs.extend_from_slice(v);
+            }
+            for group in v.chunks_exact_mut(size) {
+                let max = group
+                    .iter()
+                    .fold(_mm512_set1_ps(f32::NEG_INFINITY), |m, &x| {
+                        _mm512_max_ps(m, x)
+                    });
+                group
+                    .iter_mut()
+                    .for_each(|x| *x = exp(_mm512_sub_ps(*x, max)));
+            }
             for _ in 0..iterations {
                 for r in 0..n {
                     for group in v.chunks_exact_mut(size) {
-                        log_normalize(group, r * n, 1, n);
+                        scale_to_one(group, r * n, 1, n);
                     }
                 }
                 for c in 0..n {
                     for group in v.chunks_exact_mut(size) {
-                        log_normalize(group, c, n, n);
+                        scale_to_one(group, c, n, n);
                     }
+                }
+            }
+            if !all_linear {
+                for _ in 0..iterations {
+                    for r in 0..n {
+                        for group in logs.chunks_exact_mut(size) {
+                            log_normalize(group, r * n, 1, n);
+                        }
+                    }
+                    for c in 0..n {
+                        for group in logs.chunks_exact_mut(size) {
+                            log_normalize(group, c, n, n);
+                        }
+                    }
+                }
+                for (j, (v, &log)) in v.iter_mut().zip(logs.iter()).enumerate() {
+                    *v = _mm512_mask_blend_ps(linear[j / size], exp(log), *v);
                 }
             }
             for (j, v) in v.iter().enumerate() {
                 let (g, e) = (j / size, j % size);
                 // Sound: `lanes` holds 16 floats.
-                unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), exp(*v)) };
+                unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), *v) };
                 for (i, &lane) in lanes.iter().enumerate() {
                     if let Some(out) = chunk.get_mut(matrices(g, i) + e) {
                         *out = lane;
                     }
                 }
             }
+        }
+    }
+
+    /// The lanes whose matrix ([`super::linear_max`]'s test, a matrix a lane) takes the
+    /// linear form.
+    #[target_feature(enable = "avx512f")]
+    fn linear_lanes(group: &[__m512]) -> __mmask16 {
+        let (mut max, mut min) = (
+            _mm512_set1_ps(f32::NEG_INFINITY),
+            _mm512_set1_ps(f32::INFINITY),
+        );
+        let mut finite = __mmask16::MAX;
+        for &x in group {
+            // x − x is 0 for a finite x, NaN for ±∞ and NaN.
+            let zero = _mm512_sub_ps(x, x);
+            finite &= _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(zero, _mm512_setzero_ps());
+            max = _mm512_max_ps(max, x);
+            min = _mm512_min_ps(min, x);
+        }
+        let span = _mm512_sub_ps(max, min);
+        finite & _mm512_cmp_ps_mask::<_CMP_LE_OQ>(span, _mm512_set1_ps(super::LINEAR_RANGE))
+    }
+
+    /// [`super::scale_to_one`] in all 16 lanes.
+    #[target_feature(enable = "avx512f")]
+    fn scale_to_one(m: &mut [__m512], start: usize, stride: usize, len: usize) {
+        let at = |i: usize| start + i * stride;
+        let mut sum = _mm512_setzero_ps();
+        for i in 0..len {
+            sum = _mm512_add_ps(sum, m[at(i)]);
+        }
+        let inverse = _mm512_div_ps(_mm512_set1_ps(1.0), sum);
+        for i in 0..len {
+            m[at(i)] = _mm512_mul_ps(m[at(i)], inverse);
         }
     }
 
@@ -154,14 +277,37 @@ mod avx512 {
         let rows = picks(|n, r, _, k| r * n + k);
         let columns = picks(|n, _, c, k| k * n + c);
         let mask: __mmask16 = ((1u32 << size) - 1) as __mmask16;
+        let linear = super::linear_max(m);
         // Sound: the masked lanes are `m`'s `size` floats.
         let mut v = unsafe { _mm512_maskz_loadu_ps(mask, m.as_ptr()) };
-        for _ in 0..iterations {
-            v = normalize_picked(v, &rows[..n]);
-            v = normalize_picked(v, &columns[..n]);
+        match linear {
+            Some(max) => {
+                v = exp(_mm512_sub_ps(v, _mm512_set1_ps(max)));
+                for _ in 0..iterations {
+                    v = scale_picked(v, &rows[..n]);
+                    v = scale_picked(v, &columns[..n]);
+                }
+            }
+            None => {
+                for _ in 0..iterations {
+                    v = normalize_picked(v, &rows[..n]);
+                    v = normalize_picked(v, &columns[..n]);
+                }
+                v = exp(v);
+            }
         }
         // Sound: as the load.
-        unsafe { _mm512_mask_storeu_ps(m.as_mut_ptr(), mask, exp(v)) };
+        unsafe { _mm512_mask_storeu_ps(m.as_mut_ptr(), mask, v) };
+    }
+
+    /// [`super::scale_to_one`] of every lane over the elements `picks` give it, in order.
+    #[target_feature(enable = "avx512f")]
+    fn scale_picked(v: __m512, picks: &[__m512i]) -> __m512 {
+        let mut sum = _mm512_setzero_ps();
+        for &pick in picks {
+            sum = _mm512_add_ps(sum, _mm512_permutexvar_ps(pick, v));
+        }
+        _mm512_mul_ps(v, _mm512_div_ps(_mm512_set1_ps(1.0), sum))
     }
 
     /// [`super::log_normalize`] of every lane over the elements `picks` give it, in order.
@@ -264,18 +410,33 @@ mod tests {
         k.iter().map(|x| x.exp()).collect()
     }
 
+    /// Logits of `count` matrices, spanning about `1.25 · spread`: every third matrix four
+    /// times as wide where `wide` is set.
+    fn logits(count: usize, n: usize, spread: f32, wide: bool) -> Vec<f32> {
+        (0..count * n * n)
+            .map(|i| {
+                let v = ((i * 7919) % 29) as f32 / 28.0 * 1.25 * spread - 0.6 * spread;
+                match wide && (i / (n * n)) % 3 == 1 {
+                    true => 4.0 * v,
+                    false => v,
+                }
+            })
+            .collect()
+    }
+
+    /// Both forms against the recurrence in f64: spans under [`super::LINEAR_RANGE`] (the
+    /// linear form), and spans of up to 100 (the log domain).
     #[test]
     fn matches_upstreams_recurrence_and_is_doubly_stochastic() {
-        for n in [3, 4] {
-            let logits: Vec<f32> = (0..2 * n * n)
-                .map(|i| ((i * 7919) % 23) as f32 * 0.9 - 9.0)
-                .collect();
+        for (n, spread) in [(3, 20.0), (4, 20.0), (3, 80.0), (4, 80.0), (4, 0.5)] {
+            let logits = logits(2, n, spread, false);
             let mut out = vec![0.0; logits.len()];
             super::sinkhorn(crate::Isa::best(), &logits, n, 20, &mut out);
             for (m, matrix) in out.chunks_exact(n * n).enumerate() {
                 let want = reference(&logits[m * n * n..(m + 1) * n * n], n, 20);
                 for (got, want) in matrix.iter().zip(&want) {
-                    assert!((*got as f64 - want).abs() < 1e-6, "n={n}: {got} vs {want}");
+                    let error = (*got as f64 - want).abs();
+                    assert!(error < 1e-6, "n={n} spread {spread}: {got} vs {want}");
                 }
                 for c in 0..n {
                     let column: f32 = (0..n).map(|r| matrix[r * n + c]).sum();
@@ -285,7 +446,8 @@ mod tests {
         }
     }
 
-    /// A matrix gets the same bits alone, in any lane of a group, and on every path.
+    /// A matrix gets the same bits alone, in any lane of a group, and on every path, in
+    /// either form and beside matrices of the other.
     #[test]
     fn every_matrix_gets_its_bits_alone_in_any_lane_on_every_path() {
         for n in [3, 4] {
@@ -294,9 +456,7 @@ mod tests {
     }
 
     fn bits_alone_in_any_lane_on_every_path(n: usize) {
-        let logits: Vec<f32> = (0..37 * n * n)
-            .map(|i| ((i * 7919) % 29) as f32 * 0.7 - 10.0)
-            .collect();
+        let logits = logits(37, n, 20.0, true);
         let run = |isa, logits: &[f32]| {
             let mut out = vec![f32::NAN; logits.len()];
             super::sinkhorn(isa, logits, n, 20, &mut out);
