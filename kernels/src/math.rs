@@ -7,17 +7,21 @@ use crate::isa::Isa;
 /// `eˣ` within 2 ulp over the float range (Cephes' `expf`: `x = k·ln 2 + r`, a degree-6
 /// polynomial in `r`, times `2ᵏ` built in the exponent bits); the value at −87.3 below it,
 /// and ∞ from about 88.4 on (where `2ᵏ` overflows), which `σ` and SiLU read correctly.
+/// Its steps are fused multiply-adds (`mul_add`, one rounding each): on the SIMD paths one
+/// instruction where a multiply and an add were two (a prompt's softmaxes and gates are
+/// bound by `exp`), on the scalar path libm's `fmaf`, which rounds the same way, so every
+/// path keeps the same bits.
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
     let x = x.clamp(EXP_LOWEST, EXP_HIGHEST);
-    let shifted = x * std::f32::consts::LOG2_E + ROUND;
+    let shifted = x.mul_add(std::f32::consts::LOG2_E, ROUND);
     let k = shifted - ROUND;
-    let r = (x - k * LN2_HIGH) - k * LN2_LOW;
+    let r = (-k).mul_add(LN2_LOW, (-k).mul_add(LN2_HIGH, x));
     let mut p = EXP_POLYNOMIAL[0];
     for &coefficient in &EXP_POLYNOMIAL[1..] {
-        p = p * r + coefficient;
+        p = p.mul_add(r, coefficient);
     }
-    let e = (p * r * r + r) + 1.0;
+    let e = (p * r).mul_add(r, r) + 1.0;
     // `shifted` lies in [2²³, 2²⁴), where floats are the integers: its bits are ROUND's
     // plus `k`. Integer arithmetic on them gives `k` without `k as i32`, whose saturating
     // conversion compiles to a compare and a select a lane and kept loops over `exp` from

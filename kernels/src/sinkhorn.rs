@@ -350,13 +350,16 @@ mod avx512 {
         let (mul, add, sub) = (_mm512_mul_ps, _mm512_add_ps, _mm512_sub_ps);
         let x = _mm512_min_ps(_mm512_max_ps(x, c(EXP_LOWEST)), c(EXP_HIGHEST));
         let round = c(ROUND);
-        let k = sub(add(mul(x, c(std::f32::consts::LOG2_E)), round), round);
-        let r = sub(sub(x, mul(k, c(LN2_HIGH))), mul(k, c(LN2_LOW)));
+        let k = sub(
+            _mm512_fmadd_ps(x, c(std::f32::consts::LOG2_E), round),
+            round,
+        );
+        let r = _mm512_fnmadd_ps(k, c(LN2_LOW), _mm512_fnmadd_ps(k, c(LN2_HIGH), x));
         let mut p = c(EXP_POLYNOMIAL[0]);
         for &coefficient in &EXP_POLYNOMIAL[1..] {
-            p = add(mul(p, r), c(coefficient));
+            p = _mm512_fmadd_ps(p, r, c(coefficient));
         }
-        let e = add(add(mul(mul(p, r), r), r), c(1.0));
+        let e = add(_mm512_fmadd_ps(mul(p, r), r, r), c(1.0));
         let two_k = _mm512_slli_epi32::<23>(_mm512_add_epi32(
             _mm512_cvttps_epi32(k),
             _mm512_set1_epi32(127),
