@@ -16,7 +16,7 @@
 //! maximum subtracted, and the values summed in key order.
 
 use crate::isa::Isa;
-use crate::math::{dot, softmax};
+use crate::math::{dot, exponentials, softmax};
 use crate::small_matmul::{matmul, matmul_strided};
 use crate::split::RowSplit;
 use crate::transpose::{transpose, Strided};
@@ -432,6 +432,7 @@ impl Group<'_> {
             keys_t,
             queries,
             scores,
+            inverses,
             heads,
         } = buffers;
         // Every key a query of the call sees, transposed once: each block's keys are a run
@@ -466,6 +467,9 @@ impl Group<'_> {
                 let scores = &mut scores[..rows * m];
                 let keys = (&keys_t[lo - first..], all);
                 matmul_strided(self.isa, queries, keys, scores, rows, width, m);
+                // Each row's exponentials (0 outside its window); the weighted values are
+                // scaled by the inverse of their sum after (64 products a row, not 256).
+                inverses.clear();
                 for (r, row) in scores.chunks_exact_mut(m).enumerate() {
                     let (first, last) = self.seen(start + r / group);
                     let from = first.clamp(lo, hi + 1);
@@ -474,12 +478,16 @@ impl Group<'_> {
                     let (seen, after) = rest.split_at_mut(to - from);
                     before.fill(0.0);
                     after.fill(0.0);
-                    if !seen.is_empty() {
-                        softmax(seen);
-                    }
+                    inverses.push(match seen.is_empty() {
+                        true => 0.0,
+                        false => exponentials(seen),
+                    });
                 }
                 let values = &self.cache.values[self.slot(lo)..][..m * width];
                 matmul(self.isa, scores, values, heads, rows, m, width);
+                for (row, &inverse) in heads.chunks_exact_mut(width).zip(inverses.iter()) {
+                    row.iter_mut().for_each(|v| *v *= inverse);
+                }
             }
             for (i, token) in heads.chunks_exact(group * width).enumerate() {
                 self.write(start + i, token);
@@ -496,6 +504,8 @@ struct BlockBuffers {
     keys_t: Vec<f32>,
     queries: Vec<f32>,
     scores: Vec<f32>,
+    /// Each score row's inverse sum of exponentials.
+    inverses: Vec<f32>,
     heads: Vec<f32>,
 }
 

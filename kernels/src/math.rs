@@ -203,6 +203,15 @@ fn larger(m: f32, x: f32) -> f32 {
 /// Inlined, so that a caller compiled for a wider instruction set vectorizes it as wide.
 #[inline(always)]
 pub fn softmax(v: &mut [f32]) {
+    let inverse = exponentials(v);
+    v.iter_mut().for_each(|v| *v *= inverse);
+}
+
+/// `v ← exp(v − max v)`, returning the inverse of their sum: [`softmax`] but for its last
+/// pass, for callers that scale later what they make of `v` (attention scales a head's
+/// 64 sums where the row has 256 weights).
+#[inline(always)]
+pub fn exponentials(v: &mut [f32]) -> f32 {
     let max = max(v);
     // The exponentials summed as they are written ([`sum`]'s sixteen lanes and order, so
     // the same bits as summing them after): one pass over the row fewer.
@@ -218,9 +227,8 @@ pub fn softmax(v: &mut [f32]) {
     let tail = chunks.into_remainder();
     tail.iter_mut().for_each(|v| *v = exp(*v - max));
     let tail: f32 = tail.iter().sum();
-    // Times the sum's inverse: a division a value held the softmax back (`vdivps`).
-    let inverse = 1.0 / (sums.iter().sum::<f32>() + tail);
-    v.iter_mut().for_each(|v| *v *= inverse);
+    // The sum's inverse, to multiply by: a division a value held the softmax back.
+    1.0 / (sums.iter().sum::<f32>() + tail)
 }
 
 #[cfg(test)]
