@@ -175,31 +175,9 @@ mod avx512 {
                     .iter_mut()
                     .for_each(|x| *x = exp(_mm512_sub_ps(*x, max)));
             }
-            for _ in 0..iterations {
-                for r in 0..n {
-                    for group in v.chunks_exact_mut(size) {
-                        scale_to_one(group, r * n, 1, n);
-                    }
-                }
-                for c in 0..n {
-                    for group in v.chunks_exact_mut(size) {
-                        scale_to_one(group, c, n, n);
-                    }
-                }
-            }
+            alternate(v, n, iterations, Form::Linear);
             if !all_linear {
-                for _ in 0..iterations {
-                    for r in 0..n {
-                        for group in logs.chunks_exact_mut(size) {
-                            log_normalize(group, r * n, 1, n);
-                        }
-                    }
-                    for c in 0..n {
-                        for group in logs.chunks_exact_mut(size) {
-                            log_normalize(group, c, n, n);
-                        }
-                    }
-                }
+                alternate(&mut logs, n, iterations, Form::Log);
                 for (j, (v, &log)) in v.iter_mut().zip(logs.iter()).enumerate() {
                     *v = _mm512_mask_blend_ps(linear[j / size], exp(log), *v);
                 }
@@ -211,6 +189,33 @@ mod avx512 {
                 for (i, &lane) in lanes.iter().enumerate() {
                     if let Some(out) = chunk.get_mut(matrices(g, i) + e) {
                         *out = lane;
+                    }
+                }
+            }
+        }
+    }
+
+    /// How a matrix's lines are normalised.
+    #[derive(Clone, Copy)]
+    enum Form {
+        /// [`scale_to_one`].
+        Linear,
+        /// [`log_normalize`].
+        Log,
+    }
+
+    /// `iterations` steps of every group's matrices in `form`: rows, then columns (the
+    /// groups side by side, so that their chains of dependent steps interleave).
+    #[target_feature(enable = "avx512f")]
+    fn alternate(v: &mut [__m512], n: usize, iterations: usize, form: Form) {
+        let rows = (0..n).map(|r| (r * n, 1));
+        let columns = (0..n).map(|c| (c, n));
+        for _ in 0..iterations {
+            for (start, stride) in rows.clone().chain(columns.clone()) {
+                for group in v.chunks_exact_mut(n * n) {
+                    match form {
+                        Form::Linear => scale_to_one(group, start, stride, n),
+                        Form::Log => log_normalize(group, start, stride, n),
                     }
                 }
             }
