@@ -219,9 +219,12 @@ pub fn exponentials(v: &mut [f32]) -> f32 {
     let mut sums = [0.0f32; LANES];
     let mut chunks = v.chunks_exact_mut(LANES);
     for chunk in &mut chunks {
-        for (s, v) in sums.iter_mut().zip(chunk) {
+        let chunk: &mut [f32; LANES] = chunk.try_into().expect("chunks of 16");
+        for v in chunk.iter_mut() {
             *v = exp(*v - max);
-            *s += *v;
+        }
+        for (s, &v) in sums.iter_mut().zip(chunk.iter()) {
+            *s += v;
         }
     }
     let tail = chunks.into_remainder();
