@@ -180,14 +180,6 @@ pub fn cq_matmul(
         // Sound: the layout is AVX-512's only where `Isa::available` detected it.
         return unsafe { few_rows::product(w, x, scale, y, split) };
     }
-    if tokens >= PANELS_FROM_TOKENS {
-        // The panels write each output line in pieces over the whole call (8 rows of a token
-        // at a time), each piece of a line not in cache a read for ownership from L3; filled
-        // first in one streaming pass, the lines are in cache when the pieces come (in
-        // isolation, into a cold output: 1.59–1.70 ms a 1536 × 512 product of 128 tokens,
-        // 1.42–1.58 with the fill; a Needle 2 prefill +1–4%).
-        y.fill(0.0);
-    }
     let table = w.table();
     // Every row block reads every token, so the tokens go in equal chunks whose prepared
     // activations a core's L2 cache holds; each chunk is a product of its own (and each
@@ -207,6 +199,15 @@ pub fn cq_matmul(
             &layout,
             split,
         );
+        #[cfg(target_arch = "x86_64")]
+        if let Tokens::Panels(_) = xt {
+            // The panels write each output line in pieces over the whole chunk (8 rows of a
+            // token at a time), each piece of a line not in cache a read for ownership from
+            // L3; filled first in one streaming pass, the lines are in cache when the pieces
+            // come (in isolation, into a cold output: 1.59–1.70 ms a 1536 × 512 product of
+            // 128 tokens, 1.42–1.58 with the fill; a Needle 2 prefill +1–4%).
+            y.fill(0.0);
+        }
         let out = Output(y.as_mut_ptr());
         split.for_each(w.rows.div_ceil(BLOCK_ROWS), &|block| {
             let first = block * BLOCK_ROWS;
