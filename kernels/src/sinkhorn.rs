@@ -63,26 +63,30 @@ pub fn sinkhorn(isa: Isa, logits: &[f32], n: usize, iterations: usize, out: &mut
         match linear_max(matrix) {
             Some(max) => {
                 matrix.iter_mut().for_each(|v| *v = exp(*v - max));
-                for _ in 0..iterations {
-                    for r in 0..n {
-                        scale_to_one(matrix, r * n, 1, n);
-                    }
-                    for c in 0..n {
-                        scale_to_one(matrix, c, n, n);
-                    }
-                }
+                alternate(matrix, n, iterations, scale_to_one);
             }
             None => {
-                for _ in 0..iterations {
-                    for r in 0..n {
-                        log_normalize(matrix, r * n, 1, n);
-                    }
-                    for c in 0..n {
-                        log_normalize(matrix, c, n, n);
-                    }
-                }
+                alternate(matrix, n, iterations, log_normalize);
                 matrix.iter_mut().for_each(|v| *v = exp(*v));
             }
+        }
+    }
+}
+
+/// `iterations` steps of `matrix`: each row, then each column, by `normalize` (given a
+/// line's first element, stride and length; a function item, so the step is inlined).
+fn alternate(
+    matrix: &mut [f32],
+    n: usize,
+    iterations: usize,
+    normalize: impl Fn(&mut [f32], usize, usize, usize),
+) {
+    for _ in 0..iterations {
+        for r in 0..n {
+            normalize(matrix, r * n, 1, n);
+        }
+        for c in 0..n {
+            normalize(matrix, c, n, n);
         }
     }
 }
