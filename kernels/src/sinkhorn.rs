@@ -160,21 +160,16 @@ mod avx512 {
                 // Sound: `lanes` holds 16 floats.
                 *v = unsafe { _mm512_loadu_ps(lanes.as_ptr()) };
             }
-            let mut linear = [0 as __mmask16; GROUPS];
+            let mut linear = [(0 as __mmask16, _mm512_setzero_ps()); GROUPS];
             for (linear, group) in linear.iter_mut().zip(v.chunks_exact(size)) {
                 *linear = linear_lanes(group);
             }
-            let all_linear = linear[..groups].iter().all(|&l| l == __mmask16::MAX);
+            let all_linear = linear[..groups].iter().all(|&(l, _)| l == __mmask16::MAX);
             if !all_linear {
                 logs.clear();
                 logs.extend_from_slice(v);
             }
-            for group in v.chunks_exact_mut(size) {
-                let max = group
-                    .iter()
-                    .fold(_mm512_set1_ps(f32::NEG_INFINITY), |m, &x| {
-                        _mm512_max_ps(m, x)
-                    });
+            for (group, &(_, max)) in v.chunks_exact_mut(size).zip(&linear) {
                 group
                     .iter_mut()
                     .for_each(|x| *x = exp(_mm512_sub_ps(*x, max)));
@@ -183,7 +178,7 @@ mod avx512 {
             if !all_linear {
                 alternate(&mut logs, n, iterations, Form::Log);
                 for (j, (v, &log)) in v.iter_mut().zip(logs.iter()).enumerate() {
-                    *v = _mm512_mask_blend_ps(linear[j / size], exp(log), *v);
+                    *v = _mm512_mask_blend_ps(linear[j / size].0, exp(log), *v);
                 }
             }
             for (j, v) in v.iter().enumerate() {
@@ -227,9 +222,9 @@ mod avx512 {
     }
 
     /// The lanes whose matrix ([`super::linear_max`]'s test, a matrix a lane) takes the
-    /// linear form.
+    /// linear form, and each lane's largest logit.
     #[target_feature(enable = "avx512f")]
-    fn linear_lanes(group: &[__m512]) -> __mmask16 {
+    fn linear_lanes(group: &[__m512]) -> (__mmask16, __m512) {
         let (mut max, mut min) = (
             _mm512_set1_ps(f32::NEG_INFINITY),
             _mm512_set1_ps(f32::INFINITY),
@@ -243,7 +238,8 @@ mod avx512 {
             min = _mm512_min_ps(min, x);
         }
         let span = _mm512_sub_ps(max, min);
-        finite & _mm512_cmp_ps_mask::<_CMP_LE_OQ>(span, _mm512_set1_ps(super::LINEAR_RANGE))
+        let range = _mm512_set1_ps(super::LINEAR_RANGE);
+        (finite & _mm512_cmp_ps_mask::<_CMP_LE_OQ>(span, range), max)
     }
 
     /// [`super::scale_to_one`] in all 16 lanes.
