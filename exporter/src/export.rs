@@ -6,6 +6,7 @@ use graphs::accelerator;
 use graphs::contract::{AcceleratorTarget, Variant};
 use graphs::description::{ExportDescription, TokenizerDescription, TokenizerFile};
 use graphs::model::build;
+use graphs::onnx::ModelProto;
 use prost::Message;
 
 /// What a caller asks of one export.
@@ -51,21 +52,38 @@ impl NeedleModel {
         .with_confidence_pools(self.weights.confidence_pools())
     }
 
-    /// The serialized graph of one variant.
-    pub fn export(&self, opts: &ExportOptions) -> Vec<u8> {
-        build(&self.describe(opts), &self.weights).encode_to_vec()
+    /// The graph of one variant.
+    pub fn graph(&self, opts: &ExportOptions) -> ModelProto {
+        build(&self.describe(opts), &self.weights)
     }
 
-    /// The serialized accelerator graph for `target` that takes `sequence` tokens a call
+    /// The serialized graph of one variant.
+    pub fn export(&self, opts: &ExportOptions) -> Vec<u8> {
+        self.graph(opts).encode_to_vec()
+    }
+
+    /// The accelerator graph for `target` that takes `sequence` tokens a call
     /// (`graphs::accelerator`), or why the model has none.
+    pub fn accelerator_graph(
+        &self,
+        opts: &ExportOptions,
+        target: AcceleratorTarget,
+        sequence: usize,
+    ) -> Result<ModelProto, String> {
+        let desc = self.describe(opts);
+        accelerator::check(&desc, target)?;
+        Ok(accelerator::build(&desc, &self.weights, target, sequence))
+    }
+
+    /// The serialized accelerator graph (see [`Self::accelerator_graph`]).
     pub fn export_accelerator(
         &self,
         opts: &ExportOptions,
         target: AcceleratorTarget,
         sequence: usize,
     ) -> Result<Vec<u8>, String> {
-        let desc = self.describe(opts);
-        accelerator::check(&desc, target)?;
-        Ok(accelerator::build(&desc, &self.weights, target, sequence).encode_to_vec())
+        Ok(self
+            .accelerator_graph(opts, target, sequence)?
+            .encode_to_vec())
     }
 }

@@ -8,6 +8,7 @@ pub mod builder;
 pub mod config;
 pub mod contract;
 pub mod description;
+pub mod encoding;
 pub mod geometry;
 mod metadata;
 pub mod model;

@@ -17,6 +17,7 @@ use graphs::contract::{
     AcceleratorTarget, AttentionKind, MatMulWeights, Precision, RuntimeTarget, Variant,
 };
 use graphs::description::TokenizerFile;
+use graphs::encoding::write_model;
 use staging::Staging;
 use std::path::{Path, PathBuf};
 use target::Existing;
@@ -206,13 +207,13 @@ impl ExportFiles {
         written.push((self.tokenizer.clone(), json.len()));
         for (opts, (graph, path)) in options.iter().zip(&self.graphs) {
             let onnx = match *graph {
-                Graph::Stock(_) => model.export(opts),
+                Graph::Stock(_) => model.graph(opts),
                 Graph::Accelerator { target, sequence } => model
-                    .export_accelerator(opts, target, sequence)
+                    .accelerator_graph(opts, target, sequence)
                     .map_err(|e| anyhow::anyhow!("{}: {e}", model.source.file_name))?,
             };
-            staging.stage(path, &onnx)?;
-            written.push((path.clone(), onnx.len()));
+            let len = staging.stage_with(path, |file| write_model(&onnx, file))?;
+            written.push((path.clone(), len));
             if self.genai_dir.is_some() {
                 written.extend(stage_genai_files(
                     &mut staging,

@@ -50,14 +50,25 @@ impl Staging {
 
     /// Writes `bytes` to a new temporary beside `dest`, synced to disk.
     pub fn stage(&mut self, dest: &Path, bytes: &[u8]) -> Result<()> {
+        self.stage_with(dest, |file| file.write_all(bytes).map(|()| bytes.len()))?;
+        Ok(())
+    }
+
+    /// Writes what `write` writes (returning its length) to a new temporary beside `dest`,
+    /// synced to disk; returns that length.
+    pub fn stage_with(
+        &mut self,
+        dest: &Path,
+        write: impl FnOnce(&mut File) -> std::io::Result<usize>,
+    ) -> Result<usize> {
         let (temp, mut file) =
             create_temporary(dest).with_context(|| format!("{}: cannot write", dest.display()))?;
         self.files.push((temp.clone(), dest.to_path_buf()));
-        file.write_all(bytes)
-            .and_then(|()| file.sync_all())
+        let len = write(&mut file)
+            .and_then(|len| file.sync_all().map(|()| len))
             .with_context(|| format!("{}: cannot write", dest.display()))?;
         pause_for_tests();
-        Ok(())
+        Ok(len)
     }
 
     /// Puts every staged file in place. Each destination is checked again first (nothing,
