@@ -15,6 +15,7 @@ use crate::blocks::context::{BuildContext, RotaryKernel};
 use crate::blocks::cq_kernel::{cq_kernel, CqKernel};
 use crate::blocks::cq_matmul::{cq_matmul, cq_matmul_rms_normed};
 use crate::blocks::norms::{zc_gain, ZcNormed};
+use crate::blocks::transpose::transpose_into;
 use crate::blocks::weights::{CqRows, Tensor};
 use crate::builder::{Attr, Dim, GraphBuilder, Value, MS_DOMAIN};
 use crate::contract::dims::{BATCH, SEQUENCE, TOTAL_SEQUENCE};
@@ -330,11 +331,7 @@ pub fn projections<C>(
     let mut at = 0;
     for w in ws {
         let rows = w.shape[0];
-        for r in 0..rows {
-            for c in 0..cols {
-                kernel[c * width + at + r] = w.data[r * cols + c];
-            }
-        }
+        transpose_into(&w.data, rows, cols, &mut kernel, width, at);
         at += rows;
     }
     b.scope(name, |b| {

@@ -17,4 +17,5 @@ pub mod needle_attention;
 pub mod norms;
 pub mod probe_pool;
 pub mod token_history;
+pub mod transpose;
 pub mod weights;

@@ -78,19 +78,6 @@ pub fn stack_cells(b: &mut GraphBuilder, cells: &[Value], axis: i64) -> Value {
     b.concat(&refs, axis)
 }
 
-/// `[n, a, c]` row-major → `[n, c, a]`.
-pub fn transpose_last(data: &[f32], n: usize, a: usize, c: usize) -> Vec<f32> {
-    let mut out = vec![0.0; n * a * c];
-    for i in 0..n {
-        for r in 0..a {
-            for j in 0..c {
-                out[i * a * c + j * a + r] = data[i * a * c + r * c + j];
-            }
-        }
-    }
-    out
-}
-
 /// A head's output in float32, whatever the graph's precision.
 pub fn to_float32(b: &mut GraphBuilder, x: Value) -> Value {
     match b.precision() {

@@ -15,9 +15,8 @@
 //! running pools (`past_confidence_pools` → `present_confidence_pools`), so its logit
 //! after any call covers every token the row has fed.
 
-use crate::blocks::probe_pool::{
-    pooling_node, probe_attention, stack_cells, to_float32, transpose_last,
-};
+use crate::blocks::probe_pool::{pooling_node, probe_attention, stack_cells, to_float32};
+use crate::blocks::transpose::transpose_last;
 use crate::blocks::weights::Tensor;
 use crate::builder::{GraphBuilder, Value};
 use crate::contract::needle_ops;

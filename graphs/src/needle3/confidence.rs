@@ -20,9 +20,8 @@
 
 use crate::blocks::context::BuildContext;
 use crate::blocks::norms::rms_unit;
-use crate::blocks::probe_pool::{
-    pooling_node, probe_attention, stack_cells, to_float32, transpose_last,
-};
+use crate::blocks::probe_pool::{pooling_node, probe_attention, stack_cells, to_float32};
+use crate::blocks::transpose::transpose_last;
 use crate::builder::{GraphBuilder, Value};
 use crate::contract::needle_ops;
 use crate::needle3::{Config, ProbeHead};

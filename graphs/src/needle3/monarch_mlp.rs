@@ -14,6 +14,7 @@
 
 use crate::blocks::context::OpForms;
 use crate::blocks::hadamard::pad_to_width;
+use crate::blocks::transpose::transpose_last;
 use crate::blocks::weights::Tensor;
 use crate::builder::{GraphBuilder, Value};
 use crate::contract::needle_ops;
@@ -96,7 +97,7 @@ pub fn monarch_mlp_op(
     .map(|(scope, a, bm)| {
         b.scope(scope, |b| {
             let (ra, rb) = (a.shape[0], bm.shape[0]);
-            let at = b.weight("a_t", &[ra, ra], &transposed(a));
+            let at = b.weight("a_t", &[ra, ra], &transpose_last(&a.data, 1, ra, ra));
             [at, b.weight("b", &[rb, rb], &bm.data)]
         })
     });
@@ -141,23 +142,11 @@ fn permute(b: &mut GraphBuilder, forms: OpForms, z: &Value, p: &Value) -> Value 
 /// Upstream `_kron_apply`: `[batch, sequence, a·b]` → `Aᵀ · Z · B`, flattened again.
 fn kron_apply(b: &mut GraphBuilder, z: &Value, a: &Tensor, bm: &Tensor) -> Value {
     let (ra, rb) = (a.shape[0], bm.shape[0]);
-    let at = transposed(a);
+    let at = transpose_last(&a.data, 1, ra, ra);
     let at = b.weight("a_t", &[ra, ra], &at);
     let bw = b.weight("b", &[rb, rb], &bm.data);
     let z = b.reshape(z, &[0, 0, ra as i64, rb as i64]);
     let z = b.matmul(&z, &bw);
     let z = b.matmul(&at, &z);
     b.reshape(&z, &[0, 0, (ra * rb) as i64])
-}
-
-/// A square matrix transposed.
-fn transposed(t: &Tensor) -> Vec<f32> {
-    let n = t.shape[0];
-    let mut out = vec![0.0; n * n];
-    for r in 0..n {
-        for c in 0..n {
-            out[c * n + r] = t.data[r * n + c];
-        }
-    }
-    out
 }
