@@ -62,6 +62,11 @@ struct Args {
     /// chosen as upstream chooses them.
     #[arg(long)]
     layers: Option<usize>,
+    /// Put each graph's large initializers (64 KiB or more) into `OUT.onnx.data` beside it
+    /// (ONNX external data, each at a 64 KiB-aligned offset, which onnxruntime memory-maps on
+    /// the CPU instead of holding a copy); the two files go together. Not with --target.
+    #[arg(long)]
+    external_data: bool,
     /// Replace existing output files.
     #[arg(long)]
     force: bool,
@@ -123,6 +128,13 @@ fn run(args: Args) -> Result<()> {
         (None, true, _) => {
             bail!("--genai writes one graph: choose --attention fused or reference")
         }
+    };
+    if args.external_data && args.target.is_some() {
+        bail!("--target's graphs keep their weights inside them: leave out --external-data");
+    }
+    let files = match args.external_data {
+        true => files.with_external_data(),
+        false => files,
     };
     if args.genai && args.onnxruntime != RuntimeTarget::Since1_24 {
         bail!(

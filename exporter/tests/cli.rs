@@ -129,6 +129,74 @@ fn both_variants_pass_the_onnx_checker_and_match_upstream_in_python_onnxruntime(
     }
 }
 
+/// `--external-data`: each graph's initializers of 64 KiB or more go to `GRAPH.onnx.data`
+/// beside it, each at a 64 KiB-aligned offset (onnxruntime memory-maps those); the checker's
+/// full check (which reads the data file) passes and stock onnxruntime matches upstream,
+/// for both graphs of `--attention both`. Both fixtures have several initializers that
+/// large (m96's and n3c's wider layers), so padding lies between them.
+#[test]
+fn external_data_goes_beside_each_graph_and_matches_upstream() {
+    use graphs::onnx::{ModelProto, EXTERNAL};
+    use prost::Message;
+    let dir = scratch("external-data");
+    for model in ["m96", "needle3/n3c"] {
+        for graph in <[PathBuf; 2]>::from(export_both(&dir, model, &["--external-data"])) {
+            check_in(".venv", &graph, model, FP32_BOUND);
+            let data_len = std::fs::metadata(format!("{}.data", graph.display()))
+                .unwrap()
+                .len() as usize;
+            let proto = ModelProto::decode(&std::fs::read(&graph).unwrap()[..]).unwrap();
+            let mut ends = Vec::new();
+            for t in proto.graph.unwrap().initializer {
+                let external = t.data_location == EXTERNAL;
+                assert!(
+                    external || t.raw_data.len() < 64 << 10,
+                    "{model}: {} stayed in the graph",
+                    t.name
+                );
+                if external {
+                    let field = |key: &str| -> usize {
+                        let entry = t.external_data.iter().find(|e| e.key == key).unwrap();
+                        entry.value.parse().unwrap()
+                    };
+                    assert_eq!(field("offset") % (64 << 10), 0, "{model}: {}", t.name);
+                    ends.push(field("offset") + field("length"));
+                }
+            }
+            assert!(ends.len() > 1, "{model}: {} initializers moved", ends.len());
+            assert_eq!(ends.iter().max(), Some(&data_len), "{model}");
+        }
+    }
+}
+
+/// An existing data file is a destination like the graph: kept unless forced, and the
+/// export writes nothing; `--target`'s graphs take no data file.
+#[test]
+fn an_existing_data_file_is_kept_and_target_refuses_external_data() {
+    let dir = scratch("external-data-force");
+    let (out, data) = (dir.join("m.onnx"), dir.join("m.onnx.data"));
+    std::fs::write(&data, b"keep me").unwrap();
+    let o = export(&[&fixture("m64.cact"), &out, Path::new("--external-data")]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("m.onnx.data") && err.contains("--force"));
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert_eq!(std::fs::read(&data).unwrap(), b"keep me");
+    assert!(!out.exists());
+    let o = export(&[
+        &fixture("m64.cact"),
+        &dir.join("t.onnx"),
+        Path::new("--target"),
+        Path::new("coreml"),
+        Path::new("--external-data"),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("--external-data"),
+        "{err}"
+    );
+    assert!(!dir.join("t.onnx").exists());
+}
+
 /// `--weights cq` keeps the `.cact`'s codes in the file and stock onnxruntime folds them
 /// into float kernels at session creation: the checker passes, the upstream cases hold,
 /// and no kernel's codes are left for the running session (the embedding's and engram

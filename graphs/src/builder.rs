@@ -227,6 +227,7 @@ impl GraphBuilder {
             data_type: dtype,
             name: name.clone(),
             raw_data: raw,
+            ..Default::default()
         });
         Value(Rc::from(name.as_str()))
     }

@@ -1,8 +1,9 @@
-//! A model's bytes written to a file a chunk at a time. A full-size model encodes to
-//! ~175 MB: `encode_to_vec` held all of it (175 MB of fresh pages faulted in) only for a
-//! `write` to copy it again into the page cache.
+//! A model's bytes written to a file a chunk at a time (a full-size model encodes to
+//! ~175 MB: `encode_to_vec` held all of it, 175 MB of fresh pages faulted in, only for a
+//! `write` to copy it again into the page cache), and its large initializers moved to a
+//! data file beside it (ONNX external data).
 
-use crate::onnx::ModelProto;
+use crate::onnx::{ModelProto, StringStringEntryProto, EXTERNAL};
 use bytes::buf::UninitSlice;
 use bytes::BufMut;
 use prost::Message;
@@ -26,6 +27,63 @@ pub fn write_model(model: &ModelProto, out: &mut impl Write) -> io::Result<usize
     match sink.error {
         Some(e) => Err(e),
         None => Ok(sink.written),
+    }
+}
+
+/// Where each external initializer starts in its data file: a multiple of the allocation
+/// granularity (4 KiB on Linux and macOS, 64 KiB on Windows), which onnxruntime needs to
+/// memory-map an initializer on the CPU instead of reading it into its own memory.
+pub const EXTERNAL_ALIGNMENT: usize = 64 << 10;
+
+/// The smallest initializer moved out (bytes): smaller ones stay in the graph, where the
+/// alignment's padding would outweigh them.
+pub const EXTERNAL_FROM: usize = EXTERNAL_ALIGNMENT;
+
+/// The bytes of the initializers [`externalize`] moved out of a graph, each at its offset.
+pub struct ExternalData {
+    pieces: Vec<(usize, Vec<u8>)>,
+    len: usize,
+}
+
+/// Moves the bytes of `model`'s initializers of at least [`EXTERNAL_FROM`] bytes out of it,
+/// each at the next multiple of [`EXTERNAL_ALIGNMENT`] of a data file named `location`
+/// (relative to the graph's folder, as ONNX resolves it), and records where in its tensor.
+pub fn externalize(model: &mut ModelProto, location: &str) -> ExternalData {
+    let mut data = ExternalData {
+        pieces: Vec::new(),
+        len: 0,
+    };
+    let initializers = model.graph.iter_mut().flat_map(|g| &mut g.initializer);
+    for tensor in initializers.filter(|t| t.raw_data.len() >= EXTERNAL_FROM) {
+        let offset = data.len.next_multiple_of(EXTERNAL_ALIGNMENT);
+        let bytes = std::mem::take(&mut tensor.raw_data);
+        let entry = |key: &str, value: String| StringStringEntryProto {
+            key: key.into(),
+            value,
+        };
+        tensor.external_data = vec![
+            entry("location", location.into()),
+            entry("offset", offset.to_string()),
+            entry("length", bytes.len().to_string()),
+        ];
+        tensor.data_location = EXTERNAL;
+        data.len = offset + bytes.len();
+        data.pieces.push((offset, bytes));
+    }
+    data
+}
+
+impl ExternalData {
+    /// Writes the data file: each initializer's bytes at its offset, zeros between.
+    pub fn write(&self, out: &mut impl Write) -> io::Result<usize> {
+        let zeros = [0u8; EXTERNAL_ALIGNMENT];
+        let mut at = 0;
+        for (offset, bytes) in &self.pieces {
+            out.write_all(&zeros[..offset - at])?;
+            out.write_all(bytes)?;
+            at = offset + bytes.len();
+        }
+        Ok(at)
     }
 }
 
@@ -111,6 +169,7 @@ mod tests {
                         dims: vec![raw_data.len() as i64],
                         data_type: 2,
                         raw_data,
+                        ..Default::default()
                     })
                     .collect(),
                 ..Default::default()
@@ -134,6 +193,48 @@ mod tests {
         let len = write_model(&model, &mut out).unwrap();
         assert_eq!(out, model.encode_to_vec());
         assert_eq!(len, out.len());
+    }
+
+    /// Large initializers leave the graph for aligned places in the data file, small ones
+    /// stay; each records where its bytes are.
+    #[test]
+    fn externalize_moves_large_initializers_to_aligned_offsets() {
+        let (big, small, odd) = (
+            vec![1u8; EXTERNAL_FROM],
+            vec![2u8; EXTERNAL_FROM - 1],
+            vec![3u8; EXTERNAL_FROM + 5],
+        );
+        let mut model = model_with(vec![big.clone(), small.clone(), odd.clone(), big.clone()]);
+        let data = externalize(&mut model, "m.onnx.data");
+        let mut file = Vec::new();
+        let len = data.write(&mut file).unwrap();
+        assert_eq!(len, file.len());
+        let tensors = &model.graph.as_ref().unwrap().initializer;
+        let at = |i: usize| -> Option<(usize, usize)> {
+            let t = &tensors[i];
+            let value = |key: &str| {
+                let e = t.external_data.iter().find(|e| e.key == key)?;
+                Some(e.value.clone())
+            };
+            if t.data_location != EXTERNAL {
+                return None;
+            }
+            assert_eq!(value("location").as_deref(), Some("m.onnx.data"));
+            assert!(t.raw_data.is_empty());
+            Some((
+                value("offset")?.parse().ok()?,
+                value("length")?.parse().ok()?,
+            ))
+        };
+        assert_eq!(at(0), Some((0, big.len())));
+        assert_eq!((at(1), &tensors[1].raw_data), (None, &small));
+        assert_eq!(at(2), Some((EXTERNAL_ALIGNMENT, odd.len())));
+        assert_eq!(at(3), Some((3 * EXTERNAL_ALIGNMENT, big.len())));
+        for (i, want) in [(0, &big), (2, &odd), (3, &big)] {
+            let (offset, length) = at(i).unwrap();
+            assert_eq!(&file[offset..offset + length], &want[..], "tensor {i}");
+        }
+        assert!(file[big.len()..EXTERNAL_ALIGNMENT].iter().all(|&b| b == 0));
     }
 
     /// A writer that fails: the error comes back, after what fitted was written.

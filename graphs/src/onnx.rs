@@ -115,7 +115,8 @@ pub mod data_type {
     pub const UINT64: i32 = 13;
 }
 
-/// `TensorProto`: an initializer or constant, always as little-endian `raw_data`.
+/// `TensorProto`: an initializer or constant, as little-endian `raw_data`, or (written
+/// with external data) where in another file those bytes are.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct TensorProto {
     #[prost(int64, repeated, tag = "1")]
@@ -126,7 +127,16 @@ pub struct TensorProto {
     pub name: String,
     #[prost(bytes = "vec", tag = "9")]
     pub raw_data: Vec<u8>,
+    /// `location`, `offset` and `length` of the bytes where `data_location` is external.
+    #[prost(message, repeated, tag = "13")]
+    pub external_data: Vec<StringStringEntryProto>,
+    /// `TensorProto.DataLocation`: 0 in `raw_data`, [`EXTERNAL`] in another file.
+    #[prost(int32, tag = "14")]
+    pub data_location: i32,
 }
+
+/// `TensorProto.DataLocation.EXTERNAL`.
+pub const EXTERNAL: i32 = 1;
 
 /// `ValueInfoProto`: a named, typed graph input or output.
 #[derive(Clone, PartialEq, prost::Message)]

@@ -96,9 +96,18 @@ fn skipped_providers_are_one_short_line_unless_verbose() {
 /// Exports the fixture `model` as a fused fp32 graph for `runtime` to `onnx`, beside its
 /// tokenizer, as needle-export does.
 fn export_fused(model: &str, onnx: &std::path::Path, runtime: RuntimeTarget) {
+    export_fused_as(
+        model,
+        ExportFiles::beside(onnx, &[AttentionKind::FUSED]),
+        runtime,
+    )
+}
+
+/// Exports the fixture `model` as a fused fp32 graph for `runtime` into `files`.
+fn export_fused_as(model: &str, files: ExportFiles, runtime: RuntimeTarget) {
     let exported = NeedleModel::read(&fixture(&format!("{model}.cact"))).unwrap();
     let tokenizer = NeedleTokenizer::from_spec(&exported.tokenizer, true).unwrap();
-    ExportFiles::beside(onnx, &[AttentionKind::FUSED])
+    files
         .write(
             &exported,
             &tokenizer,
@@ -109,6 +118,8 @@ fn export_fused(model: &str, onnx: &std::path::Path, runtime: RuntimeTarget) {
         .unwrap();
 }
 
+/// From the `.cact`, its exported graph, and that graph with its weights in a data file
+/// beside it (`--external-data`, which onnxruntime reads from the graph's folder).
 #[test]
 fn raw_mode_reproduces_upstream_generations_from_cact_and_from_exported_onnx() {
     let dir = scratch("run-raw");
@@ -116,7 +127,12 @@ fn raw_mode_reproduces_upstream_generations_from_cact_and_from_exported_onnx() {
         let cact = fixture(&format!("{model}.cact"));
         let onnx = dir.join(format!("{model}.onnx"));
         export_fused(model, &onnx, RuntimeTarget::Since1_24);
-        for m in [cact.display().to_string(), onnx.display().to_string()] {
+        let external = dir.join(format!("{model}.external.onnx"));
+        let files = ExportFiles::beside(&external, &[AttentionKind::FUSED]).with_external_data();
+        export_fused_as(model, files, RuntimeTarget::Since1_24);
+        assert!(dir.join(format!("{model}.external.onnx.data")).exists());
+        let models = [&cact, &onnx, &external].map(|p| p.display().to_string());
+        for m in models {
             for r in generate_refs(model) {
                 let prompt = r["prompt"].as_str().unwrap();
                 let got = json_out(&run(&[

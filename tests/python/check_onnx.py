@@ -74,7 +74,9 @@ def main(model_path, cases_path, kernel_library=None):
         if kernel_library:
             options.register_custom_ops_library(kernel_library)
         sess = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
-        optimized = onnx.load(options.optimized_model_filepath).graph
+        # Only its nodes and initializer names are read: an initializer it keeps from an
+        # external-data graph still names the data file beside the original.
+        optimized = onnx.load(options.optimized_model_filepath, load_external_data=False).graph
         session_ops = sorted({n.op_type for n in optimized.node})
         session_initializers = sorted(t.name for t in optimized.initializer)
     cases = load_file(cases_path)

@@ -17,7 +17,7 @@ use graphs::contract::{
     AcceleratorTarget, AttentionKind, MatMulWeights, Precision, RuntimeTarget, Variant,
 };
 use graphs::description::TokenizerFile;
-use graphs::encoding::write_model;
+use graphs::encoding::{externalize, write_model};
 use staging::Staging;
 use std::path::{Path, PathBuf};
 use target::Existing;
@@ -45,6 +45,16 @@ pub struct ExportFiles {
     /// The folder of an onnxruntime-genai export (one graph), which also gets
     /// `genai_config.json`, genai's `tokenizer.json` and `tokenizer_config.json`.
     pub genai_dir: Option<PathBuf>,
+    /// Whether each graph's large initializers go to a data file beside it
+    /// ([`data_file`]; ONNX external data) instead of inside it.
+    pub external_data: bool,
+}
+
+/// The external-data file of `graph`: `OUT.onnx.data` beside `OUT.onnx`.
+pub fn data_file(graph: &Path) -> PathBuf {
+    let mut name = graph.as_os_str().to_owned();
+    name.push(".data");
+    PathBuf::from(name)
 }
 
 impl ExportFiles {
@@ -65,6 +75,7 @@ impl ExportFiles {
             graphs,
             tokenizer: out.with_extension("tokenizer.json"),
             genai_dir: None,
+            external_data: false,
         }
     }
 
@@ -86,6 +97,7 @@ impl ExportFiles {
             ],
             tokenizer: out.with_extension("tokenizer.json"),
             genai_dir: None,
+            external_data: false,
         }
     }
 
@@ -97,6 +109,7 @@ impl ExportFiles {
             tokenizer: graph.with_extension("tokenizer.json"),
             graphs: vec![(Graph::Stock(attention), graph)],
             genai_dir: Some(dir.to_path_buf()),
+            external_data: false,
         }
     }
 
@@ -111,9 +124,19 @@ impl ExportFiles {
         dir.flat_map(|d| files.map(|f| d.join(f))).collect()
     }
 
+    /// Each graph's large initializers into a data file beside it ([`data_file`]).
+    pub fn with_external_data(self) -> Self {
+        ExportFiles {
+            external_data: true,
+            ..self
+        }
+    }
+
     fn paths(&self) -> Vec<PathBuf> {
         let graphs = self.graphs.iter().map(|(_, p)| p.clone());
+        let data = self.graphs.iter().filter(|_| self.external_data);
         graphs
+            .chain(data.map(|(_, p)| data_file(p)))
             .chain([self.tokenizer.clone()])
             .chain(self.genai_files())
             .collect()
@@ -126,6 +149,19 @@ impl ExportFiles {
         if let Some(dir) = &self.genai_dir {
             if dir.exists() && !dir.is_dir() {
                 bail!("{}: is not a folder", dir.display());
+            }
+        }
+        if self.external_data {
+            // A graph names its data file in a UTF-8 string (`location`).
+            let graphs = self.graphs.iter().map(|(_, p)| data_file(p));
+            if let Some(data) = graphs
+                .into_iter()
+                .find(|d| d.file_name().and_then(|n| n.to_str()).is_none())
+            {
+                bail!(
+                    "{}: --external-data needs a file name in UTF-8 (the graph names its data file)",
+                    data.display()
+                );
             }
         }
         let input = std::fs::metadata(input).ok();
@@ -206,14 +242,23 @@ impl ExportFiles {
         staging.stage(&self.tokenizer, json.as_bytes())?;
         written.push((self.tokenizer.clone(), json.len()));
         for (opts, (graph, path)) in options.iter().zip(&self.graphs) {
-            let onnx = match *graph {
+            let mut onnx = match *graph {
                 Graph::Stock(_) => model.graph(opts),
                 Graph::Accelerator { target, sequence } => model
                     .accelerator_graph(opts, target, sequence)
                     .map_err(|e| anyhow::anyhow!("{}: {e}", model.source.file_name))?,
             };
+            let data = self.external_data.then(|| {
+                let data = data_file(path);
+                let external = externalize(&mut onnx, &file_name(&data));
+                (data, external)
+            });
             let len = staging.stage_with(path, |file| write_model(&onnx, file))?;
             written.push((path.clone(), len));
+            if let Some((path, external)) = data {
+                let len = staging.stage_with(&path, |file| external.write(file))?;
+                written.push((path, len));
+            }
             if self.genai_dir.is_some() {
                 written.extend(stage_genai_files(
                     &mut staging,
