@@ -1,6 +1,7 @@
-//! needle-run's graph cache: the first run of a `.cact` writes its exported graph and
-//! tokenizer to the cache, later runs load them from there with the same answer; an
-//! unusable entry is exported again; other options or another file get their own entry;
+//! needle-run's graph cache: the first run of a `.cact` writes its exported graph (its
+//! weights in a data file beside it) and tokenizer to the cache, later runs load them from
+//! there with the same answer; an unusable entry (a damaged graph, missing weights) is
+//! exported again; other options or another file get their own entry;
 //! `--no-cache` writes nothing.
 
 use std::path::Path;
@@ -49,7 +50,8 @@ fn a_cact_is_exported_once_and_loaded_from_the_cache_after() {
     let m64 = m64.to_str().unwrap();
     let first = run(&cache, &["--model", m64]);
     let files = entries(&cache);
-    assert_eq!(files.len(), 2, "{files:?}");
+    // The graph, its weights beside it (external data) and its tokenizer.
+    assert_eq!(files.len(), 3, "{files:?}");
     assert!(
         files
             .iter()
@@ -78,13 +80,25 @@ fn a_cact_is_exported_once_and_loaded_from_the_cache_after() {
     assert!(String::from_utf8_lossy(&third.stderr).contains("cached graph is unusable"));
     assert!(std::fs::metadata(&graph).unwrap().len() > 1000);
 
+    // So is an entry whose weights are gone.
+    let data = cache.join(files.iter().find(|f| f.ends_with(".onnx.data")).unwrap());
+    std::fs::remove_file(&data).unwrap();
+    let fourth = run(&cache, &["--model", m64]);
+    assert_eq!(generated(&fourth), generated(&first));
+    assert!(String::from_utf8_lossy(&fourth.stderr).contains("cached graph is unusable"));
+    assert!(data.is_file());
+
     // Other options and another file are other entries.
     run(&cache, &["--model", m64, "--attention", "reference"]);
     let float = run(&cache, &["--model", m64, "--weights", "float"]);
     assert_eq!(generated(&float), generated(&first));
     let m48 = fixture("m48.cact");
     run(&cache, &["--model", m48.to_str().unwrap()]);
-    assert_eq!(entries(&cache).len(), 8, "{:?}", entries(&cache));
+    let graphs_and_tokenizers = entries(&cache)
+        .into_iter()
+        .filter(|f| !f.ends_with(".data"))
+        .count();
+    assert_eq!(graphs_and_tokenizers, 8, "{:?}", entries(&cache));
 
     let untouched = scratch("graph-cache-off");
     let off = run(&untouched, &["--model", m64, "--no-cache"]);
