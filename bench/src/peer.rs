@@ -203,18 +203,35 @@ pub fn run(root: &Path, model: &Path, plan: &PeerPlan) -> Result<String> {
     ));
     let mut notes = Vec::new();
     let stem = model.file_stem().unwrap_or_default().to_string_lossy();
-    for (label, weights, file) in [
-        ("needle-run .onnx fp32", "float", format!("{stem}.onnx")),
+    for (label, flags, file) in [
+        (
+            "needle-run .onnx fp32",
+            &["--weights", "float"][..],
+            format!("{stem}.onnx"),
+        ),
+        (
+            "needle-run .onnx fp32 external data",
+            &["--weights", "float", "--external-data"],
+            format!("{stem}.external.onnx"),
+        ),
         (
             "needle-run .onnx packed",
-            "packed",
+            &["--weights", "packed"],
             format!("{stem}.packed.onnx"),
         ),
-        ("needle-run .onnx cq", "cq", format!("{stem}.cq.onnx")),
-        ("needle-run .onnx int4", "int4", format!("{stem}.int4.onnx")),
+        (
+            "needle-run .onnx cq",
+            &["--weights", "cq"],
+            format!("{stem}.cq.onnx"),
+        ),
+        (
+            "needle-run .onnx int4",
+            &["--weights", "int4"],
+            format!("{stem}.int4.onnx"),
+        ),
     ] {
         let onnx = dir.join(file);
-        match export(&needle_export, model, &onnx, weights) {
+        match export(&needle_export, model, &onnx, flags) {
             Ok(()) => engines.push((
                 label,
                 Engine::NeedleRun {
@@ -230,11 +247,14 @@ pub fn run(root: &Path, model: &Path, plan: &PeerPlan) -> Result<String> {
     let mut columns = Vec::new();
     for &threads in &plan.threads {
         for (label, engine, file) in &engines {
+            // A graph with external data is two files.
+            let data = PathBuf::from(format!("{}.data", file.display()));
+            let data_bytes = std::fs::metadata(&data).map_or(0, |m| m.len());
             columns.push(Column {
                 label: label.to_string(),
                 engine: engine.clone(),
                 threads,
-                file_bytes: std::fs::metadata(file)?.len(),
+                file_bytes: std::fs::metadata(file)?.len() + data_bytes,
             });
         }
     }
@@ -550,17 +570,19 @@ pub(crate) fn sibling(bin: &Path, name: &str) -> Result<PathBuf> {
     Ok(exe)
 }
 
-/// `needle-export MODEL ONNX --weights WEIGHTS` (fused attention, fp32), replacing an
-/// earlier export so a changed model or exporter is what is measured.
-fn export(exe: &Path, model: &Path, onnx: &Path, weights: &str) -> Result<()> {
+/// `needle-export MODEL ONNX FLAGS` (fused attention, fp32), replacing an earlier export
+/// so a changed model or exporter is what is measured.
+fn export(exe: &Path, model: &Path, onnx: &Path, flags: &[&str]) -> Result<()> {
     eprintln!(
-        "needle-bench: needle-export --weights {weights} → {}",
+        "needle-bench: needle-export {} → {}",
+        flags.join(" "),
         onnx.display()
     );
     let out = Command::new(exe)
         .arg(model)
         .arg(onnx)
-        .args(["--weights", weights, "--force"])
+        .args(flags)
+        .arg("--force")
         .output()
         .context("cannot run needle-export")?;
     if !out.status.success() {
