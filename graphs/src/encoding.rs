@@ -87,6 +87,36 @@ impl ExternalData {
     }
 }
 
+/// Why the data file `location` of `data_len` bytes cannot hold what `model`'s initializers
+/// say they keep there (onnxruntime finds that out deep in session creation, logging its
+/// own error besides); initializers in other files are not checked.
+pub fn check_external(model: &ModelProto, location: &str, data_len: u64) -> Result<(), String> {
+    let initializers = model.graph.iter().flat_map(|g| &g.initializer);
+    for tensor in initializers.filter(|t| t.data_location == EXTERNAL) {
+        let field = |key: &str| tensor.external_data.iter().find(|e| e.key == key);
+        if field("location").map(|e| e.value.as_str()) != Some(location) {
+            continue;
+        }
+        let number = |key: &str| -> Result<u64, String> {
+            let value = field(key).map_or("0", |e| e.value.as_str());
+            value.parse().map_err(|_| {
+                format!(
+                    "initializer {}: its {key} {value:?} is not a number",
+                    tensor.name
+                )
+            })
+        };
+        let (offset, length) = (number("offset")?, number("length")?);
+        if offset.checked_add(length).is_none_or(|end| end > data_len) {
+            return Err(format!(
+                "holds {data_len} bytes; the graph's initializer {} needs {length} at offset {offset} (not the data file exported with this graph)",
+                tensor.name
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A [`BufMut`] that writes through: prost's encoder cannot fail on a buffer, so the
 /// first write error is kept (and later bytes dropped) for [`write_model`] to return.
 struct ChunkSink<'a, W: Write> {
@@ -235,6 +265,28 @@ mod tests {
             assert_eq!(&file[offset..offset + length], &want[..], "tensor {i}");
         }
         assert!(file[big.len()..EXTERNAL_ALIGNMENT].iter().all(|&b| b == 0));
+    }
+
+    /// A data file shorter than what an initializer names, or an offset that is not a
+    /// number, is refused; one that holds everything passes.
+    #[test]
+    fn check_external_refuses_a_data_file_too_short() {
+        let mut model = model_with(vec![vec![1u8; EXTERNAL_FROM]; 2]);
+        let data = externalize(&mut model, "m.onnx.data");
+        let mut file = Vec::new();
+        let len = data.write(&mut file).unwrap() as u64;
+        assert_eq!(check_external(&model, "m.onnx.data", len), Ok(()));
+        let err = check_external(&model, "m.onnx.data", len - 1).unwrap_err();
+        assert!(
+            err.contains("w1") && err.contains(&format!("{}", len - 1)),
+            "{err}"
+        );
+        assert_eq!(check_external(&model, "other.data", 0), Ok(()));
+        let tensor = &mut model.graph.as_mut().unwrap().initializer[0];
+        tensor.external_data[1].value = "x".into();
+        assert!(check_external(&model, "m.onnx.data", len)
+            .unwrap_err()
+            .contains("offset"));
     }
 
     /// A writer that fails: the error comes back, after what fitted was written.

@@ -8,11 +8,14 @@ use crate::provider::{self, Provider, Unavailable};
 use crate::session::NeedleSession;
 use anyhow::{anyhow, bail, Context, Result};
 use exporter::export::ExportOptions;
-use exporter::model::{sha256_hex, NeedleModel};
-use exporter::output::ExportFiles;
+use exporter::model::{file_name, sha256_hex, NeedleModel};
+use exporter::output::{data_file, ExportFiles};
 use exporter::tokenizer::{NeedleTokenizer, SpecialIds};
 use graphs::accelerator::PREFILL_CHUNK;
 use graphs::contract::{keys, AttentionKind, MatMulWeights, Precision, RuntimeTarget, Variant};
+use graphs::encoding::check_external;
+use graphs::onnx::ModelProto;
+use prost::Message;
 use std::path::{Path, PathBuf};
 
 /// The demo model shipped in the binary (`runner/demo/needle-demo.cact`).
@@ -179,6 +182,22 @@ fn through_cache(
     .with_context(|| path.display().to_string())
 }
 
+/// Where a data file lies beside the graph (`needle-export --external-data`), that it holds
+/// what the graph's initializers say they keep there. The graph is small then (its large
+/// initializers are in the data file), so reading it first costs little.
+fn check_data_file(path: &Path) -> Result<()> {
+    let data = data_file(path);
+    let Ok(meta) = std::fs::metadata(&data) else {
+        return Ok(());
+    };
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let Ok(model) = ModelProto::decode(&bytes[..]) else {
+        return Ok(()); // not a graph at all: onnxruntime says so
+    };
+    check_external(&model, &file_name(&data), meta.len())
+        .map_err(|e| anyhow!("{}: {e}", data.display()))
+}
+
 /// Exports `model` in memory as the variant the plan picks for the registered provider.
 fn from_cact(
     model: NeedleModel,
@@ -259,6 +278,7 @@ fn from_onnx(
     if !path.is_file() {
         bail!("{}: no such file", path.display());
     }
+    check_data_file(path)?;
     let session = NeedleSession::from_file(path, registered)?;
     let variant = session.description.variant;
     if opts.layers.is_some() {

@@ -238,6 +238,29 @@ fn bad_input_is_a_clear_error() {
     fails_with(&run(&["--provider", "cpu", "--raw", &long]), "max_seq_len");
 }
 
+/// A graph exported with `--external-data` whose data file is cut short, or gone, is one
+/// error line naming the data file, before onnxruntime gets it.
+#[test]
+fn an_external_data_graph_without_its_whole_data_file_is_one_error_line() {
+    let dir = scratch("run-external-short");
+    let onnx = dir.join("m64.onnx");
+    let files = ExportFiles::beside(&onnx, &[AttentionKind::FUSED]).with_external_data();
+    export_fused_as("m64", files, RuntimeTarget::Since1_24);
+    let data = dir.join("m64.onnx.data");
+    let len = std::fs::metadata(&data).unwrap().len();
+    let file = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
+    file.set_len(len - 1).unwrap();
+    let m = onnx.display().to_string();
+    let args = ["--model", &m, "--provider", "cpu", "--raw", "hi"];
+    let o = run(&args);
+    fails_with(&o, &format!("{}: holds {} bytes", data.display(), len - 1));
+    assert_eq!(String::from_utf8_lossy(&o.stderr).lines().count(), 1);
+    std::fs::remove_file(&data).unwrap();
+    let o = run(&args);
+    fails_with(&o, &data.display().to_string());
+    assert_eq!(String::from_utf8_lossy(&o.stderr).lines().count(), 1);
+}
+
 #[test]
 fn an_onnx_that_needle_export_did_not_write_is_a_clear_error() {
     use graphs::builder::{Dim, GraphBuilder, Opset};
