@@ -50,9 +50,18 @@ fn genai_folder_of(
     model: &NeedleModel,
     attention: AttentionKind,
 ) -> (PathBuf, NeedleTokenizer) {
+    genai_folder_as(name, model, |dir| ExportFiles::genai_folder(dir, attention))
+}
+
+/// A genai folder `name` of `model`, as `files` lays it out in the folder.
+fn genai_folder_as(
+    name: &str,
+    model: &NeedleModel,
+    files: impl FnOnce(&Path) -> ExportFiles,
+) -> (PathBuf, NeedleTokenizer) {
     let dir = scratch(name);
     let tokenizer = NeedleTokenizer::from_spec(&model.tokenizer, true).unwrap();
-    ExportFiles::genai_folder(&dir, attention)
+    files(&dir)
         .write(
             model,
             &tokenizer,
@@ -216,6 +225,38 @@ fn eval_examples() -> Vec<Value> {
 /// `render_example`'s prompt for eval example `ex`.
 fn render(ex: &Value) -> String {
     render_prompt(&ex["tools"], ex["query"].as_str().unwrap(), None)
+}
+
+/// A folder exported with `--external-data` (`model.onnx.data` beside `model.onnx`) runs
+/// in stock genai and generates what the folder with the weights inside does.
+#[test]
+fn stock_genai_runs_a_folder_with_external_data_as_the_one_without() {
+    let model = demo();
+    let (inside, _) = genai_folder("genai-inside", &model);
+    let (beside, _) = genai_folder_as("genai-external", &model, |dir| {
+        ExportFiles::genai_folder(dir, AttentionKind::FUSED).with_external_data()
+    });
+    assert!(beside.join("model.onnx.data").is_file());
+    let chats: Vec<Value> = eval_examples()[..8]
+        .iter()
+        .map(|ex| {
+            let query = ex["query"].as_str().unwrap();
+            json!({"messages": messages(None, query), "tools": ex["tools"]})
+        })
+        .collect();
+    let args = [MAX_NEW_TOKENS.to_string(), "4".to_string()];
+    let generate =
+        |dir: &Path| genai_script("genai_generate.py", dir, &Value::from(chats.clone()), &args);
+    let (want, got) = (generate(&inside), generate(&beside));
+    let ids = |runs: &Value| -> Vec<Value> {
+        runs.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["generated_ids"].clone())
+            .collect()
+    };
+    assert_eq!(ids(&got), ids(&want));
+    assert!(ids(&want).iter().all(|g| !g.as_array().unwrap().is_empty()));
 }
 
 #[test]
