@@ -11,6 +11,7 @@
 //! the decode steps.
 
 use anyhow::{bail, Context, Result};
+use exporter::output::data_file;
 use runner::prompt::parse_answer;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -248,8 +249,7 @@ pub fn run(root: &Path, model: &Path, plan: &PeerPlan) -> Result<String> {
     for &threads in &plan.threads {
         for (label, engine, file) in &engines {
             // A graph with external data is two files.
-            let data = PathBuf::from(format!("{}.data", file.display()));
-            let data_bytes = std::fs::metadata(&data).map_or(0, |m| m.len());
+            let data_bytes = std::fs::metadata(data_file(file)).map_or(0, |m| m.len());
             columns.push(Column {
                 label: label.to_string(),
                 engine: engine.clone(),

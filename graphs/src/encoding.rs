@@ -42,20 +42,19 @@ pub const EXTERNAL_FROM: usize = EXTERNAL_ALIGNMENT;
 /// The bytes of the initializers [`externalize`] moved out of a graph, each at its offset.
 pub struct ExternalData {
     pieces: Vec<(usize, Vec<u8>)>,
-    len: usize,
 }
 
 /// Moves the bytes of `model`'s initializers of at least [`EXTERNAL_FROM`] bytes out of it,
 /// each at the next multiple of [`EXTERNAL_ALIGNMENT`] of a data file named `location`
 /// (relative to the graph's folder, as ONNX resolves it), and records where in its tensor.
 pub fn externalize(model: &mut ModelProto, location: &str) -> ExternalData {
-    let mut data = ExternalData {
-        pieces: Vec::new(),
-        len: 0,
-    };
+    let mut pieces: Vec<(usize, Vec<u8>)> = Vec::new();
     let initializers = model.graph.iter_mut().flat_map(|g| &mut g.initializer);
     for tensor in initializers.filter(|t| t.raw_data.len() >= EXTERNAL_FROM) {
-        let offset = data.len.next_multiple_of(EXTERNAL_ALIGNMENT);
+        let end = pieces
+            .last()
+            .map_or(0, |(offset, bytes)| offset + bytes.len());
+        let offset = end.next_multiple_of(EXTERNAL_ALIGNMENT);
         let bytes = std::mem::take(&mut tensor.raw_data);
         let entry = |key: &str, value: String| StringStringEntryProto {
             key: key.into(),
@@ -67,10 +66,9 @@ pub fn externalize(model: &mut ModelProto, location: &str) -> ExternalData {
             entry("length", bytes.len().to_string()),
         ];
         tensor.data_location = EXTERNAL;
-        data.len = offset + bytes.len();
-        data.pieces.push((offset, bytes));
+        pieces.push((offset, bytes));
     }
-    data
+    ExternalData { pieces }
 }
 
 impl ExternalData {

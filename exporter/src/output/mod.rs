@@ -153,10 +153,9 @@ impl ExportFiles {
         }
         if self.external_data {
             // A graph names its data file in a UTF-8 string (`location`).
-            let graphs = self.graphs.iter().map(|(_, p)| data_file(p));
-            if let Some(data) = graphs
-                .into_iter()
-                .find(|d| d.file_name().and_then(|n| n.to_str()).is_none())
+            let mut data_files = self.graphs.iter().map(|(_, p)| data_file(p));
+            if let Some(data) =
+                data_files.find(|d| d.file_name().and_then(|n| n.to_str()).is_none())
             {
                 bail!(
                     "{}: --external-data needs a file name in UTF-8 (the graph names its data file)",
